@@ -1,0 +1,223 @@
+"""Training state <-> files: tensors in safetensors, metadata in JSON, nothing pickled.
+
+Gathering (CPU copies of live state, done on the training thread) is separate
+from writing (done on the checkpoint thread): `Snapshot` is the hand-over.
+
+Layout of one checkpoint dir (names in `pipeline.layout`):
+
+    adapter/ | model/             trained weights (PEFT dir, or HF weights in full FT)
+    ema/<rate>/                   fp32 shadow per EMA rate, same format as above
+    training_state/
+        optimizer.safetensors     per-parameter state, keys "<param name>::<state key>"
+        optimizer.json            param groups (with parameter names), scalar state
+        scheduler.json            LR scheduler state_dict
+        scaler.json               GradScaler state_dict ({} when disabled)
+        progress.json             step, samples and tokens seen, skip counters
+        rng_rankNNN.safetensors   torch CPU / CUDA generator states of rank NNN
+        rng_rankNNN.json          python and numpy generator states of rank NNN
+    config.yaml                   resolved trainer config
+    MANIFEST.json                 written last (pipeline.checkpoint.io)
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from pipeline import layout
+
+WEIGHTS_FILE = "model.safetensors"  # full fine-tuning weights inside model/ and ema/<rate>/
+_SEP = "::"
+
+
+# ----------------------------------------------------------------------------- RNG
+
+def capture_rng() -> dict[str, Any]:
+    """This process's generator states: python, numpy, torch CPU, every CUDA device."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["torch_cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        cuda = state["torch_cuda"]
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:  # resumed on another GPU count: keep per-device seeds reproducible at least
+            torch.cuda.manual_seed_all(int(cuda[0].sum()))
+
+
+def _write_rng(state: dict[str, Any], root: Path, rank: int) -> None:
+    tensors = {"torch_cpu": state["torch_cpu"]}
+    for i, t in enumerate(state.get("torch_cuda", [])):
+        tensors[f"torch_cuda_{i}"] = t
+    version, internal, gauss = state["python"]
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    tensors["numpy_keys"] = torch.from_numpy(np.asarray(keys, dtype=np.uint32).view(np.int32).copy())
+    meta = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, int(pos), int(has_gauss), float(cached)],
+        "cuda_devices": len(state.get("torch_cuda", [])),
+    }
+    save_file(tensors, str(root / layout.RNG_TENSORS.format(rank=rank)))
+    (root / layout.RNG_META.format(rank=rank)).write_text(json.dumps(meta))
+
+
+def _read_rng(root: Path, rank: int) -> dict[str, Any]:
+    tensors = load_file(str(root / layout.RNG_TENSORS.format(rank=rank)))
+    meta = json.loads((root / layout.RNG_META.format(rank=rank)).read_text())
+    version, internal, gauss = meta["python"]
+    kind, pos, has_gauss, cached = meta["numpy"]
+    keys = tensors["numpy_keys"].numpy().view(np.uint32)
+    state = {
+        "python": (version, tuple(internal), gauss),
+        "numpy": (kind, keys, pos, has_gauss, cached),
+        "torch_cpu": tensors["torch_cpu"],
+    }
+    if meta["cuda_devices"]:
+        state["torch_cuda"] = [tensors[f"torch_cuda_{i}"] for i in range(meta["cuda_devices"])]
+    return state
+
+
+# ----------------------------------------------------------------------- optimizer
+
+def optimizer_state(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict, dict]:
+    """Split `optimizer.state_dict()` into named tensors and JSON metadata.
+
+    `names[i]` is the name of the i-th parameter in param-group order, so the
+    state can be matched back by name on load (not by position).
+    """
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, per_param in sd["state"].items():
+        name = names[idx]
+        for key, value in per_param.items():
+            if torch.is_tensor(value):
+                tensors[f"{name}{_SEP}{key}"] = value.detach().to("cpu", copy=True).contiguous()
+            else:
+                scalars[f"{name}{_SEP}{key}"] = value
+    groups = []
+    for group in sd["param_groups"]:
+        g = {k: v for k, v in group.items() if k != "params"}
+        g["params"] = [names[i] for i in group["params"]]
+        groups.append(g)
+    return tensors, {"param_groups": groups, "scalars": scalars}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict, meta: dict) -> None:
+    index = {name: i for i, name in enumerate(names)}
+    saved = [n for g in meta["param_groups"] for n in g["params"]]
+    if sorted(saved) != sorted(names):
+        missing, unexpected = set(names) - set(saved), set(saved) - set(names)
+        raise ValueError(
+            f"optimizer state does not match the trainable parameters "
+            f"(missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        name, sub = key.rsplit(_SEP, 1)
+        state.setdefault(index[name], {})[sub] = value
+    for key, value in meta["scalars"].items():
+        name, sub = key.rsplit(_SEP, 1)
+        state.setdefault(index[name], {})[sub] = value
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        g["params"] = [index[n] for n in g["params"]]
+        groups.append(g)
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# ------------------------------------------------------------------------ snapshot
+
+@dataclass
+class Snapshot:
+    """Everything one checkpoint holds, as CPU tensors and plain data."""
+
+    step: int
+    weights: dict[str, torch.Tensor]  # PEFT-format adapter keys, or full model keys
+    peft_config: Any | None  # peft LoraConfig (LoRA) or None (full fine-tuning)
+    model_config_json: str | None  # HF config.json text, full fine-tuning only
+    ema: dict[str, dict[str, torch.Tensor]]  # ema tag -> same keys as `weights`
+    optimizer_tensors: dict[str, torch.Tensor]
+    optimizer_meta: dict
+    scheduler: dict
+    scaler: dict
+    progress: dict
+    rng: list[dict]  # one per rank
+    config_yaml: str
+    manifest_extra: dict = field(default_factory=dict)
+
+
+def _write_weights(root: Path, weights: dict, peft_config, model_config_json) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    if peft_config is not None:
+        peft_config.save_pretrained(str(root))
+        save_file(weights, str(root / layout.PEFT_WEIGHTS), metadata={"format": "pt"})
+    else:
+        save_file(weights, str(root / WEIGHTS_FILE), metadata={"format": "pt"})
+        if model_config_json is not None:
+            (root / "config.json").write_text(model_config_json)
+
+
+def write_snapshot(snap: Snapshot, root: Path) -> None:
+    """Write every file of `snap` into `root` (the caller commits it atomically)."""
+    root = Path(root)
+    weights_dir = layout.ADAPTER_DIR if snap.peft_config is not None else layout.MODEL_DIR
+    _write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
+    for tag, shadow in snap.ema.items():
+        _write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
+    state = root / layout.TRAINING_STATE_DIR
+    state.mkdir(parents=True, exist_ok=True)
+    save_file(snap.optimizer_tensors, str(state / layout.OPTIMIZER_TENSORS))
+    (state / layout.OPTIMIZER_META).write_text(json.dumps(snap.optimizer_meta, indent=1))
+    (state / layout.SCHEDULER_FILE).write_text(json.dumps(snap.scheduler, indent=1))
+    (state / layout.SCALER_FILE).write_text(json.dumps(snap.scaler, indent=1))
+    (state / layout.PROGRESS_FILE).write_text(json.dumps(snap.progress, indent=1))
+    for rank, rng in enumerate(snap.rng):
+        _write_rng(rng, state, rank)
+    (root / layout.CONFIG_FILE).write_text(snap.config_yaml)
+
+
+def read_weights(root: Path) -> dict[str, torch.Tensor]:
+    """Weights of an adapter/ or model/ or ema/<rate>/ dir."""
+    root = Path(root)
+    peft = root / layout.PEFT_WEIGHTS
+    return load_file(str(peft if peft.is_file() else root / WEIGHTS_FILE))
+
+
+def read_training_state(root: Path, rank: int) -> dict:
+    """The training_state/ of a checkpoint, with this rank's RNG."""
+    state = Path(root) / layout.TRAINING_STATE_DIR
+    rng_rank = rank if (state / layout.RNG_META.format(rank=rank)).is_file() else None
+    return {
+        "optimizer_tensors": load_file(str(state / layout.OPTIMIZER_TENSORS)),
+        "optimizer_meta": json.loads((state / layout.OPTIMIZER_META).read_text()),
+        "scheduler": json.loads((state / layout.SCHEDULER_FILE).read_text()),
+        "scaler": json.loads((state / layout.SCALER_FILE).read_text()),
+        "progress": json.loads((state / layout.PROGRESS_FILE).read_text()),
+        # A rank that did not exist when the checkpoint was written gets no RNG
+        # state; the caller reseeds it deterministically instead.
+        "rng": _read_rng(state, rng_rank) if rng_rank is not None else None,
+    }
+
+
+def ema_tags(root: Path) -> list[str]:
+    ema = Path(root) / layout.EMA_DIR
+    return sorted(p.name for p in ema.iterdir()) if ema.is_dir() else []

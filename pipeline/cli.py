@@ -1,0 +1,52 @@
+"""`python -m pipeline <command> ...`: the one entry point the workflow rules call.
+
+Each command lives in its own module as `main(argv) -> int` with its own
+argparse parser; this file only dispatches, so importing it stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from pipeline.errors import UserError
+
+COMMANDS = {
+    "prepare-base": ("pipeline.demo_cli", "embedded default: tiny base model, tokenizer, demo dataset"),
+    "validate": ("pipeline.data.validate", "check every record of the dataset files"),
+    "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
+    "plan": ("pipeline.schedule", "split total updates into pilot / chunks / tail; resolve the trainer config"),
+    "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
+    "pilot-gate": ("pipeline.evaluate.gate", "sanity checks on the pilot before the chunks start"),
+    "evaluate": ("pipeline.evaluate.stage", "validation loss / task metric for raw and EMA weights"),
+    "summarize": ("pipeline.evaluate.summarize", "summary table and plots across stages"),
+    "consolidate": ("pipeline.export.consolidate", "final checkpoint -> Hugging Face dirs"),
+    "merge": ("pipeline.export.merge", "streaming LoRA merge, shard by shard"),
+    "verify-merge": ("pipeline.export.verify", "merged logits vs base + adapter"),
+    "smoke-test": ("pipeline.evaluate.smoke", "merged model answers held-out prompts"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: python -m pipeline <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        return int(module.main(rest) or 0)
+    except UserError as err:
+        # Bad input is the user's to fix: one clear message, no traceback.
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code

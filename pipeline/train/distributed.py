@@ -1,0 +1,98 @@
+"""Process-group setup under torchrun, and the few collective helpers the loop needs.
+
+One process without torchrun (or torchrun with one process) runs with no process
+group at all, so the CPU default pays nothing for distribution.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
+    """Read torchrun's environment, pick the device, init the process group if needed."""
+    rank = int(os.environ.get("RANK", 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        if backend == "auto":
+            backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend, timeout=datetime.timedelta(seconds=timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    return Dist(rank, local_rank, world, device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(d: Dist) -> None:
+    if d.enabled:
+        dist.barrier()
+
+
+def any_rank(d: Dist, flag: bool) -> bool:
+    """True on every rank if `flag` is true on any rank (so all ranks act together)."""
+    if not d.enabled:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=d.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def gather_objects(d: Dist, obj):
+    """Every rank's `obj`, on every rank (small objects only: RNG states, checksums)."""
+    if not d.enabled:
+        return [obj]
+    out = [None] * d.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_consistent(d: Dist, params: list[torch.Tensor], what: str) -> None:
+    """Fail if ranks hold different weights: a cheap float64 checksum per rank."""
+    if not d.enabled:
+        return
+    with torch.no_grad():
+        local = sum(float(p.detach().double().sum()) + float(p.detach().double().abs().sum()) for p in params)
+    sums = gather_objects(d, local)
+    if any(s != sums[0] for s in sums):
+        raise RuntimeError(f"ranks disagree on the {what} (per-rank checksums {sums})")
+
+
+def print0(d: Dist, *args) -> None:
+    """Print on rank 0 only (all other output goes through logging)."""
+    if d.is_main:
+        print(*args, flush=True)

@@ -1,0 +1,131 @@
+"""Model setup for training and evaluation: base + LoRA, and weights <-> state dicts.
+
+The base model directory is only ever read. Under LoRA the trained weights are
+the PEFT adapter tensors (stored with PEFT's own key names, so a checkpoint's
+adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except OSError as err:
+        raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
+    model.to(device)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    return model
+
+
+def attach_lora(model, cfg: TrainConfig):
+    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in cfg.lora.target_modules if t not in present]
+    if len(missing) == len(cfg.lora.target_modules):
+        raise UserError(
+            f"lora.target_modules={list(cfg.lora.target_modules)} match no module of {cfg.model.path}; "
+            f"linear layers there include {sorted(_linear_names(model))[:12]}"
+        )
+    if missing:
+        log.warning("lora.target_modules not found in the model (ignored): %s", missing)
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=[t for t in cfg.lora.target_modules if t in present],
+        use_rslora=cfg.lora.use_rslora,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def _linear_names(model) -> set[str]:
+    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def build(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
+    """The model as trained: base (frozen under LoRA) plus a fresh adapter."""
+    model = load_base(cfg, dtype, device)
+    if cfg.lora.enabled:
+        model = attach_lora(model, cfg)
+    else:
+        model.requires_grad_(True)
+    return model
+
+
+def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:
+    """Trained parameters in a fixed order; their names key every saved state."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config")
+
+
+def to_saved_keys(model, named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Parameter-name keys -> the keys a checkpoint stores (PEFT's, under LoRA)."""
+    if not is_peft(model):
+        return named
+    from peft import get_peft_model_state_dict
+
+    return get_peft_model_state_dict(model, state_dict=named)
+
+
+def saved_key_map(model, names: list[str]) -> dict[str, str]:
+    """saved key -> parameter name, for the trained parameters."""
+    params = dict(model.named_parameters())
+    by_id = {id(params[n]): n for n in names}
+    saved = to_saved_keys(model, {n: params[n] for n in names})
+    mapping = {key: by_id[id(t)] for key, t in saved.items() if id(t) in by_id}
+    if len(mapping) != len(names):
+        raise RuntimeError(f"cannot map {len(names) - len(mapping)} trained parameters to saved keys")
+    return mapping
+
+
+def trained_state(model, names: list[str]) -> dict[str, torch.Tensor]:
+    """CPU copies of the trained weights under their saved keys."""
+    params = dict(model.named_parameters())
+    return {key: params[n].detach().to("cpu", copy=True).contiguous() for key, n in saved_key_map(model, names).items()}
+
+
+@torch.no_grad()
+def load_trained(model, names: list[str], tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Copy saved trained weights into the live parameters, exactly, or fail."""
+    mapping = saved_key_map(model, names)
+    missing = sorted(set(mapping) - set(tensors))
+    unexpected = sorted(set(tensors) - set(mapping))
+    if missing or unexpected:
+        raise UserError(
+            f"{source} does not match the model being trained: "
+            f"missing {missing[:3]}{'...' if len(missing) > 3 else ''}, "
+            f"unexpected {unexpected[:3]}{'...' if len(unexpected) > 3 else ''} "
+            "(was it trained with another lora/model config?)"
+        )
+    params = dict(model.named_parameters())
+    for key, name in mapping.items():
+        params[name].copy_(tensors[key])
+
+
+def named_to_param_names(model, names: list[str], tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Saved-key tensors -> parameter-name keys (to load EMA shadows)."""
+    mapping = saved_key_map(model, names)
+    return {mapping[k]: v for k, v in tensors.items() if k in mapping}

@@ -1,0 +1,113 @@
+"""What a stage reports while it runs: metrics lines, alerts, a progress bar.
+
+All of it is rank-0 only. Files are appended per update and, when a stage
+resumes, truncated back to the resume point, so a stage's metrics.jsonl holds
+each update exactly once however many attempts it took.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections import deque
+from pathlib import Path
+
+
+def _truncate_jsonl(path: Path, from_step: int) -> None:
+    """Drop lines for updates after `from_step` (written by an attempt that died)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= from_step:
+                kept.append(line)
+        except ValueError:
+            continue  # a line cut off by a crash
+    path.write_text("".join(k + "\n" for k in kept))
+
+
+class MetricsLog:
+    """One JSON line per update (and per in-stage eval) in the stage's scratch dir."""
+
+    def __init__(self, path: Path, *, enabled: bool, truncate_from: int):
+        self.path = Path(path)
+        self.enabled = enabled
+        if enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _truncate_jsonl(self.path, truncate_from)
+
+    def write(self, record: dict) -> None:
+        if self.enabled:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+class Alerts:
+    """Loss spikes (> mean + k sigma of a window) and throughput drops (< f x median)."""
+
+    def __init__(self, cfg, path: Path, *, enabled: bool, truncate_from: int):
+        self.cfg = cfg
+        self.losses: deque[float] = deque(maxlen=cfg.window)
+        self.tps: deque[float] = deque(maxlen=cfg.window)
+        self.log = MetricsLog(path, enabled=enabled, truncate_from=truncate_from)
+
+    def check(self, step: int, loss: float, tokens_per_s: float) -> str | None:
+        reason = None
+        warm = len(self.losses) >= 10
+        if warm:
+            mean, sd = statistics.fmean(self.losses), statistics.pstdev(self.losses)
+            if loss > mean + self.cfg.loss_spike_sigma * max(sd, 1e-3 * abs(mean), 1e-8):
+                reason = f"loss spike: {loss:.4f} > mean {mean:.4f} + {self.cfg.loss_spike_sigma} sigma ({sd:.4f})"
+            median = statistics.median(self.tps)
+            if reason is None and tokens_per_s < self.cfg.tps_drop_fraction * median:
+                reason = f"throughput drop: {tokens_per_s:.0f} tokens/s < {self.cfg.tps_drop_fraction} x median {median:.0f}"
+        if reason is None:
+            # a spike is kept out of the window so it does not mask the next one
+            self.losses.append(loss)
+            self.tps.append(tokens_per_s)
+        else:
+            print(f"ALERT update {step}: {reason}; evaluating and checkpointing now", file=sys.stderr, flush=True)
+            self.log.write({"step": step, "alert": reason, "time": time.time()})
+        return reason
+
+
+class Progress:
+    """A progress bar with ETA on a terminal; plain periodic lines otherwise."""
+
+    def __init__(self, stage: str, start: int, end: int, total: int, *, enabled: bool):
+        self.stage, self.start, self.end, self.total = stage, start, end, total
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.time()
+        self.every = max(1, (end - start) // 20)
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        done = step - self.start
+        rate = done / max(time.time() - self.t0, 1e-9)
+        eta_stage = (self.end - step) / rate if rate else float("inf")
+        eta_run = (self.total - step) / rate if rate else float("inf")
+        text = (f"[{self.stage}] {step}/{self.end} (run {step}/{self.total}) loss {loss:.4f} "
+                f"{rate:.2f} upd/s  stage ETA {_fmt(eta_stage)}  run ETA {_fmt(eta_run)}")
+        if self.tty:
+            width = 24
+            filled = int(width * done / max(self.end - self.start, 1))
+            print(f"\r|{'#' * filled}{'.' * (width - filled)}| {text}", end="", file=sys.stderr, flush=True)
+        elif done % self.every == 0 or step == self.end:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            print(file=sys.stderr)
+
+
+def _fmt(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"

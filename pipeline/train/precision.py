@@ -1,0 +1,60 @@
+"""Mixed precision: which autocast dtype, and whether a GradScaler is needed.
+
+`auto` picks bf16 autocast on GPUs that support it, fp16 autocast with a
+GradScaler on older GPUs, and plain fp32 on CPU (bf16 autocast on CPUs is
+about 10x slower than fp32 there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import UserError
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # "fp32" | "bf16" | "fp16"
+    device_type: str
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.name == "fp16"
+
+    def autocast(self):
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+
+    def scaler(self) -> torch.amp.GradScaler:
+        # A disabled scaler is a no-op with an empty state_dict, so the loop has one code path.
+        return torch.amp.GradScaler(self.device_type, enabled=self.needs_scaler)
+
+
+def choose(mode: str, device: torch.device) -> Precision:
+    """Resolve `precision.mode` for this device; refuses half precision on CPU."""
+    if device.type != "cuda":
+        if mode in ("bf16", "fp16"):
+            raise UserError(f"precision.mode={mode} needs a CUDA GPU; on CPU use auto or fp32")
+        return Precision("fp32", device.type)
+    if mode == "auto":
+        mode = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    if mode == "bf16" and not torch.cuda.is_bf16_supported():
+        raise UserError("precision.mode=bf16 but this GPU does not support bf16; use auto or fp16")
+    return Precision(mode, "cuda")
+
+
+def weights_dtype(name: str, precision: Precision) -> torch.dtype:
+    """dtype to load the base weights in (`model.dtype`)."""
+    if name == "auto":
+        # Under autocast the frozen base can live in the compute dtype (half the
+        # memory); on CPU everything stays fp32.
+        return precision.dtype or torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]

@@ -1,0 +1,395 @@
+"""Train one stage: global updates [start, end) of the run's plan.
+
+    torchrun --standalone --nproc-per-node N -m pipeline train \
+        --plan plan.json --config train_config.yaml --stage chunk01 \
+        --init results/<run>/stages/pilot/checkpoint --scratch work/<run>/chunk01 \
+        --out results/<run>/stages/chunk01
+
+Where a stage starts from, in order:
+  1. the newest valid checkpoint in its scratch dir written for the same
+     (config, plan, stage, input checkpoint) -- a resumed attempt;
+  2. the previous stage's final checkpoint (`--init`);
+  3. nothing: a fresh adapter (the pilot).
+Every piece of loop state is restored (weights, EMA shadows, optimizer,
+scheduler, scaler, per-rank RNG, data position), so stages chained, stopped and
+resumed compute what one uninterrupted run computes.
+
+The declared output dir appears only at the very end, by rename; intra-stage
+checkpoints live in the undeclared scratch dir, which Snakemake does not delete
+when an attempt fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from pipeline import config as train_config
+from pipeline import layout
+from pipeline.checkpoint import io as ckpt_io
+from pipeline.checkpoint import state as ckpt_state
+from pipeline.errors import UserError
+from pipeline.evaluate.metrics import validation_loss
+from pipeline.schedule import lr_factor, read_plan, stage_from_plan
+from pipeline.train import distributed, faults, precision as prec
+from pipeline.train import model as model_setup
+from pipeline.train.batches import RunSampler, collate, supervised_counts, token_loss_sum
+from pipeline.train.ema import EMA
+from pipeline.train.monitor import Alerts, MetricsLog, Progress
+
+log = logging.getLogger("pipeline.train")
+
+
+class _Preemption:
+    """SIGTERM / SIGUSR1 set a flag; the loop acts on it at the next step boundary."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        log.warning("received %s: will checkpoint and exit at the next step boundary", signal.Signals(signum).name)
+
+
+def _fingerprint(cfg_text: str, plan: dict, stage: str, init: Path | None) -> str:
+    """Identity of a stage's computation: scratch checkpoints of another one are stale."""
+    h = hashlib.sha256()
+    h.update(cfg_text.encode())
+    h.update(json.dumps(plan, sort_keys=True).encode())
+    h.update(stage.encode())
+    if init is not None:
+        h.update((init / layout.MANIFEST_FILE).read_bytes())
+    return h.hexdigest()
+
+
+def _seed_all(seed: int) -> None:
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def train_stage(args: argparse.Namespace) -> int:
+    d = None
+    try:
+        cfg = train_config.load(args.config)
+        d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
+        return _run(args, cfg, d)
+    finally:
+        distributed.teardown()
+
+
+def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
+    from pipeline.data.tokenize import TokenCache
+
+    # --- what to compute ------------------------------------------------------
+    plan = read_plan(args.plan)
+    stage, _prev = stage_from_plan(plan, args.stage)
+    total = plan["total_updates"]
+    cfg_text = Path(args.config).read_text()
+    accum = train_config.grad_accum_steps(cfg, d.world_size)
+    precision = prec.choose(cfg.precision.mode, d.device)
+    fault = faults.from_env(stage.name)
+    init = Path(args.init) if args.init else None
+    if init is not None:
+        ok, reason = ckpt_io.verify(init)
+        if not ok:
+            raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
+    fingerprint = _fingerprint(cfg_text, plan, stage.name, init)
+    scratch, out = Path(args.scratch), Path(args.out)
+
+    def accept(manifest: dict) -> str | None:
+        if manifest.get("fingerprint") != fingerprint:
+            return "written for another config, plan or input checkpoint"
+        return None
+
+    resume = ckpt_io.latest_valid(scratch, accept)
+    source = resume or init
+    distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
+                          f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
+                          f"accum {accum}, precision {precision.name}")
+
+    # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
+    _seed_all(cfg.seed)
+    dtype = prec.weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
+    model = model_setup.build(cfg, dtype, d.device)
+    named = model_setup.trainable(model)
+    names = [n for n, _ in named]
+    params = [p for _, p in named]
+    ema = EMA(named, cfg.ema.rates, cfg.ema.every)
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay, foreach=True,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total, cfg.optim.warmup_fraction, cfg.optim.min_lr_ratio)
+    )
+    scaler = precision.scaler()
+
+    # --- restore ---------------------------------------------------------------
+    step = stage.start
+    counters = {"tokens_seen": 0, "skipped_updates": 0, "consecutive_nonfinite": 0}
+    rng = None
+    if source is not None:
+        weights_dir = source / (layout.ADAPTER_DIR if cfg.lora.enabled else layout.MODEL_DIR)
+        model_setup.load_trained(model, names, ckpt_state.read_weights(weights_dir), str(weights_dir))
+        for rate, tag in zip(ema.rates, ema.tags):
+            saved = ckpt_state.read_weights(source / layout.EMA_DIR / tag)
+            ema.load(rate, model_setup.named_to_param_names(model, names, saved))
+        ts = ckpt_state.read_training_state(source, d.rank)
+        ckpt_state.load_optimizer_state(optimizer, names, ts["optimizer_tensors"], ts["optimizer_meta"])
+        scheduler.load_state_dict(ts["scheduler"])
+        if ts["scaler"]:
+            scaler.load_state_dict(ts["scaler"])
+        step = ts["progress"]["step"]
+        counters.update({k: ts["progress"][k] for k in counters if k in ts["progress"]})
+        rng = ts["rng"]
+        expected = range(stage.start, stage.end + 1) if resume else [stage.start]
+        if step not in expected:
+            raise UserError(f"{source} ends at update {step}, but stage {stage.name} starts at {stage.start}")
+    if d.enabled:
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[d.local_rank] if d.device.type == "cuda" else None
+        )
+        distributed.check_consistent(d, params, "trained weights after restore")
+    # RNG last: everything above may draw from it, and must not shift the run's stream.
+    if rng is not None:
+        ckpt_state.restore_rng(rng)
+    else:
+        _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
+
+    # --- data ------------------------------------------------------------------
+    train_cache = TokenCache(cfg.data.train)
+    val_cache = TokenCache(cfg.data.val) if cfg.data.val else None
+    sampler = RunSampler(len(train_cache), cfg.optim.global_batch, cfg.seed)
+    counts = supervised_counts(train_cache)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    # --- bookkeeping -------------------------------------------------------------
+    metrics = MetricsLog(scratch / layout.SCRATCH_METRICS, enabled=d.is_main, truncate_from=step)
+    alerts = Alerts(cfg.alerts, scratch / "alerts.jsonl", enabled=d.is_main, truncate_from=step)
+    progress = Progress(stage.name, stage.start, stage.end, total, enabled=d.is_main)
+    writer = ckpt_io.AsyncWriter(enabled=cfg.checkpoint.async_save)
+    preempt = _Preemption()
+    raw_model = model.module if d.enabled else model
+
+    def snapshot(at_step: int) -> ckpt_state.Snapshot:
+        """CPU copies of all loop state after `at_step` updates (all ranks call this)."""
+        rngs = distributed.gather_objects(d, ckpt_state.capture_rng())
+        opt_tensors, opt_meta = ckpt_state.optimizer_state(optimizer, names)
+        return ckpt_state.Snapshot(
+            step=at_step,
+            weights=model_setup.trained_state(raw_model, names),
+            peft_config=raw_model.peft_config["default"] if cfg.lora.enabled else None,
+            model_config_json=None if cfg.lora.enabled else raw_model.config.to_json_string(),
+            ema={tag: model_setup.to_saved_keys(raw_model, ema.state(rate)) for rate, tag in zip(ema.rates, ema.tags)},
+            optimizer_tensors=opt_tensors,
+            optimizer_meta=opt_meta,
+            # the lambdas are code, rebuilt from the config; LambdaLR skips None entries on load
+            scheduler={**scheduler.state_dict(), "lr_lambdas": [None] * len(optimizer.param_groups)},
+            scaler=scaler.state_dict() if scaler.is_enabled() else {},
+            progress={"step": at_step, "stage": stage.name, "samples_seen": at_step * cfg.optim.global_batch,
+                      "world_size": d.world_size, **counters},
+            rng=rngs,
+            config_yaml=cfg_text,
+            manifest_extra={"fingerprint": fingerprint, "stage": stage.name},
+        )
+
+    def save(at_step: int, wait: bool = False) -> None:
+        snap = snapshot(at_step)
+        if d.is_main:
+            def write():
+                target = layout.step_dir(scratch, at_step)
+                ckpt_io.write_checkpoint(target, at_step, lambda tmp: ckpt_state.write_snapshot(snap, tmp),
+                                         snap.manifest_extra)
+                ckpt_io.update_latest(scratch, target)
+                ckpt_io.prune(scratch, cfg.checkpoint.keep_last)
+            writer.submit(write)
+            if wait:
+                writer.wait()
+        distributed.barrier(d) if wait else None
+
+    def quick_eval(reason: str) -> None:
+        if val_cache is None or not d.is_main:
+            return
+        results = {}
+        for rate, tag in zip(ema.rates, ema.tags):
+            with ema.swapped_in(rate):
+                results[f"ema_{tag}"] = validation_loss(raw_model, val_cache, pad_id=pad_id,
+                    micro_batch=cfg.eval.micro_batch, device=d.device, autocast=precision.autocast,
+                    max_batches=cfg.eval.quick_batches)["loss"]
+        results["raw"] = validation_loss(raw_model, val_cache, pad_id=pad_id, micro_batch=cfg.eval.micro_batch,
+            device=d.device, autocast=precision.autocast, max_batches=cfg.eval.quick_batches)["loss"]
+        log.info("[%s] eval at update %d (%s): %s", stage.name, step, reason,
+                 ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+        metrics.write({"step": step, "event": "eval", "reason": reason, **{f"val_{k}": v for k, v in results.items()}})
+
+    # --- the loop ------------------------------------------------------------------
+    model.train()
+    while step < stage.end:
+        t0 = time.perf_counter()
+        if fault.fail_at_step == step:
+            log.error("[%s] injected failure at update %d (SFT_FAULTS)", stage.name, step)
+            writer.wait()
+            return 1
+        micro_batches = sampler.rank_micro_batches(step, d.rank, d.world_size, cfg.optim.micro_batch)
+        assert len(micro_batches) == accum
+        n_sup = int(counts[sampler.global_indices(step)].sum())  # whole global batch: same on every rank
+        loss_sum = torch.zeros((), device=d.device)
+        tokens = 0
+        for i, mb in enumerate(micro_batches):
+            batch = {k: v.to(d.device) for k, v in collate(train_cache, mb, pad_id).items()}
+            if step in fault.loss_spike_steps:
+                batch["labels"] = torch.where(batch["labels"] >= 0, torch.randint_like(batch["labels"], len(tokenizer)),
+                                              batch["labels"])
+            tokens += int(batch["attention_mask"].sum())
+            # DDP all-reduces gradients on every backward unless told not to:
+            # only the last micro-batch of the update needs to synchronize.
+            sync = i == accum - 1
+            with (model.no_sync() if d.enabled and not sync else nullcontext()):
+                with precision.autocast():
+                    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                mb_loss = token_loss_sum(logits, batch["labels"])
+                # Normalize by the supervised tokens of the whole global batch (not
+                # the micro-batch): the gradient is then independent of how the
+                # batch is split over micro-batches and ranks. DDP averages over
+                # ranks, hence the world_size factor.
+                scaler.scale(mb_loss * (d.world_size / max(n_sup, 1))).backward()
+            loss_sum += mb_loss.detach()
+        if step in fault.nan_grad_steps:
+            params[0].grad.fill_(float("nan"))
+
+        # --- update (skipped when the gradient is not finite) --------------------
+        scaler.unscale_(optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
+        finite = bool(torch.isfinite(grad_norm))
+        if finite:
+            scaler.step(optimizer)
+            ema.update(step)
+            counters["consecutive_nonfinite"] = 0
+        else:
+            counters["skipped_updates"] += 1
+            counters["consecutive_nonfinite"] += 1
+            log.warning("[%s] update %d skipped: non-finite gradient (norm %s); %d in a row, %d in total",
+                        stage.name, step, grad_norm.item(), counters["consecutive_nonfinite"], counters["skipped_updates"])
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        step += 1
+
+        # --- bookkeeping ---------------------------------------------------------
+        if d.enabled:
+            torch.distributed.all_reduce(loss_sum)
+            tokens_all = tokens * d.world_size
+        else:
+            tokens_all = tokens
+        counters["tokens_seen"] += tokens_all
+        loss = float(loss_sum) / max(n_sup, 1)
+        if fault.sleep_per_step:
+            time.sleep(fault.sleep_per_step)
+        dt = time.perf_counter() - t0
+        record = {"step": step, "loss": loss, "lr": lr, "grad_norm": float(grad_norm), "tokens": tokens_all,
+                  "tokens_per_s": tokens_all / dt, "step_time_s": dt, "skipped": not finite,
+                  "skipped_total": counters["skipped_updates"], "mem_mb": _memory_mb(d.device),
+                  "epoch": sampler.epoch_of(step)}
+        if step % cfg.log_every == 0 or step == stage.end:
+            metrics.write(record)
+        progress.update(step, loss)
+
+        if counters["consecutive_nonfinite"] > cfg.precision.max_consecutive_nonfinite:
+            save(step, wait=True)
+            raise UserError(
+                f"[{stage.name}] {counters['consecutive_nonfinite']} non-finite updates in a row at update {step} "
+                f"(precision.max_consecutive_nonfinite={cfg.precision.max_consecutive_nonfinite}); "
+                f"checkpoint saved in {layout.step_dir(scratch, step)}. Lower optim.lr, check the data, "
+                "or use precision.mode=bf16/fp32."
+            )
+        alert = alerts.check(step, loss, record["tokens_per_s"]) if finite else None
+        if distributed.any_rank(d, alert is not None):
+            quick_eval(f"alert: {alert}" if alert else "alert on another rank")
+            save(step)
+        elif cfg.eval.quick_every and step % cfg.eval.quick_every == 0:
+            quick_eval("quick")
+        if distributed.any_rank(d, preempt.signal is not None):
+            save(step, wait=True)
+            writer.wait()
+            distributed.print0(d, f"[{stage.name}] preempted at update {step}: checkpoint saved, exiting "
+                                  f"with code {layout.EXIT_PREEMPTED} so a retry resumes")
+            return layout.EXIT_PREEMPTED
+        if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < stage.end:
+            save(step)
+    progress.close()
+
+    # --- stage output: final checkpoint + metrics, made visible by one rename --------
+    save(stage.end, wait=True)
+    writer.wait()
+    if d.is_main:
+        _publish(scratch, out, stage.end)
+    distributed.barrier(d)
+    return 0
+
+
+def _publish(scratch: Path, out: Path, step: int) -> None:
+    final = layout.step_dir(scratch, step)
+    ok, reason = ckpt_io.verify(final)
+    if not ok:
+        raise RuntimeError(f"final checkpoint failed verification: {reason}")
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    shutil.copytree(final, tmp / layout.STAGE_CHECKPOINT)
+    for name in (layout.SCRATCH_METRICS, "alerts.jsonl"):
+        if (scratch / name).is_file():
+            shutil.copy2(scratch / name, tmp / name)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    # The stage is complete: its scratch checkpoints are no longer needed.
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except ImportError:  # pragma: no cover - non-POSIX
+        return 0.0
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--config", type=Path, required=True, help="resolved trainer config (train_config.yaml)")
+    ap.add_argument("--stage", required=True)
+    ap.add_argument("--init", type=Path, default=None, help="previous stage's checkpoint dir (none for the pilot)")
+    ap.add_argument("--scratch", type=Path, required=True, help="intra-stage checkpoints (undeclared)")
+    ap.add_argument("--out", type=Path, required=True, help="stage output dir (appears when complete)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    return train_stage(args)
