@@ -97,7 +97,7 @@ def train_stage(args: argparse.Namespace) -> int:
 
 
 def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
-    from pipeline.data.tokenize import TokenCache
+    from pipeline.data.cache import TokenCache
 
     # --- what to compute ------------------------------------------------------
     plan = read_plan(args.plan)

@@ -1,0 +1,32 @@
+# LoRA / EMA supervised fine-tuning as a cached, restartable DAG.
+#
+#   snakemake --cores all                   # the whole pipeline (embedded default on CPU)
+#   snakemake --profile slurm               # the same DAG on a SLURM cluster
+#   snakemake results/<run>/stages/chunk02 -f   # rerun one stage
+#
+# This file is a table of contents: the rules live in workflow/rules/, the code
+# in the `pipeline` package, the settings in config/.
+
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/export.smk"
+
+
+rule all:
+    input:
+        f"{R}/eval/summary.csv",
+        f"{R}/eval/loss.png",
+        f"{R}/eval/val_loss.png",
+        f"{R}/export/verification.json",
+        f"{R}/export/smoke_test.json",
+    default_target: True

@@ -1,0 +1,108 @@
+"""The pilot gate: sanity checks on the pilot stage before the long run starts.
+
+    python -m pipeline pilot-gate --pilot results/<run>/stages/pilot --plan plan.json \
+        --out results/<run>/pilot_report.json [--override]
+
+Checks (all evaluated, all reported):
+  loss_finite      every logged pilot loss is finite
+  loss_falling     mean loss of the last third of the pilot < mean of the first third
+  grads_flowing    gradient norms are non-zero and the trained weights moved
+                   (LoRA B matrices start at zero, so a still-zero B means no gradient reached it)
+  no_skipped       no update of the pilot was skipped for a non-finite gradient
+  throughput       tokens/s was measured; the ETA of the whole run follows from it
+The report is written either way. If a check fails the command exits non-zero,
+so no chunk starts, unless `--override` (config: gate.override: true) is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from pipeline import layout
+from pipeline.checkpoint import state as ckpt_state
+from pipeline.errors import UserError
+
+EXIT = layout.EXIT_GATE
+
+
+def _steps(metrics_path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "loss" in r]
+
+
+def run_checks(pilot_dir: Path, plan: dict) -> dict:
+    rows = _steps(pilot_dir / layout.STAGE_METRICS)
+    checks: dict[str, dict] = {}
+    losses = [r["loss"] for r in rows]
+    bad = [r["step"] for r in rows if not math.isfinite(r["loss"])]
+    checks["loss_finite"] = {"ok": bool(rows) and not bad,
+                             "detail": f"non-finite loss at updates {bad[:10]}" if bad else f"{len(rows)} finite losses"}
+    third = max(1, len(losses) // 3)
+    first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
+    checks["loss_falling"] = {"ok": last < first, "first_third_mean": first, "last_third_mean": last,
+                              "detail": f"mean loss {first:.4f} (first third) -> {last:.4f} (last third)"}
+    weights = ckpt_state.read_weights(_weights_dir(pilot_dir / layout.STAGE_CHECKPOINT))
+    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    moved = any(float(t.abs().max()) > 0 for t in lora_b) if lora_b else True
+    norms = [r["grad_norm"] for r in rows if math.isfinite(r.get("grad_norm", math.nan))]
+    grads = bool(norms) and max(norms) > 0
+    checks["grads_flowing"] = {"ok": grads and moved, "max_grad_norm": max(norms) if norms else None,
+                               "detail": ("gradients reach the trained weights" if grads and moved else
+                                          "trained weights did not move (zero gradient, lr=0, or targets that match nothing)")}
+    skipped = [r["step"] for r in rows if r.get("skipped")]
+    checks["no_skipped"] = {"ok": not skipped, "detail": f"skipped updates {skipped[:10]}" if skipped else "none skipped"}
+    tps = [r["tokens_per_s"] for r in rows[1:]] or [r["tokens_per_s"] for r in rows]
+    step_s = statistics.median([r["step_time_s"] for r in rows]) if rows else math.nan
+    pilot_end = rows[-1]["step"] if rows else 0
+    remaining = plan["total_updates"] - pilot_end
+    eta = remaining * step_s
+    checks["throughput"] = {"ok": bool(tps) and statistics.median(tps) > 0,
+                            "tokens_per_s_median": statistics.median(tps) if tps else 0.0,
+                            "detail": f"median {statistics.median(tps) if tps else 0:.0f} tokens/s"}
+    return {
+        "checks": checks,
+        "passed": all(c["ok"] for c in checks.values()),
+        "median_step_s": step_s,
+        "remaining_updates": remaining,
+        "eta_seconds": eta,
+    }
+
+
+def _weights_dir(ckpt: Path) -> Path:
+    adapter = ckpt / layout.ADAPTER_DIR
+    return adapter if adapter.is_dir() else ckpt / layout.MODEL_DIR
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline pilot-gate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pilot", type=Path, required=True, help="the pilot stage's output dir")
+    ap.add_argument("--plan", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--override", action="store_true", help="continue even if a check fails")
+    args = ap.parse_args(argv)
+
+    plan = json.loads(args.plan.read_text())
+    report = run_checks(args.pilot, plan)
+    report["override"] = args.override
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for name, check in report["checks"].items():
+        print(f"pilot gate: {name:<14} {'ok  ' if check['ok'] else 'FAIL'} {check['detail']}")
+    h, rem = divmod(int(report["eta_seconds"]), 3600)
+    print(f"pilot gate: ETA of the remaining {report['remaining_updates']} updates at "
+          f"{report['median_step_s']:.3f} s/update: {h}h{rem // 60:02d}m (training only)")
+    failed = [n for n, c in report["checks"].items() if not c["ok"]]
+    if failed and not args.override:
+        details = "; ".join(f"{n}: {report['checks'][n]['detail']}" for n in failed)
+        err = UserError(f"pilot gate failed ({', '.join(failed)}): {details}. The chunks will not start. "
+                        f"Fix the config, or set gate.override: true in config/config.yaml to continue anyway.")
+        err.exit_code = EXIT
+        raise err
+    if failed:
+        print(f"pilot gate: checks {failed} failed but gate.override is set; continuing")
+    return 0

@@ -1,0 +1,120 @@
+"""Evaluate one stage's checkpoint: raw weights and every EMA rate.
+
+    python -m pipeline evaluate --checkpoint results/<run>/stages/chunk01/checkpoint \
+        --stage chunk01 --out results/<run>/eval/chunk01.json
+
+For each weight set: validation loss and perplexity over the whole validation
+cache, and, when a held-out test file is given, greedy-decoding exact match.
+The model (base + adapter) is built once; each EMA shadow is loaded into the
+adapter in turn. `--base-only` evaluates the untouched base model instead (the
+"before" row of the summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline import config as train_config
+from pipeline import layout
+from pipeline.checkpoint import io as ckpt_io
+from pipeline.checkpoint import state as ckpt_state
+from pipeline.errors import UserError
+from pipeline.evaluate.metrics import exact_match, validation_loss
+from pipeline.train import precision as prec
+from pipeline.train import model as model_setup
+
+log = logging.getLogger(__name__)
+
+
+def held_out_examples(path: Path | None, limit: int | None) -> list[tuple[list[dict], str]]:
+    if path is None:
+        return []
+    from pipeline.data.formats import load_records, prompt_and_reference
+
+    examples = [prompt_and_reference(r) for r in load_records(path)]
+    return examples[:limit] if limit else examples
+
+
+def _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, max_new_tokens) -> dict:
+    row: dict = {}
+    if val_cache is not None:
+        row.update(validation_loss(model, val_cache, pad_id=tokenizer.pad_token_id, micro_batch=cfg.eval.micro_batch,
+                                   device=device, autocast=precision.autocast))
+    if examples:
+        em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
+        row.update({"exact_match": em["exact_match"], "n_test": em["n"], "samples": em["samples"]})
+    return row
+
+
+def evaluate(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from pipeline.data.cache import TokenCache
+
+    if args.checkpoint is not None:
+        ok, reason = ckpt_io.verify(args.checkpoint)
+        if not ok:
+            raise UserError(f"cannot evaluate: {reason}")
+        cfg = train_config.load(args.checkpoint / layout.CONFIG_FILE)
+    else:
+        cfg = train_config.load(args.config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    precision = prec.choose(cfg.precision.mode, device)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    val_cache = TokenCache(cfg.data.val) if cfg.data.val else None
+    examples = held_out_examples(args.test, args.max_test)
+    result = {"stage": args.stage, "rows": []}
+    t0 = time.time()
+
+    if args.checkpoint is None:  # the base model, before any training
+        model = model_setup.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device)
+        row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
+        result["rows"].append({"weights": "base", **row})
+    else:
+        torch.manual_seed(cfg.seed)  # adapter init is overwritten below; seed only for tidiness
+        dtype = prec.weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
+        model = model_setup.build(cfg, dtype, device)
+        names = [n for n, _ in model_setup.trainable(model)]
+        progress = json.loads((args.checkpoint / layout.TRAINING_STATE_DIR / layout.PROGRESS_FILE).read_text())
+        result["step"] = progress["step"]
+        weights_dir = layout.ADAPTER_DIR if cfg.lora.enabled else layout.MODEL_DIR
+        sets = [("raw", args.checkpoint / weights_dir)]
+        sets += [(f"ema_{tag}", args.checkpoint / layout.EMA_DIR / tag) for tag in ckpt_state.ema_tags(args.checkpoint)]
+        for name, path in sets:
+            model_setup.load_trained(model, names, ckpt_state.read_weights(path), str(path))
+            row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
+            result["rows"].append({"weights": name, **row})
+            log.info("%s %s: %s", args.stage, name, {k: v for k, v in row.items() if k != "samples"})
+    result["seconds"] = round(time.time() - t0, 2)
+    return result
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline evaluate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", type=Path, help="stage checkpoint dir")
+    src.add_argument("--config", type=Path, help="resolved trainer config: evaluate the base model alone")
+    ap.add_argument("--stage", required=True, help="name recorded in the output (e.g. chunk01, base)")
+    ap.add_argument("--test", type=Path, default=None, help="held-out dataset file for exact match")
+    ap.add_argument("--max-test", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    result = evaluate(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    for row in result["rows"]:
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items() if k != "samples"}
+        print(args.stage, shown)
+    return 0

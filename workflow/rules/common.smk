@@ -1,0 +1,120 @@
+# Validated config, the stage list, paths and input functions shared by all rules.
+
+import os
+from pathlib import Path
+
+from snakemake.utils import validate
+
+from pipeline.schedule import PILOT, plan_stages
+
+
+validate(config, "../schemas/config.schema.yaml")
+
+RUN = config["run"]
+R = f"results/{RUN}"  # declared outputs of this run
+WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a failed attempt
+EMBEDDED = "results/embedded"  # the embedded default's base model and demo dataset
+EMBEDDED_MODEL = f"{EMBEDDED}/model"
+
+_sched = config["schedule"]
+STAGES = [s.name for s in plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])]
+LAST_STAGE = STAGES[-1]
+
+
+def is_embedded(value):
+    return value == "embedded"
+
+
+MODEL = EMBEDDED_MODEL if is_embedded(config["model"]) else config["model"]
+
+
+def _check_base_untouched():
+    """The base model dir is read-only to us: refuse outputs inside it, up front."""
+    if is_embedded(config["model"]) or not os.path.isdir(MODEL):
+        return
+    base = Path(MODEL).resolve()
+    for out in (R, WORK, "logs", "benchmarks"):
+        p = Path(out).resolve()
+        if p == base or base in p.parents:
+            raise WorkflowError(f"config: output path {out} is inside the base model dir {MODEL}; choose another run dir")
+
+
+_check_base_untouched()
+
+
+def data_file(split):
+    """Path of a dataset split, the embedded demo's, or None when the config says null."""
+    value = config["data"][split]
+    if value is None:
+        return None
+    return f"{EMBEDDED}/data/{split}.jsonl" if is_embedded(value) else value
+
+
+def model_inputs():
+    """The base model as a file input when it is local (a hub id is only a param)."""
+    return [MODEL] if is_embedded(config["model"]) or os.path.isdir(MODEL) else []
+
+
+def base_model(wildcards, input):
+    """The base model argument: the local dir input, else the hub id."""
+    return input.model if input.get("model") else MODEL
+
+
+def data_inputs():
+    return {split: data_file(split) for split in ("train", "val", "test") if data_file(split)}
+
+
+def train_overrides():
+    """Hydra overrides: the user's, then the paths this workflow owns."""
+    own = [f"model.path={MODEL}", f"data.train={R}/data/train.safetensors"]
+    own.append(f"data.val={R}/data/val.safetensors" if data_file("val") else "data.val=null")
+    return list(config["train"]["overrides"]) + own
+
+
+def previous_stage(stage):
+    i = STAGES.index(stage)
+    return STAGES[i - 1] if i else None
+
+
+def train_inputs(wildcards):
+    inputs = {
+        "plan": f"{R}/plan.json",
+        "config": f"{R}/train_config.yaml",
+        "train": f"{R}/data/train.safetensors",
+    }
+    if data_file("val"):
+        inputs["val"] = f"{R}/data/val.safetensors"
+    prev = previous_stage(wildcards.stage)
+    if prev is not None:
+        inputs["init"] = f"{R}/stages/{prev}"
+    if wildcards.stage != PILOT:
+        # No chunk starts before the pilot passed its sanity gate.
+        inputs["gate"] = f"{R}/pilot_report.json"
+    return inputs
+
+
+def init_flag(wildcards, input):
+    return f"--init {input.init}/checkpoint" if "init" in input.keys() else ""
+
+
+def nproc(wildcards, resources):
+    """Processes per training job: one per allocated GPU (1 on CPU), unless configured."""
+    n = config["train"]["nproc"]
+    return int(n) if n != "auto" else max(1, int(resources.get("gpu", 0)))
+
+
+def export_adapter():
+    return f"{R}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{R}/export/adapter"
+
+
+def ema_rate_flag():
+    rate = config["export"]["ema_rate"]
+    return f"--ema-rate {rate}" if rate is not None else ""
+
+
+def optional(flag, value):
+    return f"{flag} {value}" if value is not None else ""
+
+
+wildcard_constraints:
+    stage="|".join(STAGES),

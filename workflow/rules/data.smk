@@ -1,0 +1,66 @@
+# The base model (embedded default only), dataset validation, tokenization cache.
+
+
+rule prepare_base:
+    output:
+        model=directory(EMBEDDED_MODEL),
+        train=f"{EMBEDDED}/data/train.jsonl",
+        val=f"{EMBEDDED}/data/val.jsonl",
+        test=f"{EMBEDDED}/data/test.jsonl",
+    conda:
+        "../envs/sft.yaml"
+    log:
+        "logs/prepare_base/embedded.log",
+    benchmark:
+        "benchmarks/prepare_base/embedded.tsv"
+    params:
+        data_dir=lambda wc, output: os.path.dirname(output.train),
+    shell:
+        "python -m pipeline prepare-base --model-dir {output.model} --data-dir {params.data_dir} > {log} 2>&1"
+
+
+rule validate_dataset:
+    input:
+        unpack(lambda wc: data_inputs()),
+        model=model_inputs(),
+    output:
+        json=f"{R}/data/validation.json",
+        csv=f"{R}/data/validation.csv",
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/validate_dataset/{RUN}.log",
+    params:
+        val=lambda wc, input: optional("--val", input.get("val")),
+        test=lambda wc, input: optional("--test", input.get("test")),
+        model=base_model,
+        max_length=config["data"]["max_length"],
+        too_long=config["data"]["too_long"],
+    shell:
+        "python -m pipeline validate --train {input.train} {params.val} {params.test} "
+        "--tokenizer {params.model} --max-length {params.max_length} --too-long {params.too_long} "
+        "--out-json {output.json} --out-csv {output.csv} > {log} 2>&1"
+
+
+rule tokenize:
+    input:
+        unpack(lambda wc: data_inputs()),
+        validation=f"{R}/data/validation.json",
+        model=model_inputs(),
+    output:
+        train=f"{R}/data/train.safetensors",
+        val=f"{R}/data/val.safetensors" if data_file("val") else [],
+        stats=f"{R}/data/stats.json",
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/tokenize/{RUN}.log",
+    params:
+        val=lambda wc, input, output: f'{optional("--val", input.get("val"))} {optional("--out-val", output.get("val"))}',
+        model=base_model,
+        max_length=config["data"]["max_length"],
+        too_long=config["data"]["too_long"],
+    shell:
+        "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {params.model} "
+        "--max-length {params.max_length} --too-long {params.too_long} "
+        "--out-train {output.train} --out-stats {output.stats} > {log} 2>&1"

@@ -1,0 +1,80 @@
+# Final checkpoint -> Hugging Face dirs, streaming LoRA merge, its verification, a smoke test.
+
+
+rule consolidate:
+    input:
+        stage=f"{R}/stages/{LAST_STAGE}",
+        model=model_inputs(),
+    output:
+        adapter=directory(f"{R}/export/adapter"),
+        adapter_ema=directory(f"{R}/export/adapter_ema"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/consolidate/{RUN}.log",
+    params:
+        model=base_model,
+        ema_rate=ema_rate_flag(),
+    shell:
+        "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
+        "--out-adapter {output.adapter} --out-adapter-ema {output.adapter_ema} {params.ema_rate} "
+        "--models both > {log} 2>&1"
+
+
+rule merge_lora:
+    input:
+        adapter=export_adapter(),
+        model=model_inputs(),
+    output:
+        directory(f"{R}/export/merged"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/merge_lora/{RUN}.log",
+    benchmark:
+        f"benchmarks/merge_lora/{RUN}.tsv"
+    params:
+        model=base_model,
+        dtype=config["export"]["dtype"],
+    shell:
+        "python -m pipeline merge --base {params.model} --adapter {input.adapter} --out {output} "
+        "--dtype {params.dtype} > {log} 2>&1"
+
+
+rule verify_merge:
+    input:
+        merged=f"{R}/export/merged",
+        adapter=export_adapter(),
+        model=model_inputs(),
+    output:
+        f"{R}/export/verification.json",
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/verify_merge/{RUN}.log",
+    params:
+        model=base_model,
+    shell:
+        "python -m pipeline verify-merge --base {params.model} --adapter {input.adapter} "
+        "--merged {input.merged} --out {output} > {log} 2>&1"
+
+
+rule smoke_test:
+    input:
+        merged=f"{R}/export/merged",
+        verified=f"{R}/export/verification.json",
+        test=data_file("test") or [],
+    output:
+        f"{R}/export/smoke_test.json",
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/smoke_test/{RUN}.log",
+    params:
+        test=lambda wc, input: optional("--test", input.get("test")),
+        max_test=optional("--max-test", config["evaluate"]["max_test"]),
+        max_new_tokens=config["evaluate"]["max_new_tokens"],
+        min_em=optional("--min-exact-match", config["export"]["min_exact_match"]),
+    shell:
+        "python -m pipeline smoke-test --model {input.merged} {params.test} {params.max_test} "
+        "--max-new-tokens {params.max_new_tokens} {params.min_em} --out {output} > {log} 2>&1"
