@@ -66,7 +66,7 @@ class OptimConfig:
 @dataclass
 class PrecisionConfig:
     mode: str = "auto"  # auto | bf16 | fp16 | fp32 (auto: bf16 if supported, else fp16; fp32 on CPU)
-    max_consecutive_nonfinite: int = 8  # abort (after a checkpoint) past this many skipped updates in a row
+    max_consecutive_nonfinite: int = 8  # abort (after a checkpoint) when this many updates in a row are skipped
 
 
 @dataclass

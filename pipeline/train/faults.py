@@ -8,7 +8,9 @@ invalidate and retrain every stage). Example:
 
 Keys: stage (only this stage is affected; default all), fail_at_step (exit 1
 when this global update is reached), nan_grad_steps, loss_spike_steps (lists of
-global update indices), sleep_per_step (seconds, to widen timing windows).
+global update indices), sleep_per_step (seconds, to widen timing windows),
+sigkill_in_save_at (SIGKILL this process after the checkpoint for that update
+has written its files but before its MANIFEST: a crash in the middle of a save).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Faults:
     nan_grad_steps: frozenset[int] = field(default_factory=frozenset)
     loss_spike_steps: frozenset[int] = field(default_factory=frozenset)
     sleep_per_step: float = 0.0
+    sigkill_in_save_at: int = -1
 
 
 def from_env(stage: str) -> Faults:
@@ -40,4 +43,5 @@ def from_env(stage: str) -> Faults:
         nan_grad_steps=frozenset(spec.get("nan_grad_steps", [])),
         loss_spike_steps=frozenset(spec.get("loss_spike_steps", [])),
         sleep_per_step=float(spec.get("sleep_per_step", 0.0)),
+        sigkill_in_save_at=int(spec.get("sigkill_in_save_at", -1)),
     )

@@ -220,8 +220,12 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         if d.is_main:
             def write():
                 target = layout.step_dir(scratch, at_step)
-                ckpt_io.write_checkpoint(target, at_step, lambda tmp: ckpt_state.write_snapshot(snap, tmp),
-                                         snap.manifest_extra)
+                def files(tmp: Path) -> None:
+                    ckpt_state.write_snapshot(snap, tmp)
+                    if fault.sigkill_in_save_at == at_step:
+                        os.kill(os.getpid(), signal.SIGKILL)  # files written, MANIFEST not yet
+
+                ckpt_io.write_checkpoint(target, at_step, files, snap.manifest_extra)
                 ckpt_io.update_latest(scratch, target)
                 ckpt_io.prune(scratch, cfg.checkpoint.keep_last)
             writer.submit(write)
@@ -317,7 +321,7 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             metrics.write(record)
         progress.update(step, loss)
 
-        if counters["consecutive_nonfinite"] > cfg.precision.max_consecutive_nonfinite:
+        if counters["consecutive_nonfinite"] >= cfg.precision.max_consecutive_nonfinite:
             save(step, wait=True)
             raise UserError(
                 f"[{stage.name}] {counters['consecutive_nonfinite']} non-finite updates in a row at update {step} "

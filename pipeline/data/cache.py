@@ -1,0 +1,165 @@
+"""The token cache: one safetensors file per split, read back through a memory map.
+
+Layout (all tensors flat, so a split of any size is three arrays):
+
+* ``input_ids`` int32 [T]   -- every record's tokens, back to back
+* ``labels``    int32 [T]   -- the token id where it is supervised, -100 elsewhere
+* ``offsets``   int64 [N+1] -- record i is ``[offsets[i], offsets[i+1])``
+
+The safetensors metadata (string -> string) records what the cache was built
+from (source file sha256, tokenizer fingerprint, max_length, ...), so a later
+stage can refuse a cache that does not match its inputs.
+
+`TokenCache` maps the file instead of loading it: opening a multi-GB cache is
+instant, and DataLoader workers share the page cache rather than copies.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import DataError
+
+FORMAT = "pipeline-token-cache/1"
+IGNORE_INDEX = -100  # the label value torch's cross-entropy skips
+
+# tensor name -> (safetensors dtype, numpy dtype)
+_TENSORS = {
+    "input_ids": ("I32", np.int32),
+    "labels": ("I32", np.int32),
+    "offsets": ("I64", np.int64),
+}
+
+
+def write_cache(
+    path: str | Path,
+    *,
+    input_ids: np.ndarray,
+    labels: np.ndarray,
+    offsets: np.ndarray,
+    metadata: dict[str, str],
+) -> None:
+    """Write one split atomically (temp file + rename: a crash never leaves half a cache)."""
+    from safetensors.numpy import save_file
+
+    input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+    labels = np.ascontiguousarray(labels, dtype=np.int32)
+    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
+    if input_ids.shape != labels.shape or input_ids.ndim != 1:
+        raise ValueError("input_ids and labels must be flat arrays of the same length")
+    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != input_ids.size:
+        raise ValueError("offsets must start at 0 and end at len(input_ids)")
+    meta = {"format": FORMAT, **{str(k): str(v) for k, v in metadata.items()}}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        save_file({"input_ids": input_ids, "labels": labels, "offsets": offsets}, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class TokenCache:
+    """Random access to the records of one cache file.
+
+    ``cache[i]`` is ``(input_ids, labels)`` as 1-D LongTensors (fresh copies,
+    safe to modify). `lengths` is the token count per record, `num_tokens`
+    their sum, `metadata` the safetensors metadata.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._open()
+
+    def _open(self) -> None:
+        header, data_start = _read_header(self.path)
+        self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
+        arrays = {}
+        for name, (st_dtype, np_dtype) in _TENSORS.items():
+            entry = header.get(name)
+            if entry is None or entry.get("dtype") != st_dtype or len(entry.get("shape", ())) != 1:
+                raise DataError(f"{self.path}: not a token cache (tensor {name!r} missing or not {st_dtype}[n])")
+            (count,) = entry["shape"]
+            begin, end = entry["data_offsets"]
+            if end - begin != count * np.dtype(np_dtype).itemsize:
+                raise DataError(f"{self.path}: tensor {name!r} has inconsistent data offsets")
+            if count == 0:
+                arrays[name] = np.zeros(0, dtype=np_dtype)  # mmap cannot map zero bytes
+            else:
+                arrays[name] = np.memmap(self.path, dtype=np_dtype, mode="r", offset=data_start + begin, shape=(count,))
+        self._input_ids = arrays["input_ids"]
+        self._labels = arrays["labels"]
+        # Offsets are small (8 bytes a record) and read on every access: keep them in RAM.
+        self._offsets = np.array(arrays["offsets"])
+        if (
+            self._offsets.size < 1
+            or self._offsets[0] != 0
+            or self._offsets[-1] != self._input_ids.size
+            or self._labels.size != self._input_ids.size
+            or np.any(np.diff(self._offsets) < 0)
+        ):
+            raise DataError(f"{self.path}: corrupt token cache (offsets do not match the token arrays)")
+
+    def __len__(self) -> int:
+        return self._offsets.size - 1
+
+    def __getitem__(self, i: int):
+        import torch
+
+        n = len(self)
+        i = operator.index(i)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"record {i} out of range for a cache of {n} records")
+        begin, end = int(self._offsets[i]), int(self._offsets[i + 1])
+        ids = torch.from_numpy(self._input_ids[begin:end].astype(np.int64))
+        labels = torch.from_numpy(self._labels[begin:end].astype(np.int64))
+        return ids, labels
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens per record (int64 array of length ``len(self)``)."""
+        return np.diff(self._offsets)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._offsets[-1])
+
+    # Pickle by path, so DataLoader workers re-map the file instead of copying arrays.
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path = state["path"]
+        self._open()
+
+    def __repr__(self) -> str:
+        return f"TokenCache({str(self.path)!r}, records={len(self)}, tokens={self.num_tokens})"
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    """The safetensors JSON header and the byte offset where tensor data starts."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) != 8:
+                raise DataError(f"{path}: not a safetensors file (too short)")
+            (size,) = struct.unpack("<Q", prefix)
+            if size > 100_000_000:
+                raise DataError(f"{path}: not a safetensors file (header size {size})")
+            raw = f.read(size)
+    except OSError as err:
+        raise DataError(f"cannot read token cache {path}: {err.strerror}") from None
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DataError(f"{path}: not a safetensors file (bad header)") from None
+    return header, 8 + size

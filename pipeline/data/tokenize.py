@@ -1,0 +1,413 @@
+"""Tokenize conversations with the tokenizer's own chat template, masking all but the assistant.
+
+How the supervised span of an assistant turn is found, for any template:
+render ``messages[:k]`` with the generation prompt (P) and ``messages[:k+1]``
+without it (F). If the template is well behaved, P is a prefix of F and F a
+prefix of the whole rendered conversation; the characters ``F[len(P):]`` are
+the assistant's content plus whatever the template closes the turn with (the
+end-of-turn token, a newline). Those characters are mapped to tokens of the
+*whole* conversation, tokenized once, through the fast tokenizer's offset
+mapping; a token that straddles a boundary counts as supervised. Tokenizers
+without offsets fall back to tokenizing P and F and checking that their ids
+are a prefix of the conversation's ids. A template that breaks either prefix
+property is an error naming the record: we cannot tell which tokens to learn.
+
+Work is batched (rendering, tokenizing, labelling with numpy), so the only
+per-record Python is the template rendering itself.
+
+Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
+``{"tokenizer", "tokenizer_fingerprint", "max_length", "too_long",
+"splits": {"train": {...}, "val": {...}}}`` where each split has ``cache``,
+``source``, ``source_sha256``, ``records_in``, ``records``, ``turns``,
+``assistant_turns``, ``tokens``, ``supervised_tokens``, ``tokens_per_record``
+(p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
+``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.data.cache import IGNORE_INDEX, write_cache
+from pipeline.data.formats import Record, load_records
+from pipeline.errors import DataError, UserError
+
+TOO_LONG_POLICIES = ("error", "truncate", "drop")
+BATCH_SIZE = 2048
+
+# Files that define a tokenizer's behaviour; weights and model config are left out.
+_TOKENIZER_FILE_PREFIXES = (
+    "tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges", "spiece", "sentencepiece",
+)
+
+
+# --- the tokenizer --------------------------------------------------------------------------------
+
+
+def load_tokenizer(tokenizer_dir: str | Path):
+    """`AutoTokenizer.from_pretrained(tokenizer_dir)`; a `UserError` if it fails or has no chat template."""
+    if not Path(tokenizer_dir).is_dir():
+        # Checked here: given a missing path, transformers would try the Hub and blame the repo id.
+        raise UserError(f"tokenizer directory not found: {tokenizer_dir}")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    except Exception as err:  # transformers raises many types for a bad dir
+        raise UserError(f"cannot load a tokenizer from {tokenizer_dir}: {err}") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError(f"the tokenizer in {tokenizer_dir} has no chat template")
+    return tokenizer
+
+
+def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
+    """sha256 over the names and bytes of the tokenizer's files (not the weights)."""
+    digest = hashlib.sha256()
+    files = sorted(
+        p for p in Path(tokenizer_dir).iterdir()
+        if p.is_file() and p.name.lower().startswith(_TOKENIZER_FILE_PREFIXES)
+    )
+    if not files:
+        raise UserError(f"no tokenizer files in {tokenizer_dir}")
+    for p in files:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def render(tokenizer, conversations: list[list[dict]], *, add_generation_prompt: bool) -> tuple[list, dict[int, str]]:
+    """Render many conversations to text; returns (texts, {position: error}) with None for failures.
+
+    Renders the batch in one call; only if that raises are conversations
+    rendered one by one, so the failing ones can be named.
+    """
+    if not conversations:
+        return [], {}
+    kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    try:
+        return list(tokenizer.apply_chat_template(conversations, **kwargs)), {}
+    except Exception:  # noqa: BLE001 -- a template may raise anything; located below
+        pass
+    texts: list[str | None] = []
+    errors: dict[int, str] = {}
+    for i, conversation in enumerate(conversations):
+        try:
+            texts.append(tokenizer.apply_chat_template(conversation, **kwargs))
+        except Exception as err:  # noqa: BLE001
+            texts.append(None)
+            errors[i] = f"the chat template failed: {type(err).__name__}: {err}"
+    return texts, errors
+
+
+def _encode(tokenizer, texts: list[str], *, offsets: bool = False):
+    # Exactly what apply_chat_template(tokenize=True) does: the template already
+    # holds the special tokens, so the tokenizer must not add its own.
+    return tokenizer(
+        texts,
+        add_special_tokens=False,
+        return_offsets_mapping=offsets,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+        verbose=False,  # lengths over model_max_length are our policy's business, not a warning
+    )
+
+
+def sequence_lengths(tokenizer, records: list[Record]) -> tuple[np.ndarray, dict[int, str]]:
+    """Tokens in each record's full rendering; -1 and an error message where the template fails."""
+    lengths = np.full(len(records), -1, dtype=np.int64)
+    errors: dict[int, str] = {}
+    for start in range(0, len(records), BATCH_SIZE):
+        batch = records[start:start + BATCH_SIZE]
+        texts, failed = render(tokenizer, [r.messages for r in batch], add_generation_prompt=False)
+        errors.update({start + i: msg for i, msg in failed.items()})
+        ok = [i for i, t in enumerate(texts) if t is not None]
+        if ok:
+            ids = _encode(tokenizer, [texts[i] for i in ok])["input_ids"]
+            lengths[[start + i for i in ok]] = [len(x) for x in ids]
+    return lengths, errors
+
+
+# --- labelling ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """One batch, tokenized: flat ids, tokens per record, and supervised token ranges [lo, hi)."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    span_record: np.ndarray  # batch position of each range's record
+
+
+def _record_name(source: str, record: Record) -> str:
+    where = [f"line {record.line}"] if record.line is not None else []
+    where += [f"id {record.id!r}"] if record.id is not None else []
+    return f"{source} record {record.index}" + (f" ({', '.join(where)})" if where else "")
+
+
+def _render_turns(tokenizer, batch: list[Record], source: str):
+    """Full texts plus, per assistant turn, (record, P text, F text) checked for the prefix property."""
+    closed_convs = [r.messages for r in batch]  # whole conversations first, then inner turns
+    prompt_convs, owners = [], []  # owners: (record, message position, index into closed)
+    for b, record in enumerate(batch):
+        last = len(record.messages) - 1
+        for k, message in enumerate(record.messages):
+            if message["role"] == "assistant":
+                prompt_convs.append(record.messages[:k])
+                if k == last:
+                    owners.append((b, k, b))  # messages[:k+1] is the whole conversation: render it once
+                else:
+                    owners.append((b, k, len(closed_convs)))
+                    closed_convs.append(record.messages[:k + 1])
+    closed, errors = render(tokenizer, closed_convs, add_generation_prompt=False)
+    opened, prompt_errors = render(tokenizer, prompt_convs, add_generation_prompt=True)
+    for i, msg in errors.items():
+        b = i if i < len(batch) else next(o[0] for o in owners if o[2] == i)
+        raise DataError(f"{_record_name(source, batch[b])}: {msg}")
+    for i, msg in prompt_errors.items():
+        raise DataError(f"{_record_name(source, batch[owners[i][0]])}: {msg}")
+    full_texts = closed[:len(batch)]
+    turns = []
+    previous_end = {}
+    for (b, k, closed_index), prompt in zip(owners, opened):
+        full, turn = full_texts[b], closed[closed_index]
+        if not (turn.startswith(prompt) and full.startswith(turn) and len(turn) > len(prompt)
+                and len(prompt) >= previous_end.get(b, 0)):
+            raise DataError(
+                f"{_record_name(source, batch[b])}: the chat template breaks the prefix property at message {k}: "
+                "rendering the messages before it with the generation prompt must be a prefix of rendering them "
+                "with it, and that a prefix of the whole conversation; cannot locate the assistant tokens"
+            )
+        previous_end[b] = len(turn)
+        turns.append((b, prompt, turn))
+    return full_texts, turns
+
+
+def _spans_from_offsets(tokenizer, full_texts: list[str], turns) -> _Batch | None:
+    """Map character spans to tokens with the offset mapping; None if offsets are unusable."""
+    enc = _encode(tokenizer, full_texts, offsets=True)
+    ids_lists, off_lists = enc["input_ids"], enc["offset_mapping"]
+    lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
+    total = int(lengths.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int64, count=total)
+    offs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(off_lists)),
+                       dtype=np.int64, count=2 * total).reshape(-1, 2)
+    # Shift every record's characters and tokens onto one global axis so one
+    # searchsorted call labels the whole batch.
+    char_base = np.zeros(len(full_texts), dtype=np.int64)
+    np.cumsum([len(t) for t in full_texts[:-1]], out=char_base[1:])
+    token_record = np.repeat(np.arange(len(full_texts)), lengths)
+    starts = offs[:, 0] + char_base[token_record]
+    ends = offs[:, 1] + char_base[token_record]
+    if total and (np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0)):
+        return None  # offsets not monotonic (unusual normalizer): the prefix method is safer
+    span_record = np.array([b for b, _, _ in turns], dtype=np.int64)
+    a = np.array([len(p) for _, p, _ in turns], dtype=np.int64) + char_base[span_record]
+    e = np.array([len(t) for _, _, t in turns], dtype=np.int64) + char_base[span_record]
+    lo = np.searchsorted(ends, a, side="right")  # first token ending after the span starts
+    hi = np.searchsorted(starts, e, side="left")  # first token starting at or after its end
+    return _Batch(ids, lengths, lo, hi, span_record)
+
+
+def _spans_from_prefixes(tokenizer, full_texts: list[str], turns, batch: list[Record], source: str) -> _Batch:
+    """Tokenize P and F separately; their ids must be prefixes of the conversation's ids."""
+    full_ids = _encode(tokenizer, full_texts)["input_ids"]
+    prompt_ids = _encode(tokenizer, [p for _, p, _ in turns])["input_ids"] if turns else []
+    turn_ids = _encode(tokenizer, [t for _, _, t in turns])["input_ids"] if turns else []
+    lengths = np.array([len(x) for x in full_ids], dtype=np.int64)
+    record_start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    lo, hi = [], []
+    for (b, _, _), p_ids, t_ids in zip(turns, prompt_ids, turn_ids):
+        ids = full_ids[b]
+        if ids[:len(p_ids)] != p_ids or ids[:len(t_ids)] != t_ids:
+            raise DataError(
+                f"{_record_name(source, batch[b])}: the tokenizer splits the conversation differently from its "
+                "prefixes, so the assistant tokens cannot be located"
+            )
+        lo.append(record_start[b] + len(p_ids))
+        hi.append(record_start[b] + len(t_ids))
+    ids = np.fromiter(itertools.chain.from_iterable(full_ids), dtype=np.int64, count=int(lengths.sum()))
+    span_record = np.array([b for b, _, _ in turns], dtype=np.int64)
+    return _Batch(ids, lengths, np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), span_record)
+
+
+def _supports_offsets(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "is_fast", False))
+
+
+def _label_batch(tokenizer, batch: list[Record], source: str) -> tuple[_Batch, np.ndarray]:
+    full_texts, turns = _render_turns(tokenizer, batch, source)
+    tokens = _spans_from_offsets(tokenizer, full_texts, turns) if _supports_offsets(tokenizer) else None
+    if tokens is None:
+        tokens = _spans_from_prefixes(tokenizer, full_texts, turns, batch, source)
+    empty = tokens.hi <= tokens.lo
+    if np.any(empty):
+        b = int(tokens.span_record[np.argmax(empty)])
+        raise DataError(f"{_record_name(source, batch[b])}: an assistant turn maps to no tokens")
+    # +1 where a supervised range opens, -1 where it closes; ranges are disjoint.
+    total = tokens.ids.size
+    depth = np.cumsum(np.bincount(tokens.lo, minlength=total + 1) - np.bincount(tokens.hi, minlength=total + 1))
+    labels = np.where(depth[:total] > 0, tokens.ids, IGNORE_INDEX)
+    return tokens, labels
+
+
+# --- one split ------------------------------------------------------------------------------------
+
+
+@dataclass
+class EncodedSplit:
+    """A split's flat arrays (the cache tensors) and its statistics."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    offsets: np.ndarray
+    stats: dict
+
+
+def encode_records(records: list[Record], tokenizer, *, max_length: int, too_long: str, source: str = "") -> EncodedSplit:
+    """Tokenize and label `records`, applying the too-long policy.
+
+    ``error`` raises `DataError` naming the over-long records; ``truncate``
+    keeps the first `max_length` tokens; ``drop`` removes the record. A
+    truncated record left with no supervised token is dropped too (it would
+    teach nothing) and counted as ``dropped_unsupervised``.
+    """
+    if too_long not in TOO_LONG_POLICIES:
+        raise UserError(f"too_long must be one of {', '.join(TOO_LONG_POLICIES)}, not {too_long!r}")
+    ids_parts, label_parts, length_parts = [], [], []
+    over: list[str] = []
+    counts = {"too_long": 0, "truncated": 0, "dropped": 0, "dropped_unsupervised": 0}
+    turns = assistant_turns = 0
+    raw_max = 0
+    for start in range(0, len(records), BATCH_SIZE):
+        batch = records[start:start + BATCH_SIZE]
+        tokens, labels = _label_batch(tokenizer, batch, source)
+        lengths = tokens.lengths
+        raw_max = max(raw_max, int(lengths.max(initial=0)))
+        too_long_rec = lengths > max_length
+        counts["too_long"] += int(too_long_rec.sum())
+        if too_long == "error":
+            over += [f"{_record_name(source, batch[b])}: {lengths[b]} tokens" for b in np.flatnonzero(too_long_rec)]
+            if over:
+                continue  # keep scanning so the error lists every offender
+        keep = ~too_long_rec if too_long == "drop" else np.ones(len(batch), dtype=bool)
+        token_record = np.repeat(np.arange(len(batch)), lengths)
+        position = np.arange(tokens.ids.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        kept_tokens = position < max_length
+        supervised = np.bincount(token_record[kept_tokens], weights=labels[kept_tokens] != IGNORE_INDEX,
+                                 minlength=len(batch))
+        unsupervised = keep & (supervised == 0)
+        keep &= ~unsupervised
+        kept_tokens &= keep[token_record]
+        counts["dropped"] += int((too_long_rec & ~keep & ~unsupervised).sum())
+        counts["dropped_unsupervised"] += int(unsupervised.sum())
+        counts["truncated"] += int((too_long_rec & keep).sum())
+        ids_parts.append(tokens.ids[kept_tokens].astype(np.int32))
+        label_parts.append(labels[kept_tokens].astype(np.int32))
+        length_parts.append(np.minimum(lengths[keep], max_length))
+        for b in np.flatnonzero(keep):
+            turns += len(batch[b].messages)
+            assistant_turns += sum(m["role"] == "assistant" for m in batch[b].messages)
+    if over:
+        raise DataError(
+            f"{len(over)} record(s) of {source} exceed max_length={max_length} (policy 'error'):\n  "
+            + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
+        )
+    input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int32)
+    labels = np.concatenate(label_parts) if label_parts else np.zeros(0, dtype=np.int32)
+    lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    stats = {
+        "records_in": len(records),
+        "records": int(lengths.size),
+        "turns": turns,
+        "assistant_turns": assistant_turns,
+        "tokens": int(input_ids.size),
+        "supervised_tokens": int((labels != IGNORE_INDEX).sum()),
+        "tokens_per_record": _percentiles(lengths),
+        "max_tokens_before_truncation": raw_max,
+        **counts,
+    }
+    return EncodedSplit(input_ids, labels, offsets, stats)
+
+
+def _percentiles(lengths: np.ndarray) -> dict:
+    if lengths.size == 0:
+        return {"p50": 0, "p90": 0, "p99": 0, "max": 0, "mean": 0.0}
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": int(lengths.max()),
+            "mean": round(float(lengths.mean()), 2)}
+
+
+def tokenize_file(
+    path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
+) -> dict:
+    """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata)."""
+    path = Path(path)
+    records = load_records(path)
+    encoded = encode_records(records, tokenizer, max_length=max_length, too_long=too_long, source=str(path))
+    if encoded.stats["records"] == 0:
+        raise DataError(f"{path}: no records left after applying too_long={too_long!r} at max_length={max_length}")
+    source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats}
+    write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets, metadata={
+        "split": split,
+        "source": str(path),
+        "source_sha256": source_sha,
+        "tokenizer_fingerprint": fingerprint,
+        "max_length": str(max_length),
+        "too_long": too_long,
+        "records": str(encoded.stats["records"]),
+        "supervised_tokens": str(encoded.stats["supervised_tokens"]),
+    })
+    return stats
+
+
+# --- CLI ------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipeline tokenize", description=__doc__.splitlines()[0])
+    p.add_argument("--train", required=True, type=Path)
+    p.add_argument("--val", type=Path, help="optional; without it no val cache is written")
+    p.add_argument("--tokenizer", required=True, type=Path)
+    p.add_argument("--max-length", required=True, type=int)
+    p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
+    p.add_argument("--out-train", required=True, type=Path)
+    p.add_argument("--out-val", type=Path)
+    p.add_argument("--out-stats", required=True, type=Path)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.max_length <= 0:
+        raise UserError(f"--max-length must be positive, got {args.max_length}")
+    if args.val is not None and args.out_val is None:
+        raise UserError("--val needs --out-val")
+    tokenizer = load_tokenizer(args.tokenizer)
+    fingerprint = tokenizer_fingerprint(args.tokenizer)
+    splits = {"train": (args.train, args.out_train)}
+    if args.val is not None:
+        splits["val"] = (args.val, args.out_val)
+    report = {"tokenizer": str(args.tokenizer), "tokenizer_fingerprint": fingerprint,
+              "max_length": args.max_length, "too_long": args.too_long, "splits": {}}
+    for split, (source, out) in splits.items():
+        stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
+                              too_long=args.too_long, fingerprint=fingerprint, split=split)
+        report["splits"][split] = {"cache": str(out), **stats}
+        print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
+              f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "
+              f"dropped {stats['dropped'] + stats['dropped_unsupervised']} -> {out}")
+    args.out_stats.parent.mkdir(parents=True, exist_ok=True)
+    args.out_stats.write_text(json.dumps(report, indent=2) + "\n")
+    return 0

@@ -1,0 +1,269 @@
+"""`python -m pipeline consolidate`: a final checkpoint -> Hugging Face dirs.
+
+    python -m pipeline consolidate --checkpoint CKPT --base BASE
+        [--out-adapter DIR] [--out-adapter-ema DIR]     # LoRA runs
+        [--out-model DIR] [--out-model-ema DIR]         # full fine-tuning
+        [--ema-rate RATE] [--all-ema-dir DIR] [--models main|ema|both]
+        [--dtype auto|bf16|fp16|fp32] [--max-shard-size 5GB]
+        [--format auto|hf|dcp|legacy] [--overwrite]
+
+The checkpoint's format (HF dirs, DCP shards of an FSDP run, legacy `.pt`)
+is detected by `pipeline.export.checkpoint`, which also documents the DCP
+layout the trainer writes. What is written:
+
+* LoRA run: `--out-adapter` (main weights) and `--out-adapter-ema` (EMA rate
+  `--ema-rate`; optional when the run has a single rate) as stock PEFT dirs
+  (`adapter_config.json` with `base_model_name_or_path` set to `--base`,
+  `adapter_model.safetensors`), loadable with
+  `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), dir)`.
+* full fine-tuning: `--out-model` / `--out-model-ema` as HF model dirs
+  (`model.safetensors`, or `model-0000i-of-0000n.safetensors` +
+  `model.safetensors.index.json` beyond `--max-shard-size`) with every
+  non-weight file of `--base` (config, tokenizer, generation config). The
+  tensor names are the base's: tied weights the base does not store (e.g.
+  `lm_head.weight` tied to the embeddings) are written once, as in the base.
+* `--all-ema-dir DIR`: every EMA rate as `DIR/<tag>/`, same format.
+
+`--models` picks main, EMA or both (default); each picked set needs its output
+flag. `--dtype` casts floating tensors (auto: as stored). Tensors missing from
+an EMA shadow (frozen parameters, buffers) are taken from the main weights.
+All outputs are checked (not inside `--base` or `--checkpoint`, not
+overlapping, empty or `--overwrite`) before anything is written; each output
+appears atomically when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from pipeline import layout
+from pipeline.errors import UserError
+from pipeline.export import dtypes, hf_dir, lora_math
+from pipeline.export.checkpoint import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
+from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
+from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec
+
+log = logging.getLogger(__name__)
+
+
+def consolidate(
+    checkpoint: Path | str,
+    base: Path | str,
+    *,
+    out_adapter: Path | str | None = None,
+    out_adapter_ema: Path | str | None = None,
+    out_model: Path | str | None = None,
+    out_model_ema: Path | str | None = None,
+    ema_rate: str | None = None,
+    all_ema_dir: Path | str | None = None,
+    models: str = "both",
+    dtype: str = "auto",
+    max_shard_size: str = "5GB",
+    fmt: str = "auto",
+    overwrite: bool = False,
+) -> list[Path]:
+    """Export the requested weight sets; returns the dirs written. See the module docstring."""
+    base = Path(base)
+    requested = dtypes.parse_cli(dtype)
+    max_bytes = hf_dir.parse_size(max_shard_size)
+    if models not in ("main", "ema", "both"):
+        raise UserError(f"--models must be main, ema or both, not {models!r}")
+    outputs = {"--out-adapter": out_adapter, "--out-adapter-ema": out_adapter_ema, "--out-model": out_model,
+               "--out-model-ema": out_model_ema, "--all-ema-dir": all_ema_dir}
+    checkpoint = Path(checkpoint)
+    # A legacy .pt may be given as a file: protect the dir it lives in.
+    ckpt_dir = checkpoint.parent if checkpoint.is_file() else checkpoint
+    refuse_overlaps(outputs, {"--base": base, "--checkpoint": ckpt_dir})
+    if not base.is_dir():
+        raise UserError(f"--base {base} is not a directory")
+    ckpt = open_checkpoint(checkpoint, fmt)
+    jobs, all_ema = _plan_jobs(ckpt, outputs, models, ema_rate)
+    for label, out, _ in jobs:
+        check_replaceable(out, overwrite=overwrite, label=label)
+    if all_ema:
+        check_replaceable(all_ema_dir, overwrite=overwrite, label="--all-ema-dir")
+
+    def export(weights: TrainedWeights, out: Path, replace: bool) -> None:
+        with staged_dir(out, overwrite=replace) as stage:
+            if ckpt.kind == "lora":
+                _write_adapter(stage, weights, ckpt.peft_config, base, requested)
+            else:
+                _write_model(stage, weights, ckpt.main, base, requested, max_bytes)
+        log.info("wrote %s (%s checkpoint) -> %s", weights.label, ckpt.format, out)
+
+    written = []
+    for _, out, weights in jobs:
+        export(weights, Path(out), overwrite)
+        written.append(Path(out))
+    if all_ema:
+        # One staged parent: DIR/ appears with every rate in it, or not at all.
+        with staged_dir(all_ema_dir, overwrite=overwrite, label="--all-ema-dir") as stage:
+            for tag, weights in all_ema.items():
+                export(weights, stage / tag, False)
+        written.append(Path(all_ema_dir))
+    return written
+
+
+def _plan_jobs(ckpt: Checkpoint, outputs: dict, models: str, ema_rate: str | None):
+    """([(flag, out dir, weights)], {tag: weights} for --all-ema-dir); refuses flags that do not fit."""
+    lora = ckpt.kind == "lora"
+    main_flag, ema_flag = ("--out-adapter", "--out-adapter-ema") if lora else ("--out-model", "--out-model-ema")
+    wrong = [f for f in (("--out-model", "--out-model-ema") if lora else ("--out-adapter", "--out-adapter-ema"))
+             if outputs[f] is not None]
+    if wrong:
+        kind = "a LoRA run" if lora else "a full fine-tuning run"
+        raise UserError(f"{ckpt.path} is {kind}; {', '.join(wrong)} does not apply (use {main_flag}/{ema_flag})")
+    want_main, want_ema = models in ("main", "both"), models in ("ema", "both")
+    jobs = []
+    if want_main:
+        if outputs[main_flag] is None:
+            raise UserError(f"--models {models} needs {main_flag}")
+        jobs.append((main_flag, outputs[main_flag], ckpt.main))
+    elif outputs[main_flag] is not None:
+        raise UserError(f"{main_flag} given but --models {models} excludes the main weights")
+    if not want_ema:
+        if outputs[ema_flag] is not None or outputs["--all-ema-dir"] is not None:
+            raise UserError(f"EMA outputs given but --models {models} excludes EMA weights")
+        return jobs, {}
+    if not ckpt.ema:
+        raise UserError(f"{ckpt.path} has no EMA weights; use --models main")
+    if outputs[ema_flag] is None and outputs["--all-ema-dir"] is None:
+        raise UserError(f"--models {models} needs {ema_flag} (or --all-ema-dir)")
+    if outputs[ema_flag] is not None:
+        jobs.append((ema_flag, outputs[ema_flag], ckpt.ema[_pick_tag(ckpt, ema_rate)]))
+    return jobs, (dict(ckpt.ema) if outputs["--all-ema-dir"] is not None else {})
+
+
+def _pick_tag(ckpt: Checkpoint, ema_rate: str | None) -> str:
+    if ema_rate is None:
+        if len(ckpt.ema) == 1:
+            return next(iter(ckpt.ema))
+        raise UserError(f"the checkpoint has EMA rates {', '.join(ckpt.ema)}; choose one with --ema-rate")
+    try:
+        tag = layout.ema_tag(float(ema_rate))
+    except ValueError:
+        tag = ema_rate
+    if tag not in ckpt.ema:
+        raise UserError(f"--ema-rate {ema_rate}: the checkpoint has EMA rates {', '.join(ckpt.ema) or 'none'}")
+    return tag
+
+
+def _write_adapter(dst: Path, weights: TrainedWeights, peft_config: dict | None, base: Path, requested) -> None:
+    if not peft_config:
+        raise UserError("LoRA checkpoint without adapter_config.json")
+    names = sorted(weights.specs)
+    foreign = [n for n in names if not n.startswith(lora_math.ADAPTER_PREFIX)]
+    if foreign:
+        raise UserError(f"{weights.label}: {foreign[0]!r} is not a PEFT adapter key "
+                        f"(expected {lora_math.ADAPTER_PREFIX}<module>.lora_A.weight ...)")
+    specs = [TensorSpec(n, dtypes.output_dtype(weights.specs[n].dtype, requested), weights.specs[n].shape)
+             for n in names]
+    with StreamingWriter(dst / layout.PEFT_WEIGHTS, specs, hf_dir.ST_METADATA) as writer:
+        for spec, (name, tensor) in zip(specs, weights.fetch(names)):
+            writer.write(name, hf_dir.cast_checked(tensor, spec.dtype, name))
+    config = dict(peft_config)
+    # Points at the base given, so `PeftModel.from_pretrained` on a fresh machine needs only these two paths.
+    config["base_model_name_or_path"] = str(base.resolve())
+    config["inference_mode"] = True
+    (dst / layout.PEFT_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base: Path, requested, max_bytes):
+    base_specs = hf_dir.find_weights(base, "--base").all_specs
+    names = list(base_specs)  # the base's names and order: its tying and layout carry over
+    missing = [n for n in names if n not in weights.specs]
+    unfillable = [n for n in missing if weights is main or n not in main.specs]
+    if unfillable:
+        raise UserError(f"{weights.label} lacks {len(unfillable)} tensor(s) of the base, e.g. {unfillable[0]!r}")
+    extra = sorted(set(weights.specs) - set(base_specs))
+    if extra:
+        aliases = _tied_aliases(base, set(base_specs))
+        untied = [n for n in extra if n not in aliases]
+        if untied:
+            raise UserError(f"{weights.label} has tensor(s) the base does not store, e.g. {untied[0]!r} "
+                            "(a different architecture?)")
+        log.info("dropping %d tied duplicate(s): %s", len(extra), ", ".join(extra))
+    if missing:
+        log.info("%s: %d tensor(s) taken from the main weights (no EMA kept)", weights.label, len(missing))
+    specs = []
+    for name in names:
+        stored = (weights if name in weights.specs else main).specs[name]
+        if stored.shape != base_specs[name].shape:
+            raise UserError(f"{name}: trained shape {stored.shape} differs from the base's {base_specs[name].shape}")
+        specs.append(TensorSpec(name, dtypes.output_dtype(stored.dtype, requested), stored.shape))
+
+    def fetch(batch: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+        own = [n for n in batch if n in weights.specs]
+        yield from _in_order(batch, weights.fetch(own), main.fetch([n for n in batch if n not in weights.specs]))
+
+    hf_dir.write_model(dst, specs, fetch, max_shard_bytes=max_bytes)
+    hf_dir.copy_non_weight_files(base, dst)
+    hf_dir.set_config_dtype(dst, dtypes.dominant_float((s.dtype, s.numel) for s in specs))
+
+
+def _in_order(order: list[str], *sources: Iterator[tuple[str, torch.Tensor]]):
+    # Sources yield in their own order; hold early arrivals until their turn (a few tensors).
+    pending: dict[str, torch.Tensor] = {}
+    streams = list(sources)
+    for name in order:
+        while name not in pending:
+            for stream in streams:
+                item = next(stream, None)
+                if item is not None:
+                    pending[item[0]] = item[1]
+                    break
+            else:
+                raise KeyError(name)
+        yield name, pending.pop(name)
+
+
+def _tied_aliases(base: Path, stored: set[str]) -> set[str]:
+    """Parameter names that share storage with a stored base tensor (e.g. lm_head.weight).
+
+    Built from the base's config on the meta device: nothing is allocated, and the
+    model class itself says which weights it ties.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+    except Exception as err:  # unknown / remote-code architectures
+        raise UserError(f"cannot build the --base architecture to find its tied weights: {err}") from None
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    return {n for names in groups.values() if stored & set(names) for n in names if n not in stored}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline consolidate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, type=Path, help="final checkpoint dir (or legacy .pt)")
+    parser.add_argument("--base", required=True, type=Path, help="base model dir, only read")
+    parser.add_argument("--out-adapter", type=Path, help="LoRA: PEFT dir of the main weights")
+    parser.add_argument("--out-adapter-ema", type=Path, help="LoRA: PEFT dir of the --ema-rate shadow")
+    parser.add_argument("--out-model", type=Path, help="full fine-tuning: HF model dir of the main weights")
+    parser.add_argument("--out-model-ema", type=Path, help="full fine-tuning: HF model dir of the EMA shadow")
+    parser.add_argument("--ema-rate", help="EMA rate to export, e.g. 0.999 (default: the only one)")
+    parser.add_argument("--all-ema-dir", type=Path, help="also write every EMA rate as DIR/<tag>/")
+    parser.add_argument("--models", default="both", choices=("main", "ema", "both"))
+    parser.add_argument("--dtype", default="auto", choices=dtypes.CLI_CHOICES,
+                        help="dtype of floating tensors (auto: as stored)")
+    parser.add_argument("--max-shard-size", default="5GB", help="full fine-tuning shard size (default 5GB)")
+    parser.add_argument("--format", dest="fmt", default="auto", choices=FORMATS, help="checkpoint format")
+    parser.add_argument("--overwrite", action="store_true", help="replace non-empty output dirs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    for path in consolidate(args.pop("checkpoint"), args.pop("base"), **args):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,261 @@
+"""LoRA merge math over plain state dicts: W' = W + s * B @ A, computed in fp32.
+
+Everything here is pure: functions take tensors and return new ones, never
+modify their inputs, and give the same result when called again. The
+streaming driver (`pipeline.export.merge`) feeds them one tensor at a time;
+tests feed them whole state dicts.
+
+What is merged, and how (mirroring peft's LoRA layers):
+
+* adapter key `base_model.model.<module>.lora_A.weight` / `.lora_B.weight`
+  (Linear) -> base key `<module>.weight`, delta `s * B @ A`, transposed when
+  the config says `fan_in_fan_out` (GPT-2 style Conv1D weights);
+* `base_model.model.<module>.lora_embedding_A` / `_B` (Embedding)
+  -> `<module>.weight`, delta `s * (B @ A).T`;
+* `base_model.model.<module>.base_layer.weight` (peft saves the full layer
+  when an embedding is targeted) replaces the base tensor before the delta is
+  added, as loading the adapter into peft would; it must have the base's shape;
+* `s = alpha / r`, or `alpha / sqrt(r)` with `use_rslora`, where r and alpha
+  come from `rank_pattern` / `alpha_pattern` when a pattern matches the module
+  name (peft's rule: the first pattern that matches the name's dotted suffix).
+
+The mapping is exact: every adapter tensor must land on a base tensor and
+every LoRA pair must be complete, otherwise `UserError`. Adapter kinds whose
+merge is not W + s*B@A (DoRA, LoRA bias, aLoRA, ...) are refused up front.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from pipeline.errors import UserError
+from pipeline.export import dtypes
+
+ADAPTER_PREFIX = "base_model.model."
+
+_LINEAR_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.(?P<half>lora_[AB])\.weight")
+_EMBEDDING_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_embedding_(?P<half>[AB])")
+_BASE_LAYER_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.base_layer\.weight")
+
+# Config fields that change what the adapter computes beyond W + s*B@A. Any
+# truthy value is refused: silently merging them would give a different model.
+_UNSUPPORTED = {
+    "use_dora": "DoRA rescales each merged column by a learned magnitude",
+    "lora_bias": "the LoRA B bias would also have to be merged into the base bias",
+    "alora_invocation_tokens": "activated LoRA acts only after its invocation tokens and cannot be merged",
+    "use_qalora": "QALoRA targets quantized layers",
+    "layer_replication": "layer replication changes the model's layer list",
+    "target_parameters": "LoRA on raw parameters (e.g. fused MoE experts) is not supported",
+    "trainable_token_indices": "trainable-token deltas are not supported",
+    "modules_to_save": "full copies of modules (modules_to_save) are not supported",
+    "megatron_config": "Megatron-parallel LoRA layers are not supported",
+    "use_bdlora": "block-diagonal LoRA is not supported",
+    "arrow_config": "Arrow routing mixes several adapters at run time",
+    "kasa_config": "KaSA adapters are not supported",
+    "velora_config": "VeLoRA adapters are not supported",
+    "monteclora_config": "MonteCLoRA adapters are not supported",
+}
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """The parts of an adapter_config.json that decide the merge."""
+
+    r: int
+    alpha: float
+    rank_pattern: dict[str, int]
+    alpha_pattern: dict[str, float]
+    use_rslora: bool
+    fan_in_fan_out: bool
+    base_layer_key: str | None = None  # adapter tensor replacing the base weight, if saved
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One base tensor and the LoRA pair that modifies it."""
+
+    module: str
+    base_key: str
+    a_key: str
+    b_key: str
+    kind: str  # "linear" | "embedding"
+    rank: int
+    scaling: float
+    fan_in_fan_out: bool
+    base_layer_key: str | None = None  # adapter tensor replacing the base weight, if saved
+
+
+def parse_adapter_config(config: Mapping) -> LoraSettings:
+    """Validate an adapter_config.json (as a dict) and keep what the merge needs."""
+    peft_type = str(config.get("peft_type", "")).upper()
+    if peft_type != "LORA":
+        raise UserError(f"adapter peft_type is {config.get('peft_type')!r}; only LORA adapters can be merged")
+    for field, why in _UNSUPPORTED.items():
+        if config.get(field):
+            raise UserError(f"adapter config sets {field}={config[field]!r}: {why}; refusing to merge")
+    if config.get("bias", "none") != "none":
+        raise UserError(f"adapter config sets bias={config['bias']!r}: trained biases are not supported")
+    try:
+        return LoraSettings(
+            r=int(config["r"]),
+            alpha=float(config["lora_alpha"]),
+            rank_pattern={str(k): int(v) for k, v in (config.get("rank_pattern") or {}).items()},
+            alpha_pattern={str(k): float(v) for k, v in (config.get("alpha_pattern") or {}).items()},
+            use_rslora=bool(config.get("use_rslora", False)),
+            fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"adapter config lacks a valid r / lora_alpha: {err}") from None
+
+
+def _pattern_value(patterns: Mapping[str, float], module: str, default: float) -> float:
+    # peft (get_pattern_key): a pattern is a regex for a dotted suffix of the
+    # module name; the first matching pattern in config order wins.
+    for pattern, value in patterns.items():
+        if re.match(rf"(.*\.)?({pattern})$", module):
+            return value
+    return default
+
+
+def scaling_for(settings: LoraSettings, module: str) -> tuple[int, float]:
+    """(rank, scaling) of one module, as peft computes them."""
+    rank = int(_pattern_value(settings.rank_pattern, module, settings.r))
+    alpha = _pattern_value(settings.alpha_pattern, module, settings.alpha)
+    if rank <= 0:
+        raise UserError(f"adapter rank for {module} is {rank}")
+    return rank, (alpha / math.sqrt(rank) if settings.use_rslora else alpha / rank)
+
+
+def plan_targets(
+    adapter_shapes: Mapping[str, tuple[int, ...]],
+    base_shapes: Mapping[str, tuple[int, ...]],
+    settings: LoraSettings,
+) -> dict[str, LoraTarget]:
+    """Map every adapter tensor to the base tensor it modifies (keyed by base key).
+
+    Checks, each a UserError naming the keys: every adapter key is a LoRA
+    A/B tensor, each module has both halves, the base stores `<module>.weight`
+    (a tied, unstored weight such as `lm_head.weight` counts as missing), the
+    shapes fit, and the rank agrees with the config.
+    """
+    halves: dict[tuple[str, str], dict[str, str]] = {}
+    base_layers: dict[str, str] = {}
+    unknown = []
+    for key in adapter_shapes:
+        if match := _BASE_LAYER_KEY.fullmatch(key):
+            base_layers[match["module"]] = key
+            continue
+        match = _LINEAR_KEY.fullmatch(key)
+        kind = "linear"
+        if match is None:
+            match, kind = _EMBEDDING_KEY.fullmatch(key), "embedding"
+        if match is None:
+            unknown.append(key)
+            continue
+        halves.setdefault((match["module"], kind), {})[match["half"][-1]] = key
+    if unknown:
+        raise UserError(f"adapter has {len(unknown)} tensor(s) that are not LoRA A/B weights, e.g. "
+                        f"{', '.join(sorted(unknown)[:3])}; they would be silently dropped")
+    plan: dict[str, LoraTarget] = {}
+    for (module, kind), pair in sorted(halves.items()):
+        if set(pair) != {"A", "B"}:
+            raise UserError(f"adapter module {module} has only its lora_{''.join(pair)} tensor")
+        base_key = f"{module}.weight"
+        if base_key not in base_shapes:
+            raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
+                            "(different architecture, or a tied weight that is not stored)")
+        if base_key in plan:
+            raise UserError(f"base tensor {base_key} is targeted twice")
+        rank, scaling = scaling_for(settings, module)
+        target = LoraTarget(module, base_key, pair["A"], pair["B"], kind, rank, scaling,
+                            settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None))
+        _check_shapes(target, adapter_shapes[target.a_key], adapter_shapes[target.b_key], base_shapes[base_key])
+        if target.base_layer_key and tuple(adapter_shapes[target.base_layer_key]) != tuple(base_shapes[base_key]):
+            raise UserError(f"adapter's saved {module} is {tuple(adapter_shapes[target.base_layer_key])}, the base's "
+                            f"{tuple(base_shapes[base_key])}: a resized vocabulary is not supported")
+        plan[base_key] = target
+    if base_layers:
+        raise UserError(f"adapter saves full base layers of non-LoRA modules: {', '.join(sorted(base_layers))}")
+    return plan
+
+
+def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
+    if len(a) != 2 or len(b) != 2 or len(w) != 2:
+        raise UserError(f"{target.module}: only Linear / Embedding LoRA layers can be merged "
+                        f"(A {a}, B {b}, weight {w})")
+    if a[0] != target.rank or b[1] != target.rank:
+        raise UserError(f"{target.module}: lora_A {a} / lora_B {b} disagree with the config's rank {target.rank}")
+    # Delta B @ A is (b[0], a[1]); Embedding and fan_in_fan_out weights store it transposed.
+    transposed = target.kind == "embedding" or target.fan_in_fan_out
+    expected = (a[1], b[0]) if transposed else (b[0], a[1])
+    if tuple(w) != expected:
+        raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
+
+
+def delta_weight(target: LoraTarget, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """s * B @ A in fp32, laid out like the base weight."""
+    delta = (b.to(torch.float32) @ a.to(torch.float32)) * target.scaling
+    return delta.T if (target.kind == "embedding" or target.fan_in_fan_out) else delta
+
+
+def source_weight(target: LoraTarget, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor]):
+    """The weight the delta is added to: the adapter's saved copy of the layer if any, else the base's."""
+    return adapter[target.base_layer_key] if target.base_layer_key else base_weight
+
+
+def merge_weight(
+    weight: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    target: LoraTarget,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """W + s * B @ A, summed in fp32, cast to `out_dtype` (default: W's dtype).
+
+    Raises UserError if the result holds inf/nan (an overflowing cast or a
+    broken adapter): writing such a model would fail much later and obscurely.
+    """
+    # Our own fp32 copy, updated in place: one full-size fp32 buffer instead of two,
+    # and the input is never touched (it may even be a read-only file mapping).
+    merged = weight.to(torch.float32, copy=True)
+    a32, b32 = a.to(torch.float32), b.to(torch.float32)
+    if target.kind == "embedding" or target.fan_in_fan_out:
+        merged.addmm_(a32.T, b32.T, alpha=target.scaling)
+    else:
+        merged.addmm_(b32, a32, alpha=target.scaling)
+    result = merged.to(out_dtype or weight.dtype)
+    del merged
+    if not bool(torch.isfinite(result).all()):
+        raise UserError(f"merging {target.module} gives non-finite values in {result.dtype}")
+    return result
+
+
+def merge_state_dict(
+    base: Mapping[str, torch.Tensor],
+    adapter: Mapping[str, torch.Tensor],
+    adapter_config: Mapping,
+    dtype: torch.dtype | None = None,
+) -> dict[str, torch.Tensor]:
+    """Merged copy of a whole base state dict; `dtype` None keeps each tensor's dtype.
+
+    Floating tensors that are not LoRA targets are only cast (the same tensor
+    object when no cast is needed); integer tensors are never cast.
+    """
+    settings = parse_adapter_config(adapter_config)
+    plan = plan_targets({k: tuple(v.shape) for k, v in adapter.items()},
+                        {k: tuple(v.shape) for k, v in base.items()}, settings)
+    merged = {}
+    for key, weight in base.items():
+        out_dtype = dtypes.output_dtype(weight.dtype, dtype)
+        target = plan.get(key)
+        if target is None:
+            merged[key] = weight.to(out_dtype)
+        else:
+            merged[key] = merge_weight(source_weight(target, weight, adapter), adapter[target.a_key],
+                                       adapter[target.b_key], target, out_dtype)
+    return merged

@@ -1,0 +1,139 @@
+"""`python -m pipeline merge`: fold a LoRA adapter into its base, one tensor at a time.
+
+    python -m pipeline merge --base DIR --adapter DIR --out DIR
+        [--dtype auto|bf16|fp16|fp32] [--overwrite]
+
+The model is never built. The base's safetensors shards are read one at a
+time with `safe_open`, tensor by tensor (a handle per tensor, so no more than
+one tensor of the base is ever mapped in); each LoRA target gets
+W + s * B @ A in fp32 (`pipeline.export.lora_math`), is cast to the output
+dtype and checked finite, and is streamed into the output shard of the same
+name (`safetensors_stream.StreamingWriter`), so peak memory is the adapter
+plus a few copies of the largest tensor, far below one shard.
+
+Output: the same shard files and tensor names as the base (so a tied
+`lm_head` stays tied: it is simply not stored), the index when the base has
+one (sizes updated), and every top-level non-weight file of the base
+(config with `dtype` updated, tokenizer, generation config, ...). `--dtype
+auto` keeps each tensor's stored dtype; integer tensors are never cast.
+
+Refused before anything is written (`UserError`): an output equal to, inside
+or containing the base or adapter dir, a non-empty output without
+`--overwrite`, a quantized base, adapter kinds that are not plain LoRA, and
+any adapter tensor that does not map exactly onto a stored base tensor. The
+base and adapter are only read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from pipeline import layout
+from pipeline.errors import UserError
+from pipeline.export import dtypes, hf_dir, lora_math
+from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
+from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
+
+log = logging.getLogger(__name__)
+
+
+def read_adapter(adapter: Path) -> tuple[dict, dict]:
+    """(adapter_config dict, tensors) of a PEFT dir; only the safetensors format is read."""
+    config_path = adapter / layout.PEFT_CONFIG
+    weights_path = adapter / layout.PEFT_WEIGHTS
+    if not config_path.is_file():
+        raise UserError(f"--adapter {adapter} has no {layout.PEFT_CONFIG}")
+    if not weights_path.is_file():
+        raise UserError(f"--adapter {adapter} has no {layout.PEFT_WEIGHTS} (only safetensors adapters are read)")
+    return json.loads(config_path.read_text()), load_file(str(weights_path))
+
+
+def merge_dirs(
+    base: Path | str,
+    adapter: Path | str,
+    out: Path | str,
+    *,
+    dtype: str = "auto",
+    overwrite: bool = False,
+) -> dict:
+    """Write `out` = `base` with `adapter` merged; returns a small report dict.
+
+    All checks (paths, adapter kind, key mapping, shapes) run before the first
+    write; the output appears atomically when complete.
+    """
+    base, adapter, out = Path(base), Path(adapter), Path(out)
+    requested = dtypes.parse_cli(dtype)
+    refuse_overlaps({"--out": out}, {"--base": base, "--adapter": adapter})
+    check_replaceable(out, overwrite=overwrite, label="--out")
+    hf_dir.refuse_quantized(hf_dir.read_config(base), f"--base {base}")
+    weights = hf_dir.find_weights(base, "--base")
+    adapter_config, adapter_tensors = read_adapter(adapter)
+    settings = lora_math.parse_adapter_config(adapter_config)
+    plan = lora_math.plan_targets(
+        {key: tuple(t.shape) for key, t in adapter_tensors.items()},
+        {key: spec.shape for key, spec in weights.all_specs.items()},
+        settings,
+    )
+
+    started = time.perf_counter()
+    written: dict[str, list[TensorSpec]] = {}
+    with staged_dir(out, overwrite=overwrite, label="--out") as stage:
+        for file, specs in weights.specs.items():
+            written[file] = [TensorSpec(s.name, dtypes.output_dtype(s.dtype, requested), s.shape) for s in specs]
+            _merge_shard(base / file, stage / file, written[file], plan, adapter_tensors)
+            log.info("merged %s", file)
+        if weights.index is not None:
+            hf_dir.write_index(stage, written, weights.index.get("metadata"))
+        hf_dir.copy_non_weight_files(base, stage)
+        out_specs = [spec for specs in written.values() for spec in specs]
+        hf_dir.set_config_dtype(stage, dtypes.dominant_float((s.dtype, s.numel) for s in out_specs))
+    return {
+        "targets": len(plan),
+        "shards": len(written),
+        "tensors": sum(map(len, written.values())),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adapter: dict) -> None:
+    metadata = {**hf_dir.ST_METADATA, **(read_metadata(src) or {})}
+    with StreamingWriter(dst, specs, metadata) as writer:
+        for spec in specs:
+            # A handle per tensor: the mapped pages of the base are released tensor by tensor.
+            tensor = read_tensor(src, spec.name)
+            target = plan.get(spec.name)
+            if target is None:
+                tensor = hf_dir.cast_checked(tensor, spec.dtype, spec.name)
+            else:
+                tensor = lora_math.merge_weight(
+                    lora_math.source_weight(target, tensor, adapter),
+                    adapter[target.a_key], adapter[target.b_key], target, spec.dtype,
+                )
+            writer.write(spec.name, tensor)
+            del tensor  # drop before the next read: peak stays one tensor
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m pipeline merge", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, type=Path, help="base model dir (safetensors), only read")
+    parser.add_argument("--adapter", required=True, type=Path, help="PEFT LoRA adapter dir, only read")
+    parser.add_argument("--out", required=True, type=Path, help="merged model dir to write")
+    parser.add_argument("--dtype", default="auto", choices=dtypes.CLI_CHOICES,
+                        help="output dtype of floating tensors (auto: as stored in the base)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    report = merge_dirs(args.base, args.adapter, args.out, dtype=args.dtype, overwrite=args.overwrite)
+    print(f"merged {report['targets']} LoRA targets into {report['shards']} shard(s) "
+          f"in {report['seconds']} s -> {args.out}")
+    return 0

@@ -1,0 +1,108 @@
+"""Helpers to plan runs and run training stages in fresh processes (used by tests/train)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def pipeline_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.pop("SFT_FAULTS", None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Run:
+    root: Path
+    plan: Path
+    config: Path
+
+    def stage_dir(self, stage: str) -> Path:
+        return self.root / "stages" / stage
+
+    def scratch(self, stage: str) -> Path:
+        return self.root / "work" / stage
+
+    def train(self, stage: str, init: str | None = None, *, faults: dict | None = None, check: bool = True,
+              nproc: int | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+        """Run one stage in a fresh process (under torchrun when nproc is given)."""
+        args = ["--plan", self.plan, "--config", self.config, "--stage", stage,
+                "--scratch", self.scratch(stage), "--out", self.stage_dir(stage)]
+        if init:
+            args += ["--init", self.stage_dir(init) / "checkpoint"]
+        if nproc:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+                   "-m", "pipeline", "train", *map(str, args)]
+        else:
+            cmd = [sys.executable, "-m", "pipeline", "train", *map(str, args)]
+        env = pipeline_env({"SFT_FAULTS": json.dumps(faults)} if faults else None)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"stage {stage} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        return proc
+
+    def chain(self, stages: list[str], **kw) -> None:
+        prev = None
+        for s in stages:
+            self.train(s, prev, **kw)
+            prev = s
+
+
+def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunks: int = 2,
+             overrides: list[str] = (), single_stage: bool = False) -> Run:
+    """Plan + resolved config for a run; `single_stage` plans one stage `all` over every update."""
+    from pipeline import schedule
+
+    root.mkdir(parents=True, exist_ok=True)
+    base = [f"model.path={tiny['model']}", f"data.train={tiny['train']}", f"data.val={tiny['val']}",
+            "optim.global_batch=8", "optim.micro_batch=4", "optim.lr=1e-3", "ema.rates=[0.9,0.99]",
+            "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "eval.micro_batch=8"]
+    args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
+            "--train-config-dir", str(REPO / "config" / "train"),
+            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
+    for o in [*base, *overrides]:
+        args += ["--override", o]
+    assert schedule.main(args) == 0
+    if single_stage:
+        plan = json.loads((root / "plan.json").read_text())
+        plan["stages"] = [{"name": "all", "start": 0, "end": total}]
+        (root / "plan.json").write_text(json.dumps(plan))
+    return Run(root, root / "plan.json", root / "train_config.yaml")
+
+
+def stage_names(run: Run) -> list[str]:
+    return [s["name"] for s in json.loads(run.plan.read_text())["stages"]]
+
+
+def checkpoint_digests(ckpt: Path) -> dict[str, str]:
+    """sha256 of every weight / optimizer file of a checkpoint (not RNG or progress metadata)."""
+    import hashlib
+
+    out = {}
+    for path in sorted(ckpt.rglob("*.safetensors")):
+        rel = str(path.relative_to(ckpt))
+        if "rng_rank" in rel:
+            continue
+        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def step_losses(stage_dirs: list[Path]) -> list[tuple[int, float]]:
+    rows = []
+    for d in stage_dirs:
+        for line in (d / "metrics.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if "loss" in r:
+                rows.append((r["step"], r["loss"]))
+    return rows
