@@ -272,7 +272,9 @@ class EncodedSplit:
     stats: dict
 
 
-def encode_records(records: list[Record], tokenizer, *, max_length: int, too_long: str, source: str = "") -> EncodedSplit:
+def encode_records(
+    records: list[Record], tokenizer, *, max_length: int, too_long: str, source: str = "",
+) -> EncodedSplit:
     """Tokenize and label `records`, applying the too-long policy.
 
     ``error`` raises `DataError` naming the over-long records; ``truncate``

@@ -7,8 +7,9 @@ invalidate and retrain every stage). Example:
     SFT_FAULTS='{"stage": "chunk02", "fail_at_step": 160}'
 
 Keys: stage (only this stage is affected; default all), fail_at_step (exit 1
-when this global update is reached), nan_grad_steps, loss_spike_steps (lists of
-global update indices), sleep_per_step (seconds, to widen timing windows),
+when this global update is reached), nan_grad_steps (a NaN in a gradient), loss_spike_steps (the
+reported loss is multiplied by 10; training is unchanged) -- lists of global
+update indices, sleep_per_step (seconds, to widen timing windows),
 sigkill_in_save_at (SIGKILL this process after the checkpoint for that update
 has written its files but before its MANIFEST: a crash in the middle of a save).
 """

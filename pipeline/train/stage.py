@@ -263,9 +263,6 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         tokens = 0
         for i, mb in enumerate(micro_batches):
             batch = {k: v.to(d.device) for k, v in collate(train_cache, mb, pad_id).items()}
-            if step in fault.loss_spike_steps:
-                batch["labels"] = torch.where(batch["labels"] >= 0, torch.randint_like(batch["labels"], len(tokenizer)),
-                                              batch["labels"])
             tokens += int(batch["attention_mask"].sum())
             # DDP all-reduces gradients on every backward unless told not to:
             # only the last micro-batch of the update needs to synchronize.
@@ -310,6 +307,8 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             tokens_all = tokens
         counters["tokens_seen"] += tokens_all
         loss = float(loss_sum) / max(n_sup, 1)
+        if step - 1 in fault.loss_spike_steps:
+            loss *= 10.0  # injected: the reported loss spikes, training itself is unchanged
         if fault.sleep_per_step:
             time.sleep(fault.sleep_per_step)
         dt = time.perf_counter() - t0

@@ -1,0 +1,179 @@
+"""Reading and normalizing records: both shapes, both layouts, locators, helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pipeline.data.formats import load_records, parse_file, prompt_and_reference
+from pipeline.errors import DataError
+
+MALFORMED = Path(__file__).resolve().parent / "malformed"
+
+CONVERSATION = [
+    ("system", "you copy words."),
+    ("user", "repeat: alpha"),
+    ("assistant", "alpha"),
+    ("user", "again"),
+    ("assistant", "alpha!"),
+]
+
+
+def sharegpt(i: int, turns=CONVERSATION, **extra) -> dict:
+    names = {"user": "human", "assistant": "gpt", "system": "system"}
+    return {"id": f"r{i}", "conversations": [{"from": names[r], "value": t} for r, t in turns], **extra}
+
+
+def openai(i: int, turns=CONVERSATION, **extra) -> dict:
+    return {"id": f"r{i}", "messages": [{"role": r, "content": t} for r, t in turns], **extra}
+
+
+def write(path: Path, records: list, layout: str | None = None) -> Path:
+    layout = layout or ("jsonl" if path.suffix == ".jsonl" else "json")
+    if layout == "jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        path.write_text(json.dumps(records, indent=2))
+    return path
+
+
+@pytest.mark.parametrize("shape", [sharegpt, openai])
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_both_shapes_and_layouts_normalize_alike(tmp_path, shape, suffix):
+    (record,) = load_records(write(tmp_path / f"d{suffix}", [shape(7)]))
+    assert record.id == "r7"
+    assert record.index == 0
+    assert record.line == (1 if suffix == ".jsonl" else None)
+    assert [(m["role"], m["content"]) for m in record.messages] == CONVERSATION
+
+
+def test_role_aliases_and_system_field(tmp_path):
+    raw = {"id": 3, "system": "be brief.", "conversations": [
+        {"from": "Human", "value": "hi"}, {"from": "ASSISTANT", "value": "hello"},
+        {"from": "user", "value": "bye"}, {"from": "gpt", "value": "bye!"},
+    ]}
+    (record,) = load_records(write(tmp_path / "d.jsonl", [raw]))
+    assert record.id == "3"  # numeric ids become strings
+    assert [m["role"] for m in record.messages] == ["system", "user", "assistant", "user", "assistant"]
+    assert record.messages[0]["content"] == "be brief."
+
+
+def test_images_resolve_against_the_dataset_file(tmp_path):
+    sub = tmp_path / "sets"
+    sub.mkdir()
+    records = [sharegpt(0, image="img/a.png"), sharegpt(1, image=["b.png", "/abs/c.png"]), sharegpt(2)]
+    parsed = load_records(write(sub / "d.jsonl", records))
+    assert parsed[0].images == [str(sub / "img" / "a.png")]
+    assert parsed[1].images == [str(sub / "b.png"), os.path.normpath("/abs/c.png")]
+    assert parsed[2].images == []
+
+
+def test_jsonl_line_numbers_skip_blank_lines_and_bom(tmp_path):
+    path = tmp_path / "d.jsonl"
+    lines = [json.dumps(sharegpt(0)), "", "   ", json.dumps(sharegpt(1)), ""]
+    path.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
+    records = load_records(path)
+    assert [(r.index, r.line, r.id) for r in records] == [(0, 1, "r0"), (1, 4, "r1")]
+
+
+def test_every_bad_record_is_reported_not_just_the_first(tmp_path):
+    bad_role = sharegpt(1)
+    bad_role["conversations"][1]["from"] = "bot"
+    bad_role["conversations"][2]["value"] = ""  # a second fault in the same record
+    records = [sharegpt(0), bad_role, "oops", sharegpt(3), {"id": "r4"}]
+    parsed = parse_file(write(tmp_path / "d.jsonl", records))
+    found = [(p.index, p.line, p.reason, p.field) for p in parsed.problems]
+    assert found == [
+        (1, 2, "unknown_role", "conversations[1].from"),
+        (1, 2, "empty_text", "conversations[2].value"),
+        (2, 3, "not_object", None),
+        (4, 5, "missing_turns", "conversations"),
+    ]
+    assert [r.id for r in parsed.records] == ["r0", "r3"]
+    assert parsed.records_seen == 5
+
+
+def test_bad_jsonl_lines_do_not_hide_the_good_ones(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(json.dumps(sharegpt(0)).encode() + b"\n{broken\n" + b'{"id": "\xff"}\n'
+                     + json.dumps(sharegpt(3)).encode() + b"\n")
+    parsed = parse_file(path)
+    assert [(p.index, p.line, p.reason) for p in parsed.problems] == [(1, 2, "invalid_json"), (2, 3, "invalid_utf8")]
+    assert "line 3 column 9" in parsed.problems[1].message  # 1-based, in characters
+    assert [r.index for r in parsed.records] == [0, 3]
+
+
+def test_jsonl_content_in_a_json_file_gets_a_hint(tmp_path):
+    path = tmp_path / "d.json"
+    write(path, [sharegpt(0), sharegpt(1)], layout="jsonl")
+    (problem,) = parse_file(path).problems
+    assert problem.reason == "invalid_json" and ".jsonl" in problem.message
+
+
+def test_unknown_suffix_is_sniffed(tmp_path):
+    assert parse_file(write(tmp_path / "d.txt", [sharegpt(0)], layout="json")).layout == "json"
+    assert parse_file(write(tmp_path / "e.txt", [sharegpt(0)], layout="jsonl")).layout == "jsonl"
+
+
+def test_system_field_and_system_turn_together_is_a_problem(tmp_path):
+    parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(0, system="extra")]))
+    assert [p.reason for p in parsed.problems] == ["bad_system"]
+
+
+def test_load_records_raises_naming_record_and_reason(tmp_path):
+    path = write(tmp_path / "d.jsonl", [sharegpt(0), openai(1, turns=[("user", "hi")])])
+    with pytest.raises(DataError) as err:
+        load_records(path)
+    assert f"{path} record 1 (line 2, id 'r1') messages: no_assistant_turn" in str(err.value)
+
+
+def test_missing_file_is_a_problem_not_a_crash(tmp_path):
+    (problem,) = parse_file(tmp_path / "absent.jsonl").problems
+    assert problem.reason == "file_not_found"
+
+
+def test_prompt_and_reference_uses_the_last_assistant_turn(tmp_path):
+    (record,) = load_records(write(tmp_path / "d.jsonl", [sharegpt(0)]))
+    prompt, reference = prompt_and_reference(record)
+    assert reference == "alpha!"
+    assert [(m["role"], m["content"]) for m in prompt] == CONVERSATION[:-1]
+    prompt.append({"role": "user", "content": "x"})  # a copy: the record is untouched
+    assert len(record.messages) == len(CONVERSATION)
+
+
+# The record-level faults of the corpus, re-checked in the middle of a clean
+# file: the problem must point at record 1 / line 2 and at nothing else.
+RECORD_FAULTS = [
+    ("record_not_object.jsonl", "not_object"),
+    ("record_not_object.json", "not_object"),
+    ("missing_conversations.jsonl", "missing_turns"),
+    ("both_formats.jsonl", "ambiguous_format"),
+    ("conversations_not_list.jsonl", "turns_not_list"),
+    ("empty_conversations.jsonl", "empty_turns"),
+    ("turn_not_object.jsonl", "turn_not_object"),
+    ("unknown_role.jsonl", "unknown_role"),
+    ("missing_role.json", "unknown_role"),
+    ("consecutive_users.jsonl", "bad_role_order"),
+    ("system_in_middle.json", "bad_role_order"),
+    ("starts_with_assistant.jsonl", "bad_role_order"),
+    ("empty_text.jsonl", "empty_text"),
+    ("blank_text.json", "empty_text"),
+    ("text_not_string.json", "text_not_string"),
+    ("no_assistant.jsonl", "no_assistant_turn"),
+    ("bad_system.jsonl", "bad_system"),
+    ("bad_id.jsonl", "bad_id"),
+    ("bad_image_field.jsonl", "bad_image_field"),
+]
+
+
+@pytest.mark.parametrize(("name", "reason"), RECORD_FAULTS, ids=[n for n, _ in RECORD_FAULTS])
+def test_record_fault_is_located_among_clean_records(tmp_path, name, reason):
+    source = MALFORMED / name
+    text = source.read_text()
+    (bad,) = json.loads(text) if source.suffix == ".json" else [json.loads(text)]
+    parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(0), bad, sharegpt(2)]))
+    assert [(p.index, p.line, p.reason) for p in parsed.problems] == [(1, 2, reason)]
+    assert [r.index for r in parsed.records] == [0, 2]

@@ -1,0 +1,248 @@
+"""Chat-template tokenization, assistant-only labels, the too-long policy and the token cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.data import tokenize as tk
+from pipeline.data.cache import TokenCache
+from pipeline.data.formats import Record, load_records
+from pipeline.errors import DataError
+
+GOOD = Path(__file__).resolve().parent / "good"
+END = "<|end|>\n"  # what the demo template closes every turn with
+
+EXCHANGES = [("repeat: alpha", "alpha"), ("now twice", "alpha alpha"), ("and reversed?", "ahpla")]
+
+
+def record(exchanges=EXCHANGES, system: str | None = "you copy words.", index: int = 0) -> Record:
+    messages = [{"role": "system", "content": system}] if system else []
+    for user, assistant in exchanges:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return Record(id=f"r{index}", messages=messages, images=[], index=index, line=index + 1)
+
+
+def supervised_runs(tokenizer, ids: np.ndarray, labels: np.ndarray) -> list[str]:
+    """Decode each maximal run of supervised positions."""
+    mask = labels != -100
+    assert np.array_equal(labels[mask], ids[mask])  # a supervised label is the token itself
+    runs, start = [], None
+    for i, on in enumerate(list(mask) + [False]):
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append(tokenizer.decode(ids[start:i].tolist()))
+            start = None
+    return runs
+
+
+def template_ids(tokenizer, messages) -> list[int]:
+    out = tokenizer.apply_chat_template(messages, tokenize=True)
+    return list(out["input_ids"] if hasattr(out, "keys") else out)
+
+
+def test_multi_turn_labels_are_exactly_the_assistant_turns(tokenizer):
+    rec = record()
+    enc = tk.encode_records([rec], tokenizer, max_length=512, too_long="error", source="mem")
+    assert enc.input_ids.tolist() == template_ids(tokenizer, rec.messages)
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [a + END for _, a in EXCHANGES]
+    assert enc.stats["supervised_tokens"] == sum(len(a) + 2 for _, a in EXCHANGES)  # char-level + <|end|> + \n
+    assert enc.stats["turns"] == 7 and enc.stats["assistant_turns"] == 3
+
+
+def _with_template(tokenizer_dir, template: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # a private copy: the session one stays intact
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+PLAIN_TEMPLATE = (  # no special tokens at all; assistant turns end with a blank line
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ 'a: ' + m['content'] + '\n\n' }}"
+    "{% else %}{{ m['role'][0] + ': ' + m['content'] + '\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'a: ' }}{% endif %}"
+)
+
+
+def test_labels_follow_any_template_not_just_the_demo_one(tokenizer_dir):
+    tokenizer = _with_template(tokenizer_dir, PLAIN_TEMPLATE)
+    rec = record()
+    enc = tk.encode_records([rec], tokenizer, max_length=512, too_long="error")
+    assert enc.input_ids.tolist() == template_ids(tokenizer, rec.messages)
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [a + "\n\n" for _, a in EXCHANGES]
+
+
+def test_template_breaking_the_prefix_property_is_a_clear_error(tokenizer_dir):
+    broken = PLAIN_TEMPLATE.replace("{{ 'a: ' }}{% endif %}", "{{ 'a:\n' }}{% endif %}")
+    tokenizer = _with_template(tokenizer_dir, broken)
+    expected = r"set\.jsonl record 4 \(line 5, id 'r4'\): the chat template breaks the prefix"
+    with pytest.raises(DataError, match=expected):
+        tk.encode_records([record(index=4)], tokenizer, max_length=512, too_long="error", source="set.jsonl")
+
+
+def test_template_that_raises_names_the_record(tokenizer_dir):
+    refuse_system = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+    strict = refuse_system + PLAIN_TEMPLATE
+    tokenizer = _with_template(tokenizer_dir, strict)
+    records = [record(system=None, index=0), record(index=1)]
+    with pytest.raises(DataError, match=r"record 1 \(line 2, id 'r1'\): the chat template failed: .*no system role"):
+        tk.encode_records(records, tokenizer, max_length=512, too_long="error", source="set.jsonl")
+
+
+def test_prefix_tokenization_fallback_agrees_with_offsets(tokenizer, monkeypatch):
+    records = [record(index=i, exchanges=EXCHANGES[: i + 1]) for i in range(3)]
+    # Characters outside the vocabulary and outside the BMP: offsets must count characters, not bytes.
+    records.append(record(index=3, exchanges=[("répète: ü ✓", "ü ✓ 𝄞"), ("encore", "𝄞 é")]))
+    with_offsets = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
+    monkeypatch.setattr(tk, "_supports_offsets", lambda tokenizer: False)
+    with_prefixes = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
+    assert np.array_equal(with_offsets.input_ids, with_prefixes.input_ids)
+    assert np.array_equal(with_offsets.labels, with_prefixes.labels)
+    assert np.array_equal(with_offsets.offsets, with_prefixes.offsets)
+    answers = [a for i in range(3) for _, a in EXCHANGES[: i + 1]] + ["ü ✓ 𝄞", "𝄞 é"]
+    # one token per character (unknown ones are <unk>), plus <|end|> and "\n"
+    assert with_offsets.stats["supervised_tokens"] == sum(len(a) + 2 for a in answers)
+
+
+def _length_mix():
+    short = record(exchanges=[("repeat: abc", "abc")], system=None, index=0)  # 23 tokens
+    long_answer = record(exchanges=[("repeat: x", "x" * 80)], system=None, index=1)
+    long_prompt = record(exchanges=[("y" * 80, "y")], system=None, index=2)  # answer starts past the limit
+    return [short, long_answer, long_prompt]
+
+
+def test_truncate_cuts_and_drops_what_teaches_nothing(tokenizer):
+    enc = tk.encode_records(_length_mix(), tokenizer, max_length=60, too_long="truncate")
+    s = enc.stats
+    assert (s["records_in"], s["records"], s["too_long"], s["truncated"], s["dropped_unsupervised"]) == (3, 2, 2, 1, 1)
+    lengths = np.diff(enc.offsets)
+    assert lengths.tolist() == [23, 60]
+    assert s["tokens"] == 83 == enc.input_ids.size
+    assert s["tokens_per_record"]["max"] == 60 and s["max_tokens_before_truncation"] > 60
+    assert s["tokens_per_record"]["p50"] == pytest.approx(np.percentile(lengths, 50))
+    assert s["supervised_tokens"] == int((enc.labels != -100).sum()) > 0
+
+
+def test_drop_removes_over_long_records(tokenizer):
+    enc = tk.encode_records(_length_mix(), tokenizer, max_length=60, too_long="drop")
+    assert (enc.stats["records"], enc.stats["dropped"], enc.stats["truncated"]) == (1, 2, 0)
+    assert enc.offsets.tolist() == [0, 23]
+
+
+def test_error_policy_lists_every_over_long_record(tokenizer):
+    with pytest.raises(DataError) as err:
+        tk.encode_records(_length_mix(), tokenizer, max_length=60, too_long="error", source="d.jsonl")
+    message = str(err.value)
+    assert "2 record(s) of d.jsonl exceed max_length=60" in message
+    assert "d.jsonl record 1 (line 2, id 'r1')" in message and "d.jsonl record 2 (line 3, id 'r2')" in message
+
+
+SAME_CONTENT = {
+    "sharegpt": {"id": "x", "system": "you copy words.", "conversations": [
+        {"from": "human", "value": "repeat: alpha"}, {"from": "gpt", "value": "alpha"},
+        {"from": "human", "value": "now twice"}, {"from": "gpt", "value": "alpha alpha"}]},
+    "openai": {"id": "x", "messages": [
+        {"role": "system", "content": "you copy words."},
+        {"role": "user", "content": "repeat: alpha"}, {"role": "assistant", "content": "alpha"},
+        {"role": "user", "content": "now twice"}, {"role": "assistant", "content": "alpha alpha"}]},
+}
+
+
+def test_formats_and_layouts_give_identical_tokens(tmp_path, tokenizer_dir):
+    caches = {}
+    for shape, raw in SAME_CONTENT.items():
+        second = {**raw, "id": "y"}
+        for suffix in (".json", ".jsonl"):
+            src = tmp_path / f"{shape}{suffix}"
+            if suffix == ".json":
+                src.write_text(json.dumps([raw, second], indent=2))
+            else:
+                src.write_text(json.dumps(raw) + "\n" + json.dumps(second) + "\n")
+            out = tmp_path / f"{shape}{suffix}.safetensors"
+            assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
+                            "--too-long", "error", "--out-train", str(out),
+                            "--out-stats", str(tmp_path / "stats.json")]) == 0
+            caches[src.name] = TokenCache(out)
+    reference = caches.pop("sharegpt.jsonl")
+    assert len(reference) == 2
+    for name, cache in caches.items():
+        assert len(cache) == len(reference), name
+        for i in range(len(reference)):
+            for mine, theirs in zip(cache[i], reference[i]):
+                assert torch.equal(mine, theirs), name
+    assert not (tmp_path / "val.safetensors").exists()
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert list(stats["splits"]) == ["train"]  # no --val: no val split
+
+
+def test_tokenize_cli_writes_caches_stats_and_metadata(tmp_path, tokenizer, tokenizer_dir, run_pipeline):
+    out = tmp_path / "tok"
+    proc = run_pipeline("tokenize", "--train", GOOD / "train.jsonl", "--val", GOOD / "val.json",
+                        "--tokenizer", tokenizer_dir, "--max-length", 64, "--too-long", "truncate",
+                        "--out-train", out / "train.safetensors", "--out-val", out / "val.safetensors",
+                        "--out-stats", out / "stats.json")
+    assert proc.returncode == 0, proc.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["tokenizer_fingerprint"] == tk.tokenizer_fingerprint(tokenizer_dir)
+    for split, source in (("train", GOOD / "train.jsonl"), ("val", GOOD / "val.json")):
+        cache = TokenCache(out / f"{split}.safetensors")
+        records = load_records(source)
+        s = stats["splits"][split]
+        assert cache.metadata["source_sha256"] == hashlib.sha256(source.read_bytes()).hexdigest() == s["source_sha256"]
+        assert cache.metadata["tokenizer_fingerprint"] == stats["tokenizer_fingerprint"]
+        assert cache.metadata["max_length"] == "64"
+        assert len(cache) == s["records"] == len(records)
+        assert cache.num_tokens == s["tokens"] == int(cache.lengths.sum())
+        assert s["tokens_per_record"]["max"] == int(cache.lengths.max())
+        supervised = 0
+        for i, rec in enumerate(records):
+            ids, labels = cache[i]
+            assert ids.dtype == torch.long and labels.dtype == torch.long
+            assert ids.tolist() == template_ids(tokenizer, rec.messages)[:64]
+            supervised += int((labels != -100).sum())
+        assert supervised == s["supervised_tokens"]
+    assert stats["splits"]["train"]["truncated"] == 0
+    assert stats["splits"]["train"]["turns"] == 14  # 5 records x 2, two system prompts, one extra exchange
+
+
+def test_token_cache_access(tmp_path, tokenizer):
+    records = [record(index=i, exchanges=EXCHANGES[: i + 1]) for i in range(3)]
+    enc = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
+    from pipeline.data.cache import write_cache
+
+    path = tmp_path / "c.safetensors"
+    write_cache(path, input_ids=enc.input_ids, labels=enc.labels, offsets=enc.offsets, metadata={"max_length": 512})
+    cache = TokenCache(path)
+    assert len(cache) == 3 and cache.num_tokens == enc.input_ids.size
+    assert cache.lengths.tolist() == np.diff(enc.offsets).tolist()
+    assert cache.metadata["format"] == "pipeline-token-cache/1" and cache.metadata["max_length"] == "512"
+    last_ids, last_labels = cache[-1]
+    assert last_ids.tolist() == enc.input_ids[enc.offsets[2]:].tolist()
+    assert last_labels.tolist() == enc.labels[enc.offsets[2]:].tolist()
+    last_ids[0] = 999  # a copy, not a view of the read-only map
+    assert cache[2][0][0].item() != 999
+    with pytest.raises(IndexError):
+        cache[3]
+    assert len(list(cache)) == 3
+    clone = pickle.loads(pickle.dumps(cache))  # how a DataLoader worker receives it
+    assert len(pickle.dumps(cache)) < 500  # pickled by path, not by content
+    assert torch.equal(clone[1][1], cache[1][1])
+
+
+def test_token_cache_rejects_other_files(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"input_ids": np.zeros(3, dtype=np.int64)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(DataError, match="not a token cache"):
+        TokenCache(tmp_path / "x.safetensors")
+    (tmp_path / "junk.safetensors").write_bytes(b"\x01")
+    with pytest.raises(DataError, match="not a safetensors file"):
+        TokenCache(tmp_path / "junk.safetensors")
