@@ -94,6 +94,19 @@ def dominant_float(dtypes) -> torch.dtype | None:
     return max(totals, key=totals.__getitem__)
 
 
+def fits(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
+    """True when every value is finite and within `dtype`'s range, so casting keeps it finite.
+
+    One `aminmax` pass (NaN propagates into it, inf exceeds any limit): several
+    times faster than `isfinite(...).all()` on CPU, which mattered in the merge.
+    """
+    if tensor.numel() == 0 or not tensor.is_floating_point():
+        return True
+    low, high = torch.aminmax(tensor)
+    limit = torch.finfo(dtype).max if dtype.is_floating_point else torch.finfo(tensor.dtype).max
+    return bool(low >= -limit) and bool(high <= limit)
+
+
 def relative_logit_tolerance(*dtypes: torch.dtype) -> float:
     """The loosest relative tolerance among the dtypes involved (storage, compute)."""
     known = [_REL_LOGIT_TOL.get(d, _REL_LOGIT_TOL[torch.bfloat16]) for d in dtypes if d is not None]

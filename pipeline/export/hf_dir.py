@@ -169,10 +169,9 @@ def cast_checked(tensor: torch.Tensor, dtype: torch.dtype, name: str) -> torch.T
     """
     if tensor.dtype == dtype:
         return tensor
-    out = tensor.to(dtype)
-    if out.is_floating_point() and not bool(torch.isfinite(out).all()):
-        raise UserError(f"{name}: non-finite values after casting {tensor.dtype} -> {dtype}")
-    return out
+    if not dtypes.fits(tensor, dtype):
+        raise UserError(f"{name}: values that are not finite in {dtype} (casting from {tensor.dtype})")
+    return tensor.to(dtype)
 
 
 def write_model(

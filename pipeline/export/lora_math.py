@@ -61,6 +61,10 @@ _UNSUPPORTED = {
     "monteclora_config": "MonteCLoRA adapters are not supported",
 }
 
+# Initializations that change the base weights too (an unconverted adapter only
+# makes sense on top of that modified base, which we do not have).
+_BASE_MODIFYING_INITS = ("pissa", "olora", "corda", "lora_ga", "loftq")
+
 
 @dataclass(frozen=True)
 class LoraSettings:
@@ -72,7 +76,6 @@ class LoraSettings:
     alpha_pattern: dict[str, float]
     use_rslora: bool
     fan_in_fan_out: bool
-    base_layer_key: str | None = None  # adapter tensor replacing the base weight, if saved
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,11 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
     for field, why in _UNSUPPORTED.items():
         if config.get(field):
             raise UserError(f"adapter config sets {field}={config[field]!r}: {why}; refusing to merge")
+    init = str(config.get("init_lora_weights", True)).lower()
+    if init.startswith(_BASE_MODIFYING_INITS):
+        raise UserError(f"adapter was initialized with {config['init_lora_weights']!r}, which also rewrites the base "
+                        "weights; convert it to a plain LoRA adapter first (peft: save_pretrained("
+                        "path_initial_model_for_weight_conversion=...))")
     if config.get("bias", "none") != "none":
         raise UserError(f"adapter config sets bias={config['bias']!r}: trained biases are not supported")
     try:
@@ -228,11 +236,10 @@ def merge_weight(
         merged.addmm_(a32.T, b32.T, alpha=target.scaling)
     else:
         merged.addmm_(b32, a32, alpha=target.scaling)
-    result = merged.to(out_dtype or weight.dtype)
-    del merged
-    if not bool(torch.isfinite(result).all()):
-        raise UserError(f"merging {target.module} gives non-finite values in {result.dtype}")
-    return result
+    out_dtype = out_dtype or weight.dtype
+    if not dtypes.fits(merged, out_dtype):
+        raise UserError(f"merging {target.module} gives values that are not finite in {out_dtype}")
+    return merged.to(out_dtype)
 
 
 def merge_state_dict(
