@@ -24,6 +24,10 @@ include: "workflow/rules/export.smk"
 
 rule all:
     input:
+        # Every stage is a target: a deleted stage dir is retrained (with what follows),
+        # not silently skipped because the exports downstream of it still exist.
+        expand(f"{R}/stages/{{stage}}", stage=STAGES),
+        expand(f"{R}/eval/{{stage}}.json", stage=STAGES),
         f"{R}/eval/summary.csv",
         f"{R}/eval/loss.png",
         f"{R}/eval/val_loss.png",

@@ -48,4 +48,5 @@ def test_loss_spike_triggers_alert_eval_and_checkpoint(tiny, tmp_path):
     alert_ckpt = run.scratch("all") / "step_000013"
     assert (alert_ckpt / "MANIFEST.json").is_file()  # with save_every=0, only the alert saved it
     alerts = [json.loads(x) for x in (run.scratch("all") / "alerts.jsonl").read_text().splitlines()]
-    assert [a["step"] for a in alerts] == [13]
+    # (a throughput alert may follow: the alert's own save shares the CPU with the next update)
+    assert [a["step"] for a in alerts if a["alert"].startswith("loss spike")] == [13]
