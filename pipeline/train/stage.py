@@ -101,7 +101,7 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
 
     # --- what to compute ------------------------------------------------------
     plan = read_plan(args.plan)
-    stage, _prev = stage_from_plan(plan, args.stage)
+    stage, _ = stage_from_plan(plan, args.stage)
     total = plan["total_updates"]
     cfg_text = Path(args.config).read_text()
     accum = train_config.grad_accum_steps(cfg, d.world_size)
@@ -231,7 +231,8 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             writer.submit(write)
             if wait:
                 writer.wait()
-        distributed.barrier(d) if wait else None
+        if wait:
+            distributed.barrier(d)
 
     def quick_eval(reason: str) -> None:
         if val_cache is None or not d.is_main:
