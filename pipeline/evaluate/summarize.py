@@ -1,24 +1,45 @@
-"""Tables and plots across the run's stages.
+"""Tables, plots and report views across the run's stages.
 
-    python -m pipeline summarize --plan plan.json --eval eval/base.json eval/pilot.json ... \
-        --metrics stages/pilot/metrics.jsonl ... [--smoke export/smoke_test.json] \
-        --out-csv eval/summary.csv --out-loss-plot eval/loss.png --out-eval-plot eval/val_loss.png
+    python -m pipeline summarize --eval eval/base.json eval/pilot.json ... \
+        --metrics stages/pilot ... [--smoke export/smoke_test.json] \
+        [--plan plan.json] [--gate pilot_report.json] \
+        --out-csv eval/summary.csv --out-loss-plot eval/loss.png --out-eval-plot eval/val_loss.png \
+        [--out-summary-html report/summary.html] [--out-plan-html report/plan.html] \
+        [--out-gate-html report/pilot_gate.html]
 
 summary.csv has one row per (stage, weight set): the base model, then each
 stage's raw weights and every EMA rate, and the merged export when a smoke
-test result is given. loss.png: training loss over updates with stage
-boundaries; val_loss.png: validation loss after each stage, raw vs each EMA.
+test result is given. loss.png: training loss and learning rate over updates,
+stage windows shaded, validation loss of every weight set at each stage end;
+val_loss.png: validation loss and held-out exact match after each stage, raw
+vs each EMA. The HTML files are the same table, the plan and the pilot gate as
+pages that `snakemake --report` shows inline (it only offers JSON and CSV as
+downloads).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
 
 COLUMNS = ["stage", "step", "weights", "loss", "perplexity", "exact_match", "n_test"]
+
+# One look per weight set across both plots: raw solid, EMA dashed, base black.
+BASE_STYLE = dict(color="black", marker="*", ms=11, ls="none")
+EMA_COLORS = ["tab:green", "tab:red", "tab:purple", "tab:brown", "tab:olive", "tab:cyan"]
+
+
+def weights_style(weights: str, order: list[str]) -> dict:
+    if weights == "raw":
+        return dict(color="tab:orange", marker="o", ls="-")
+    emas = [w for w in order if w.startswith("ema")]
+    i = emas.index(weights) if weights in emas else len(emas)
+    return dict(color=EMA_COLORS[i % len(EMA_COLORS)], marker="s", ls="--")
 
 
 def summary_table(eval_files: list[Path], smoke: Path | None) -> pd.DataFrame:
@@ -36,9 +57,12 @@ def summary_table(eval_files: list[Path], smoke: Path | None) -> pd.DataFrame:
     return frame.reindex(columns=COLUMNS)
 
 
-def training_curve(metrics_files: list[Path]) -> tuple[pd.DataFrame, list[tuple[str, int]]]:
+def training_curve(metrics_files: list[Path]) -> tuple[pd.DataFrame, list[tuple[str, int, int]]]:
+    """Per-update metrics of all stages, and each stage's (name, first update, last update)."""
     frames, bounds = [], []
-    for path in metrics_files:
+    for path in map(Path, metrics_files):
+        if path.is_dir():  # a stage dir: its metrics.jsonl
+            path = path / "metrics.jsonl"
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         steps = pd.DataFrame([r for r in lines if "loss" in r])
         if steps.empty:
@@ -46,81 +70,325 @@ def training_curve(metrics_files: list[Path]) -> tuple[pd.DataFrame, list[tuple[
         stage = Path(path).parent.name
         steps["stage"] = stage
         frames.append(steps)
-        bounds.append((stage, int(steps["step"].max())))
+        bounds.append((stage, int(steps["step"].min()) - 1, int(steps["step"].max())))
     return (pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()), bounds
 
 
-def plot_loss(curve: pd.DataFrame, bounds, table: pd.DataFrame, out: Path) -> None:
-    import matplotlib
+def plan_bounds(plan: Path) -> list[tuple[str, int, int]]:
+    """(name, start, end) of every planned stage: updates start+1 .. end."""
+    return [(s["name"], int(s["start"]), int(s["end"])) for s in json.loads(Path(plan).read_text())["stages"]]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
-    if not curve.empty:
-        ax.plot(curve["step"], curve["loss"], lw=0.8, alpha=0.45, color="tab:blue", label="train loss (per update)")
-        smooth = curve["loss"].rolling(max(1, len(curve) // 30), min_periods=1).mean()
-        ax.plot(curve["step"], smooth, lw=1.8, color="tab:blue", label="train loss (smoothed)")
-    for stage, end in bounds:
-        ax.axvline(end, color="grey", ls=":", lw=0.8)
-        ax.text(end, 1.0, stage, rotation=90, va="top", ha="right", fontsize=7, color="grey",
-                transform=ax.get_xaxis_transform())
-    evals = table[table["loss"].notna() & (table["stage"] != "export")]
-    for weights, group in evals.groupby("weights", sort=False):
-        ax.plot(group["step"], group["loss"], marker="o", lw=1.2, label=f"val loss ({weights})")
-    ax.set_xlabel("update")
-    ax.set_ylabel("loss (nats / supervised token)")
+def _shade_stages(ax, bounds, label: bool) -> None:
+    if not bounds:
+        return
+    span = max(end for _, _, end in bounds) - min(start for _, start, _ in bounds) or 1
+    for i, (stage, start, end) in enumerate(bounds):
+        if i % 2:
+            ax.axvspan(start, end, color="0.93", lw=0, zorder=0)
+        ax.axvline(end, color="0.55", ls=":", lw=0.9, zorder=1)
+        if label:
+            # A stage narrower than ~4% of the run is labelled at its right edge, rotated.
+            wide = (end - start) / span > 0.04
+            ax.text((start + end) / 2 if wide else end, 0.985, stage, transform=ax.get_xaxis_transform(),
+                    ha="center" if wide else "right", va="top", rotation=0 if wide else 90,
+                    fontsize=8, color="0.35")
+
+
+def _log_axis(ax) -> None:
+    """Log scale with plain tick labels at 1, 2, 5 x 10^k (not 2 x 10^-1)."""
+    from matplotlib import ticker
+
     ax.set_yscale("log")
-    ax.set_title("Training and validation loss across stages")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_minor_locator(ticker.LogLocator(subs=(3.0, 4.0, 6.0, 7.0, 8.0, 9.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
 
 
-def plot_eval(table: pd.DataFrame, out: Path) -> None:
+def plot_loss(curve: pd.DataFrame, bounds, table: pd.DataFrame, out: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = table[table["loss"].notna() & ~table["weights"].isin(["base", "merged"])]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    for weights, group in evals.groupby("weights", sort=False):
-        axes[0].plot(group["stage"], group["loss"], marker="o", label=weights)
-        if group["exact_match"].notna().any():
-            axes[1].plot(group["stage"], group["exact_match"], marker="o", label=weights)
-    base = table[table["weights"] == "base"]
-    if not base.empty and base["exact_match"].notna().any():
-        axes[1].axhline(float(base["exact_match"].iloc[0]), color="black", ls="--", lw=1, label="base model")
-    axes[0].set_title("validation loss after each stage")
-    axes[1].set_title("held-out exact match after each stage")
-    axes[1].set_ylim(-0.02, 1.02)
-    for ax in axes:
-        ax.legend(fontsize=8)
-        ax.tick_params(axis="x", labelrotation=30)
+    has_lr = not curve.empty and "lr" in curve
+    fig, axes = plt.subplots(2 if has_lr else 1, 1, figsize=(10, 6.2 if has_lr else 4.8), dpi=110, sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [3.2, 1] if has_lr else [1]})
+    ax = axes[0][0]
+    _shade_stages(ax, bounds, label=True)
+    if not curve.empty:
+        ax.plot(curve["step"], curve["loss"], lw=0.7, alpha=0.35, color="tab:blue", label="train loss (per update)")
+        smooth = curve["loss"].rolling(max(1, len(curve) // 40), min_periods=1, center=True).mean()
+        ax.plot(curve["step"], smooth, lw=1.8, color="tab:blue", label="train loss (smoothed)")
+    evals = table[table["loss"].notna() & (table["stage"] != "export")]
+    order = list(dict.fromkeys(evals["weights"]))
+    base = evals[evals["weights"] == "base"]
+    if not base.empty:
+        ax.plot(base["step"], base["loss"], **BASE_STYLE, label="val loss, base model")
+    for weights, group in evals[evals["weights"] != "base"].groupby("weights", sort=False):
+        ax.plot(group["step"], group["loss"], lw=1.3, ms=5, **weights_style(weights, order),
+                label=f"val loss, {weights} weights")
+    ax.set_ylabel("loss (nats / supervised token, log)")
+    _log_axis(ax)
+    ax.grid(True, which="major", axis="y", alpha=0.3)
+    ax.set_title(title or "Training and validation loss across stages")
+    ax.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1.0, 0.92), framealpha=0.9)
+    if has_lr:
+        lax = axes[1][0]
+        _shade_stages(lax, bounds, label=False)
+        lax.plot(curve["step"], curve["lr"], color="0.25", lw=1.2)
+        lax.set_ylabel("learning rate")
+        lax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+        lax.grid(True, axis="y", alpha=0.3)
+    axes[-1][0].set_xlabel("update (global, across stages)")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
+
+
+def plot_eval(table: pd.DataFrame, out: Path, title: str = "") -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measured = table["loss"].notna() | table["exact_match"].notna()
+    evals = table[measured & ~table["weights"].isin(["base", "merged"])]
+    order = list(dict.fromkeys(evals["weights"]))
+    stages = list(dict.fromkeys(evals["stage"]))
+    steps = evals.drop_duplicates("stage").set_index("stage")["step"]
+    x = {stage: i for i, stage in enumerate(stages)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), dpi=110)
+    for weights, group in evals.groupby("weights", sort=False):
+        style = dict(weights_style(weights, order), lw=1.3, ms=5, label=f"{weights} weights")
+        for ax, col in zip(axes, ("loss", "exact_match")):
+            points = group[group[col].notna()]
+            if not points.empty:
+                ax.plot([x[s] for s in points["stage"]], points[col], **style)
+    base = table[table["weights"] == "base"]
+    for ax, col in zip(axes, ("loss", "exact_match")):
+        if not base.empty and base[col].notna().any():
+            ax.axhline(float(base[col].iloc[0]), color="black", ls=":", lw=1.2, label="base model")
+    merged = table[table["weights"] == "merged"]
+    if not merged.empty and merged["exact_match"].notna().any() and stages:
+        axes[1].plot([x[stages[-1]]], [float(merged["exact_match"].iloc[0])], marker="D", ms=8, ls="none",
+                     mfc="none", color="black", label="merged export")
+    axes[0].set_title("validation loss after each stage")
+    axes[0].set_ylabel("loss (nats / supervised token, log)")
+    _log_axis(axes[0])
+    axes[1].set_title("held-out exact match after each stage")
+    axes[1].set_ylabel("exact match (fraction of test prompts)")
+    axes[1].set_ylim(-0.03, 1.03)
+    for ax in axes:
+        ax.set_xticks(range(len(stages)), [f"{s}\n(update {int(steps[s])})" for s in stages], fontsize=8)
+        ax.set_xlabel("stage")
+        ax.grid(True, axis="y", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="0.5")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------- HTML views for the report
+
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.2em 1.6em; color: #1f2933; }
+h1 { font-size: 1.35em; margin-bottom: .2em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
+p.note { color: #52606d; font-size: .9em; max-width: 60em; }
+table { border-collapse: collapse; font-size: .92em; margin: .6em 0; }
+th, td { border-bottom: 1px solid #d9e2ec; padding: .35em .8em; text-align: right; }
+th { background: #f0f4f8; } td.l, th.l { text-align: left; }
+td.best { font-weight: 700; color: #0b6e4f; }
+.pass { color: #0b6e4f; font-weight: 700; } .fail { color: #b42318; font-weight: 700; }
+.banner { display: inline-block; padding: .4em .9em; border-radius: .3em; font-weight: 700; }
+.banner.pass { background: #e3f9ee; } .banner.fail { background: #fde8e8; }
+.bar { position: relative; height: 1.6em; background: #f0f4f8; width: 46em; margin: .8em 0; }
+.bar div { position: absolute; top: 0; bottom: 0; border-right: 2px solid #fff; background: #9fb3c8;
+           font-size: .75em; line-height: 2.1em; text-align: center; overflow: hidden; color: #102a43; }
+.bar div.alt { background: #bcccdc; }
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return html.escape(str(value))
+
+
+def _table(header: list[str] | None, rows: list[list[str]], left: int = 1) -> str:
+    """An HTML table of already-escaped cells (header cells may hold markup); the first `left`
+    columns are left-aligned. A cell that is already a <td ...> element is kept as it is."""
+    def cls(i):
+        return ' class="l"' if i < left else ""
+    head = ("<thead><tr>" + "".join(f"<th{cls(i)}>{h}</th>" for i, h in enumerate(header)) + "</tr></thead>"
+            if header else "")
+    body = "".join("<tr>" + "".join(c if c.startswith("<td") else f"<td{cls(i)}>{c}</td>" for i, c in enumerate(r))
+                   + "</tr>\n" for r in rows)
+    return f"<table>{head}<tbody>\n{body}</tbody></table>"
+
+
+def _pivot(table: pd.DataFrame, column: str, best, fmt) -> str:
+    """weights x stage for one metric; the best trained weight set after each stage in bold."""
+    data = table[table[column].notna()]
+    if data.empty:
+        return "<p class=\"note\">not measured</p>"
+    stages = list(dict.fromkeys(data["stage"]))
+    weights = list(dict.fromkeys(data["weights"]))
+    steps = data.drop_duplicates("stage").set_index("stage")["step"]
+    cell = {(r.weights, r.stage): getattr(r, column) for r in data.itertuples()}
+    names = {"base": "before training", "export": "merged export"}
+    header = ["weights"] + [f"{html.escape(names.get(s, s))}<br><small>update {int(steps[s])}</small>"
+                            if pd.notna(steps[s]) else html.escape(s) for s in stages]
+    rows = []
+    for w in weights:
+        row = [html.escape(w)]
+        for s in stages:
+            v = cell.get((w, s))
+            trained = [x for (ww, st), x in cell.items() if st == s and ww not in ("base", "merged")]
+            top = v is not None and w not in ("base", "merged") and len(set(trained)) > 1 and v == best(trained)
+            mark = ' class="best"' if top else ""
+            row.append(f"<td{mark}>{'' if v is None else fmt(v)}</td>")
+        rows.append(row)
+    return _table(header, rows)
+
+
+def summary_html(table: pd.DataFrame, run: str = "") -> str:
+    n_test = table["n_test"].dropna()
+    body = [
+        "<p class=\"note\">One row of <code>summary.csv</code> per stage and weight set. <b>base</b>: the "
+        "model before fine-tuning; <b>raw</b>: the trained weights; <b>ema_&lt;rate&gt;</b>: the exponential "
+        "moving average of the weights at that rate; <b>merged</b>: the exported model with the adapter merged "
+        "in (smoke test). Bold: the best weight set after that stage.</p>",
+        "<h2>Validation loss (nats per supervised token, lower is better)</h2>",
+        _pivot(table, "loss", min, lambda v: f"{v:.4g}"),
+        f"<h2>Held-out exact match (greedy answer equals the reference; "
+        f"{int(n_test.max()) if not n_test.empty else 0} test prompts)</h2>",
+        _pivot(table, "exact_match", max, lambda v: f"{100 * v:.1f}%"),
+        "<h2>All rows (summary.csv)</h2>",
+        _table([html.escape(c) for c in COLUMNS], [[_fmt(v) for v in r] for r in table[COLUMNS].itertuples(index=False)], left=1),
+    ]
+    return _page(f"Evaluation{' of run ' + run if run else ''}", "\n".join(body))
+
+
+def plan_html(plan: dict, gate: dict | None = None, run: str = "") -> str:
+    total = int(plan.get("total_updates") or max(s["end"] for s in plan["stages"]))
+    bars = []
+    for i, s in enumerate(plan["stages"]):
+        left, width = 100 * s["start"] / total, 100 * (s["end"] - s["start"]) / total
+        bars.append(f"<div class=\"{'alt' if i % 2 else ''}\" style=\"left:{left:.3f}%;width:{width:.3f}%\" "
+                    f"title=\"{html.escape(s['name'])}: updates {s['start'] + 1}-{s['end']}\">"
+                    f"{html.escape(s['name'])}</div>")
+    rows = [[html.escape(s["name"]), str(s["start"] + 1), str(s["end"]), str(s["end"] - s["start"]),
+             f"{100 * (s['end'] - s['start']) / total:.1f}%"] for s in plan["stages"]]
+    body = [
+        f"<p>{total} optimizer updates in {len(plan['stages'])} stages. Each stage is a window of global update "
+        "indices; the learning-rate schedule, the EMA and the data order span the whole run, so the chained stages "
+        "compute exactly what one long run computes. The pilot runs first and is checked by the pilot gate "
+        "before any chunk starts.</p>",
+        f"<div class=\"bar\">{''.join(bars)}</div>",
+        _table(["stage", "first update", "last update", "updates", "share of the run"], rows),
+    ]
+    if gate is not None:
+        eta = gate.get("eta_seconds")
+        status = "pass" if gate.get("passed") else "fail"
+        body.append(f"<p>Pilot gate: <span class=\"{status}\">{'passed' if gate.get('passed') else 'FAILED'}</span>"
+                    + (f"; estimated time for the remaining {gate.get('remaining_updates')} updates: "
+                       f"{_duration(eta)}" if eta is not None else "") + ".</p>")
+    return _page(f"Plan{' of run ' + run if run else ''}", "\n".join(body))
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "unknown"
+    seconds = float(seconds)
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def gate_html(gate: dict, run: str = "") -> str:
+    passed = bool(gate.get("passed"))
+    rows = []
+    for name, check in gate.get("checks", {}).items():
+        ok = bool(check.get("ok"))
+        rows.append([html.escape(name), f"<td class=\"l {'pass' if ok else 'fail'}\">{'pass' if ok else 'FAIL'}</td>",
+                     html.escape(str(check.get("detail", "")))])
+    verdict = ("PASSED: the chunks may start" if passed else
+               "FAILED" + (": overridden by gate.override, the chunks ran anyway" if gate.get("override")
+                           else ": no chunk starts until the cause is fixed (or gate.override is set)"))
+    facts = [["median time per update", _duration(gate.get("median_step_s"))],
+             ["updates after the pilot", _fmt(gate.get("remaining_updates"))],
+             ["estimated time for them", _duration(gate.get("eta_seconds"))],
+             ["override set", "yes" if gate.get("override") else "no"]]
+    body = [
+        f"<p><span class=\"banner {'pass' if passed else 'fail'}\">{html.escape(verdict)}</span></p>",
+        "<p class=\"note\">Sanity checks on the pilot stage before the rest of the run is spent.</p>",
+        _table(["check", "result", "detail"], rows, left=3),
+        _table(None, [[html.escape(a), html.escape(b)] for a, b in facts], left=1),
+    ]
+    return _page(f"Pilot gate{' of run ' + run if run else ''}", "\n".join(body))
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline summarize", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--eval", type=Path, nargs="+", required=True)
-    ap.add_argument("--metrics", type=Path, nargs="+", required=True)
+    ap.add_argument("--metrics", type=Path, nargs="+", required=True,
+                    help="each stage's metrics.jsonl, or the stage dirs that hold them")
     ap.add_argument("--smoke", type=Path, default=None)
+    ap.add_argument("--plan", type=Path, default=None, help="plan.json: stage windows for the plots, plan page")
+    ap.add_argument("--gate", type=Path, default=None, help="pilot_report.json: the pilot gate page")
+    ap.add_argument("--run", default="", help="run name for titles")
     ap.add_argument("--out-csv", type=Path, required=True)
     ap.add_argument("--out-loss-plot", type=Path, required=True)
     ap.add_argument("--out-eval-plot", type=Path, required=True)
+    ap.add_argument("--out-summary-html", type=Path, default=None)
+    ap.add_argument("--out-plan-html", type=Path, default=None)
+    ap.add_argument("--out-gate-html", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.out_plan_html is not None and args.plan is None:
+        ap.error("--out-plan-html needs --plan")
+    if args.out_gate_html is not None and args.gate is None:
+        ap.error("--out-gate-html needs --gate")
 
     table = summary_table(args.eval, args.smoke)
     args.out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out_csv, index=False)
     curve, bounds = training_curve(args.metrics)
-    plot_loss(curve, bounds, table, args.out_loss_plot)
-    plot_eval(table, args.out_eval_plot)
+    if args.plan is not None:
+        bounds = plan_bounds(args.plan)
+    run = f"run {args.run}: " if args.run else ""
+    n_updates = max((end for _, _, end in bounds), default=0)
+    plot_loss(curve, bounds, table, args.out_loss_plot,
+              title=f"{run}training and validation loss, {n_updates} updates in {len(bounds)} stages")
+    plot_eval(table, args.out_eval_plot, title=f"{run}evaluation after each stage" if run else "")
+
+    plan = json.loads(args.plan.read_text()) if args.plan is not None else None
+    gate = json.loads(args.gate.read_text()) if args.gate is not None else None
+    pages = [(args.out_summary_html, lambda: summary_html(table, args.run)),
+             (args.out_plan_html, lambda: plan_html(plan, gate, args.run)),
+             (args.out_gate_html, lambda: gate_html(gate, args.run))]
+    for out, page in pages:
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(page())
     with pd.option_context("display.width", 120, "display.max_columns", 10):
         print(table.to_string(index=False))
     return 0

@@ -1,4 +1,8 @@
-# Evaluation of the base and of every stage (raw + each EMA rate), and the summary.
+# Evaluation of the base and of every stage (raw + each EMA rate), and the summary:
+# the table, the plots and the pages of `snakemake --report report.html`.
+
+
+report: "../report/workflow.rst"
 
 
 rule evaluate_base:
@@ -46,16 +50,25 @@ rule summarize:
         evals=[f"{R}/eval/base.json"] + expand(f"{R}/eval/{{stage}}.json", stage=STAGES),
         stages=expand(f"{R}/stages/{{stage}}", stage=STAGES),
         smoke=f"{R}/export/smoke_test.json",
+        plan=f"{R}/plan.json",
+        gate=f"{R}/pilot_report.json",
     output:
-        csv=report(f"{R}/eval/summary.csv", caption="../report/summary.rst", category="Evaluation"),
-        loss=report(f"{R}/eval/loss.png", caption="../report/loss.rst", category="Evaluation"),
+        # Categories of `snakemake --report report.html`: Training, Evaluation, Run. The HTML
+        # pages show the table, plan and gate inline (the report only offers CSV/JSON as downloads).
+        loss=report(f"{R}/eval/loss.png", caption="../report/loss.rst", category="Training"),
         val=report(f"{R}/eval/val_loss.png", caption="../report/val_loss.rst", category="Evaluation"),
+        html=report(f"{R}/report/summary.html", caption="../report/summary_html.rst", category="Evaluation"),
+        csv=report(f"{R}/eval/summary.csv", caption="../report/summary.rst", category="Evaluation"),
+        plan=report(f"{R}/report/plan.html", caption="../report/plan_html.rst", category="Run"),
+        gate=report(f"{R}/report/pilot_gate.html", caption="../report/pilot_gate_html.rst", category="Run"),
     conda:
         "../envs/sft.yaml"
     log:
         f"logs/summarize/{RUN}.log",
     params:
-        metrics=lambda wc, input: " ".join(f"{s}/metrics.jsonl" for s in input.stages),
+        run=RUN,
     shell:
-        "python -m pipeline summarize --eval {input.evals} --metrics {params.metrics} --smoke {input.smoke} "
-        "--out-csv {output.csv} --out-loss-plot {output.loss} --out-eval-plot {output.val} > {log} 2>&1"
+        "python -m pipeline summarize --eval {input.evals} --metrics {input.stages} --smoke {input.smoke} "
+        "--plan {input.plan} --gate {input.gate} --run {params.run} "
+        "--out-csv {output.csv} --out-loss-plot {output.loss} --out-eval-plot {output.val} "
+        "--out-summary-html {output.html} --out-plan-html {output.plan} --out-gate-html {output.gate} > {log} 2>&1"
