@@ -124,6 +124,17 @@ def write_checkpoint(final: Path, step: int, write_files: Callable[[Path], None]
     return final
 
 
+def staging_dir(final: Path, label: str, pid: int) -> Path:
+    """A temp sibling of `final` that several processes write into before the commit.
+
+    The DCP shards of every FSDP rank go there, and rank 0's `write_files` moves
+    them into the checkpoint. Named like `write_checkpoint`'s own temp dir of
+    process `pid`: never listed as a checkpoint, kept by `prune` in process
+    `pid`, removed by it when left behind by a dead attempt.
+    """
+    return Path(final).with_name(f"{Path(final).name}{_TMP_MARK}{label}-{pid}")
+
+
 def update_latest(scratch: Path, step_dir: Path) -> None:
     tmp = scratch / (layout.LATEST_FILE + ".partial")
     tmp.write_text(step_dir.name + "\n")

@@ -7,6 +7,9 @@ Layout of one checkpoint dir (names in `pipeline.layout`):
 
     adapter/ | model/             trained weights (PEFT dir, or HF weights in full FT)
     ema/<rate>/                   fp32 shadow per EMA rate, same format as above
+    dcp/                          FSDP runs only, instead of the three entries around this
+                                  one: weights, EMA shadows and optimizer state, sharded
+                                  (torch.distributed.checkpoint; see pipeline.train.fsdp)
     training_state/
         optimizer.safetensors     per-parameter state, keys "<param name>::<state key>"
         optimizer.json            param groups (with parameter names), scalar state
@@ -22,6 +25,7 @@ Layout of one checkpoint dir (names in `pipeline.layout`):
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,18 +155,21 @@ class Snapshot:
     """Everything one checkpoint holds, as CPU tensors and plain data."""
 
     step: int
-    weights: dict[str, torch.Tensor]  # PEFT-format adapter keys, or full model keys
+    weights: dict[str, torch.Tensor] | None  # PEFT-format adapter keys, or full model keys (None: sharded)
     peft_config: Any | None  # peft LoraConfig (LoRA) or None (full fine-tuning)
     model_config_json: str | None  # HF config.json text, full fine-tuning only
     ema: dict[str, dict[str, torch.Tensor]]  # ema tag -> same keys as `weights`
-    optimizer_tensors: dict[str, torch.Tensor]
-    optimizer_meta: dict
+    optimizer_tensors: dict[str, torch.Tensor] | None
+    optimizer_meta: dict | None
     scheduler: dict
     scaler: dict
     progress: dict
     rng: list[dict]  # one per rank
     config_yaml: str
     manifest_extra: dict = field(default_factory=dict)
+    # FSDP: a dir the ranks already wrote with DCP (weights, EMA, optimizer); it is
+    # moved into the checkpoint as dcp/ and replaces weights, ema and optimizer_*.
+    sharded_dir: Path | None = None
 
 
 def _write_weights(root: Path, weights: dict, peft_config, model_config_json) -> None:
@@ -179,14 +186,20 @@ def _write_weights(root: Path, weights: dict, peft_config, model_config_json) ->
 def write_snapshot(snap: Snapshot, root: Path) -> None:
     """Write every file of `snap` into `root` (the caller commits it atomically)."""
     root = Path(root)
-    weights_dir = layout.ADAPTER_DIR if snap.peft_config is not None else layout.MODEL_DIR
-    _write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
-    for tag, shadow in snap.ema.items():
-        _write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
+    if snap.sharded_dir is not None:
+        os.replace(snap.sharded_dir, root / layout.DCP_DIR)
+        if snap.peft_config is not None:  # marks a LoRA run for the export side
+            snap.peft_config.save_pretrained(str(root / layout.DCP_DIR))
+    else:
+        weights_dir = layout.ADAPTER_DIR if snap.peft_config is not None else layout.MODEL_DIR
+        _write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
+        for tag, shadow in snap.ema.items():
+            _write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
     state = root / layout.TRAINING_STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
-    save_file(snap.optimizer_tensors, str(state / layout.OPTIMIZER_TENSORS))
-    (state / layout.OPTIMIZER_META).write_text(json.dumps(snap.optimizer_meta, indent=1))
+    if snap.optimizer_tensors is not None:
+        save_file(snap.optimizer_tensors, str(state / layout.OPTIMIZER_TENSORS))
+        (state / layout.OPTIMIZER_META).write_text(json.dumps(snap.optimizer_meta, indent=1))
     (state / layout.SCHEDULER_FILE).write_text(json.dumps(snap.scheduler, indent=1))
     (state / layout.SCALER_FILE).write_text(json.dumps(snap.scaler, indent=1))
     (state / layout.PROGRESS_FILE).write_text(json.dumps(snap.progress, indent=1))
@@ -203,12 +216,13 @@ def read_weights(root: Path) -> dict[str, torch.Tensor]:
 
 
 def read_training_state(root: Path, rank: int) -> dict:
-    """The training_state/ of a checkpoint, with this rank's RNG."""
+    """The training_state/ of a checkpoint, with this rank's RNG (optimizer: None in a sharded one)."""
     state = Path(root) / layout.TRAINING_STATE_DIR
     rng_rank = rank if (state / layout.RNG_META.format(rank=rank)).is_file() else None
+    unsharded = (state / layout.OPTIMIZER_TENSORS).is_file()
     return {
-        "optimizer_tensors": load_file(str(state / layout.OPTIMIZER_TENSORS)),
-        "optimizer_meta": json.loads((state / layout.OPTIMIZER_META).read_text()),
+        "optimizer_tensors": load_file(str(state / layout.OPTIMIZER_TENSORS)) if unsharded else None,
+        "optimizer_meta": json.loads((state / layout.OPTIMIZER_META).read_text()) if unsharded else None,
         "scheduler": json.loads((state / layout.SCHEDULER_FILE).read_text()),
         "scaler": json.loads((state / layout.SCALER_FILE).read_text()),
         "progress": json.loads((state / layout.PROGRESS_FILE).read_text()),
@@ -216,6 +230,11 @@ def read_training_state(root: Path, rank: int) -> dict:
         # state; the caller reseeds it deterministically instead.
         "rng": _read_rng(state, rng_rank) if rng_rank is not None else None,
     }
+
+
+def is_sharded(root: Path) -> bool:
+    """True for a checkpoint written by an FSDP run (weights, EMA and optimizer in dcp/)."""
+    return (Path(root) / layout.DCP_DIR).is_dir()
 
 
 def ema_tags(root: Path) -> list[str]:

@@ -11,7 +11,9 @@ when this global update is reached), nan_grad_steps (a NaN in a gradient), loss_
 reported loss is multiplied by 10; training is unchanged) -- lists of global
 update indices, sleep_per_step (seconds, to widen timing windows),
 sigkill_in_save_at (SIGKILL this process after the checkpoint for that update
-has written its files but before its MANIFEST: a crash in the middle of a save).
+has written its files but before its MANIFEST: a crash in the middle of a save),
+zero_grad_steps (every gradient of those updates is zeroed: weights cut off
+from the loss, which the gradient check after a restore must catch).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Faults:
     loss_spike_steps: frozenset[int] = field(default_factory=frozenset)
     sleep_per_step: float = 0.0
     sigkill_in_save_at: int = -1
+    zero_grad_steps: frozenset[int] = field(default_factory=frozenset)
 
 
 def from_env(stage: str) -> Faults:
@@ -45,4 +48,5 @@ def from_env(stage: str) -> Faults:
         loss_spike_steps=frozenset(spec.get("loss_spike_steps", [])),
         sleep_per_step=float(spec.get("sleep_per_step", 0.0)),
         sigkill_in_save_at=int(spec.get("sigkill_in_save_at", -1)),
+        zero_grad_steps=frozenset(spec.get("zero_grad_steps", [])),
     )

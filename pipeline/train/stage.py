@@ -43,10 +43,11 @@ from pipeline.checkpoint import state as ckpt_state
 from pipeline.errors import UserError
 from pipeline.evaluate.metrics import validation_loss
 from pipeline.schedule import lr_factor, read_plan, stage_from_plan
-from pipeline.train import distributed, faults, precision as prec
+from pipeline.train import distributed, faults, fsdp, precision as prec
 from pipeline.train import model as model_setup
 from pipeline.train.batches import RunSampler, collate, supervised_counts, token_loss_sum
 from pipeline.train.ema import EMA
+from pipeline.train.gradcheck import check_gradients_flow
 from pipeline.train.monitor import Alerts, MetricsLog, Progress
 
 log = logging.getLogger("pipeline.train")
@@ -129,11 +130,17 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
     dtype = prec.weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
-    model = model_setup.build(cfg, dtype, d.device)
+    sharded = fsdp.enabled(cfg.distributed.strategy, d)
+    model = model_setup.build(cfg, dtype, fsdp.build_device(d, sharded))
+    if sharded:
+        # Shards are cut from each rank's own copy: those must agree before, as
+        # the optimizer and EMA must see the sharded (DTensor) parameters after.
+        fsdp.check_consistent_unsharded(d, [p for _, p in model_setup.trainable(model)])
+        model = fsdp.shard(model, d)
     named = model_setup.trainable(model)
     names = [n for n, _ in named]
     params = [p for _, p in named]
-    ema = EMA(named, cfg.ema.rates, cfg.ema.every)
+    ema = EMA(fsdp.local_named(named) if sharded else named, cfg.ema.rates, cfg.ema.every)
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
         weight_decay=cfg.optim.weight_decay, foreach=True,
@@ -148,13 +155,21 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     counters = {"tokens_seen": 0, "skipped_updates": 0, "consecutive_nonfinite": 0}
     rng = None
     if source is not None:
-        weights_dir = source / (layout.ADAPTER_DIR if cfg.lora.enabled else layout.MODEL_DIR)
-        model_setup.load_trained(model, names, ckpt_state.read_weights(weights_dir), str(weights_dir))
-        for rate, tag in zip(ema.rates, ema.tags):
-            saved = ckpt_state.read_weights(source / layout.EMA_DIR / tag)
-            ema.load(rate, model_setup.named_to_param_names(model, names, saved))
+        if ckpt_state.is_sharded(source) != sharded:
+            raise UserError(f"{source} was written {'with' if ckpt_state.is_sharded(source) else 'without'} "
+                            f"FSDP sharding; this stage runs {'with' if sharded else 'without'} it "
+                            f"(distributed.strategy={cfg.distributed.strategy}, world {d.world_size})")
         ts = ckpt_state.read_training_state(source, d.rank)
-        ckpt_state.load_optimizer_state(optimizer, names, ts["optimizer_tensors"], ts["optimizer_meta"])
+        if sharded:  # weights, EMA shadows and optimizer state, each rank its shards
+            fsdp.load_sharded(d, model, names, ema, optimizer, source / layout.DCP_DIR)
+            fsdp.check_restored(d, params, ts["progress"].get("weights_checksum"), source)
+        else:
+            weights_dir = source / (layout.ADAPTER_DIR if cfg.lora.enabled else layout.MODEL_DIR)
+            model_setup.load_trained(model, names, ckpt_state.read_weights(weights_dir), str(weights_dir))
+            for rate, tag in zip(ema.rates, ema.tags):
+                saved = ckpt_state.read_weights(source / layout.EMA_DIR / tag)
+                ema.load(rate, model_setup.named_to_param_names(model, names, saved))
+            ckpt_state.load_optimizer_state(optimizer, names, ts["optimizer_tensors"], ts["optimizer_meta"])
         scheduler.load_state_dict(ts["scheduler"])
         if ts["scaler"]:
             scaler.load_state_dict(ts["scaler"])
@@ -164,7 +179,7 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         expected = range(stage.start, stage.end + 1) if resume else [stage.start]
         if step not in expected:
             raise UserError(f"{source} ends at update {step}, but stage {stage.name} starts at {stage.start}")
-    if d.enabled:
+    if d.enabled and not sharded:
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[d.local_rank] if d.device.type == "cuda" else None
         )
@@ -191,28 +206,45 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     progress = Progress(stage.name, stage.start, stage.end, total, enabled=d.is_main)
     writer = ckpt_io.AsyncWriter(enabled=cfg.checkpoint.async_save)
     preempt = _Preemption()
-    raw_model = model.module if d.enabled else model
+    raw_model = model.module if d.enabled and not sharded else model
+    pid0 = distributed.gather_objects(d, os.getpid())[0]  # names the FSDP staging dir (rank 0 commits it)
 
     def snapshot(at_step: int) -> ckpt_state.Snapshot:
-        """CPU copies of all loop state after `at_step` updates (all ranks call this)."""
+        """CPU copies of all loop state after `at_step` updates (all ranks call this).
+
+        Under FSDP the sharded part (weights, EMA shadows, optimizer) is not
+        copied: all ranks write it here, into a staging dir the snapshot names.
+        """
         rngs = distributed.gather_objects(d, ckpt_state.capture_rng())
-        opt_tensors, opt_meta = ckpt_state.optimizer_state(optimizer, names)
+        staging, extra = None, {}
+        if sharded:
+            writer.wait()  # a previous write of the same step may still be moving its staging dir
+            staging = ckpt_io.staging_dir(layout.step_dir(scratch, at_step), layout.DCP_DIR, pid0)
+            fsdp.save_sharded(d, raw_model, names, ema, optimizer, staging)
+            weights, ema_state, (opt_tensors, opt_meta) = None, {}, (None, None)
+            extra = {"weights_checksum": fsdp.checksum(d, params)}
+        else:
+            weights = model_setup.trained_state(raw_model, names)
+            ema_state = {tag: model_setup.to_saved_keys(raw_model, ema.state(rate))
+                         for rate, tag in zip(ema.rates, ema.tags)}
+            opt_tensors, opt_meta = ckpt_state.optimizer_state(optimizer, names)
         return ckpt_state.Snapshot(
             step=at_step,
-            weights=model_setup.trained_state(raw_model, names),
+            weights=weights,
             peft_config=raw_model.peft_config["default"] if cfg.lora.enabled else None,
             model_config_json=None if cfg.lora.enabled else raw_model.config.to_json_string(),
-            ema={tag: model_setup.to_saved_keys(raw_model, ema.state(rate)) for rate, tag in zip(ema.rates, ema.tags)},
+            ema=ema_state,
             optimizer_tensors=opt_tensors,
             optimizer_meta=opt_meta,
             # the lambdas are code, rebuilt from the config; LambdaLR skips None entries on load
             scheduler={**scheduler.state_dict(), "lr_lambdas": [None] * len(optimizer.param_groups)},
             scaler=scaler.state_dict() if scaler.is_enabled() else {},
             progress={"step": at_step, "stage": stage.name, "samples_seen": at_step * cfg.optim.global_batch,
-                      "world_size": d.world_size, **counters},
+                      "world_size": d.world_size, **counters, **extra},
             rng=rngs,
             config_yaml=cfg_text,
             manifest_extra={"fingerprint": fingerprint, "stage": stage.name},
+            sharded_dir=staging,
         )
 
     def save(at_step: int, wait: bool = False) -> None:
@@ -235,7 +267,8 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             distributed.barrier(d)
 
     def quick_eval(reason: str) -> None:
-        if val_cache is None or not d.is_main:
+        # Rank 0 alone, but under FSDP every rank (each holds a shard the forward gathers).
+        if val_cache is None or not (d.is_main or sharded):
             return
         results = {}
         for rate, tag in zip(ema.rates, ema.tags):
@@ -245,11 +278,13 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
                     max_batches=cfg.eval.quick_batches)["loss"]
         results["raw"] = validation_loss(raw_model, val_cache, pad_id=pad_id, micro_batch=cfg.eval.micro_batch,
             device=d.device, autocast=precision.autocast, max_batches=cfg.eval.quick_batches)["loss"]
-        log.info("[%s] eval at update %d (%s): %s", stage.name, step, reason,
-                 ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+        if d.is_main:
+            log.info("[%s] eval at update %d (%s): %s", stage.name, step, reason,
+                     ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
         metrics.write({"step": step, "event": "eval", "reason": reason, **{f"val_{k}": v for k, v in results.items()}})
 
     # --- the loop ------------------------------------------------------------------
+    unchecked_restore = source  # checked once, on the first update after a restore
     model.train()
     while step < stage.end:
         t0 = time.perf_counter()
@@ -267,23 +302,35 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             tokens += int(batch["attention_mask"].sum())
             # DDP all-reduces gradients on every backward unless told not to:
             # only the last micro-batch of the update needs to synchronize.
+            # (FSDP2: the same, as a flag on the model instead of a context.)
             sync = i == accum - 1
-            with (model.no_sync() if d.enabled and not sync else nullcontext()):
+            if sharded:
+                sync_ctx = fsdp.gradient_sync(model, sync)
+            else:
+                sync_ctx = model.no_sync() if d.enabled and not sync else nullcontext()
+            with sync_ctx:
                 with precision.autocast():
                     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 mb_loss = token_loss_sum(logits, batch["labels"])
                 # Normalize by the supervised tokens of the whole global batch (not
                 # the micro-batch): the gradient is then independent of how the
-                # batch is split over micro-batches and ranks. DDP averages over
-                # ranks, hence the world_size factor.
+                # batch is split over micro-batches and ranks. DDP (and FSDP's
+                # reduce-scatter) averages over ranks, hence the world_size factor.
                 scaler.scale(mb_loss * (d.world_size / max(n_sup, 1))).backward()
             loss_sum += mb_loss.detach()
         if step in fault.nan_grad_steps:
             params[0].grad.fill_(float("nan"))
+        if step in fault.zero_grad_steps:
+            torch._foreach_zero_([p.grad for p in params if p.grad is not None])
 
         # --- update (skipped when the gradient is not finite) --------------------
         scaler.unscale_(optimizer)
+        # Under FSDP the grads are DTensor shards and the norm is the full, cross-shard one.
         grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf)
+        grad_norm = fsdp.replicated(grad_norm)
+        if unchecked_restore is not None:  # first update after a restore: do gradients reach the weights?
+            check_gradients_flow(named, float(grad_norm), str(unchecked_restore), log_it=d.is_main)
+            unchecked_restore = None
         finite = bool(torch.isfinite(grad_norm))
         if finite:
             scaler.step(optimizer)

@@ -1,0 +1,167 @@
+"""FSDP2 (distributed.strategy=fsdp) on 2 gloo ranks: chunked, killed and resumed runs compute
+exactly what one run computes, and the final sharded checkpoint consolidates to HF dirs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trainkit import make_run, stage_names, step_losses
+
+from pipeline import cli, layout
+
+pytestmark = pytest.mark.distributed
+
+TOTAL = 9  # pilot 2 + chunk01 3 + chunk02 3 + tail 1 at fraction 0.25
+FSDP = ["distributed=fsdp"]
+
+
+def dcp_contents(ckpt) -> dict:
+    """Every entry of `<ckpt>/dcp/`, unsharded, flattened: model.*, ema.<tag>.*, optim.state.*, optim.param_groups."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = ckpt.parent / f"{ckpt.parent.name}-dcp.pt"
+    dcp_to_torch_save(ckpt / layout.DCP_DIR, out)
+    nested = torch.load(out, weights_only=False)
+    out.unlink()
+    flat = {f"model.{k}": v for k, v in nested["model"].items()}
+    flat.update({f"ema.{tag}.{k}": v for tag, sd in nested["ema"].items() for k, v in sd.items()})
+    flat.update({f"optim.state.{p}.{k}": v for p, st in nested["optim"]["state"].items() for k, v in st.items()})
+    flat["optim.param_groups"] = nested["optim"]["param_groups"]
+    return flat
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for key in a:
+        if torch.is_tensor(a[key]):
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        else:
+            assert a[key] == b[key], key
+
+
+def load_dir_tensors(root) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(root.glob("*.safetensors")) for k, v in load_file(str(f)).items()}
+
+
+def chain_logged(run, names: list[str]) -> dict[str, str]:
+    """Run the stages in order on 2 ranks; returns each stage's stderr."""
+    logs, prev = {}, None
+    for name in names:
+        logs[name] = run.train(name, prev, nproc=2).stderr
+        prev = name
+    return logs
+
+
+@pytest.fixture(scope="module")
+def lora_reference(tiny, tmp_path_factory):
+    """One uninterrupted 2-rank FSDP run over all updates."""
+    run = make_run(tmp_path_factory.mktemp("fsdp_reference"), tiny, total=TOTAL, fraction=0.25,
+                   overrides=FSDP, single_stage=True)
+    run.train("all", nproc=2)
+    return run
+
+
+def _final(run, stage="all"):
+    return run.stage_dir(stage) / layout.STAGE_CHECKPOINT
+
+
+def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=FSDP)
+    names = stage_names(run)
+    assert names == ["pilot", "chunk01", "chunk02", "tail"]
+    logs = chain_logged(run, names)
+    ckpt = _final(run, "tail")
+    # sharded layout: dcp/ replaces adapter/, ema/ and the optimizer files; the MANIFEST covers the shards
+    assert not (ckpt / layout.ADAPTER_DIR).exists() and not (ckpt / layout.EMA_DIR).exists()
+    assert (ckpt / layout.DCP_DIR / layout.PEFT_CONFIG).is_file()
+    files = json.loads((ckpt / layout.MANIFEST_FILE).read_text())["files"]
+    assert {"dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/adapter_config.json",
+            "training_state/rng_rank001.json", "training_state/scheduler.json"} <= set(files)
+    # adapter, both EMA shadows, AdamW moments and steps, param groups: bit for bit
+    got = dcp_contents(ckpt)
+    assert sum(k.startswith("ema.0.99.") for k in got) == 28 and sum(k.endswith(".exp_avg_sq") for k in got) == 28
+    assert_bitwise_equal(got, dcp_contents(_final(lora_reference)))
+    assert step_losses([run.stage_dir(s) for s in names]) == step_losses([lora_reference.stage_dir("all")])
+    # every restore is followed by the gradient check, and both LoRA halves get a gradient
+    for name in names[1:]:
+        line = next(x for x in logs[name].splitlines() if "gradient check after restoring" in x)
+        halves = dict(part.split() for part in line.split("(")[-1].rstrip(")").split(", "))
+        assert float(halves["lora_A"]) > 0 and float(halves["lora_B"]) > 0, line
+
+
+def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference):
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=FSDP, single_stage=True)
+    scratch = run.scratch("all")
+    # rank 0 is SIGKILLed after the checkpoint of update 4 wrote its files, before its MANIFEST
+    proc = run.train("all", nproc=2, faults={"sigkill_in_save_at": 4}, check=False)
+    assert proc.returncode != 0
+    partial = [p for p in scratch.iterdir() if p.name.startswith("step_000004.tmp-")]
+    assert partial and not any((p / layout.MANIFEST_FILE).exists() for p in partial)
+    proc = run.train("all", nproc=2)
+    assert "start from " + str(scratch / "step_000002") in proc.stdout
+    assert_bitwise_equal(dcp_contents(_final(run)), dcp_contents(_final(lora_reference)))
+    assert step_losses([run.stage_dir("all")]) == step_losses([lora_reference.stage_dir("all")])
+
+
+def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_path, lora_reference):
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    ckpt = _final(lora_reference)
+    gathered = dcp_contents(ckpt)
+    rc = cli.main(["consolidate", "--checkpoint", str(ckpt), "--base", str(tiny["model"]), "--models", "both",
+                   "--out-adapter", str(tmp_path / "adapter"), "--out-adapter-ema", str(tmp_path / "ema"),
+                   "--ema-rate", "0.99"])
+    assert rc == 0
+    for out, prefix in [(tmp_path / "adapter", "model."), (tmp_path / "ema", "ema.0.99.")]:
+        produced = load_file(str(out / layout.PEFT_WEIGHTS))
+        expected = {k[len(prefix):]: v for k, v in gathered.items() if k.startswith(prefix)}
+        assert len(produced) == 28 and set(produced) == set(expected)
+        assert all(torch.equal(produced[k], expected[k]) for k in expected), out
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny["model"]), tmp_path / "adapter")
+    assert torch.isfinite(model(input_ids=torch.arange(12).reshape(2, 6)).logits).all()
+
+    # The same run under DDP (same ranks, so the same data split and dropout streams): not
+    # bitwise (other reduction order), but close.
+    ddp = make_run(tmp_path / "ddp", tiny, total=TOTAL, fraction=0.25, single_stage=True)
+    ddp.train("all", nproc=2)
+    # (This also shows that the sharded EMA and optimizer state track the weights.)
+    for fsdp_dir, ddp_dir in [("adapter", layout.ADAPTER_DIR), ("ema", f"{layout.EMA_DIR}/0.99")]:
+        unsharded = load_file(str(_final(ddp) / ddp_dir / layout.PEFT_WEIGHTS))
+        produced = load_file(str(tmp_path / fsdp_dir / layout.PEFT_WEIGHTS))
+        assert max(float((produced[k] - unsharded[k]).abs().max()) for k in unsharded) < 1e-5, fsdp_dir
+    ddp_optim = load_file(str(_final(ddp) / layout.TRAINING_STATE_DIR / layout.OPTIMIZER_TENSORS))
+    for key, value in ddp_optim.items():
+        name, sub = key.rsplit("::", 1)
+        assert torch.allclose(gathered[f"optim.state.{name}.{sub}"], value, rtol=1e-3, atol=1e-8), key
+    a = [loss for _, loss in step_losses([ddp.stage_dir("all")])]
+    b = [loss for _, loss in step_losses([lora_reference.stage_dir("all")])]
+    assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_path):
+    kw = dict(total=6, fraction=0.34, chunks=2, overrides=["lora=full", *FSDP])
+    chunked = make_run(tmp_path / "chunked", tiny, **kw)
+    names = stage_names(chunked)
+    chain_logged(chunked, names)
+    one = make_run(tmp_path / "one", tiny, **kw, single_stage=True)
+    one.train("all", nproc=2)
+    got = dcp_contents(_final(chunked, names[-1]))
+    assert not (_final(one) / layout.DCP_DIR / layout.PEFT_CONFIG).exists()  # no adapter config: full FT
+    assert "model.model.embed_tokens.weight" in got and "ema.0.9.model.layers.1.mlp.up_proj.weight" in got
+    assert_bitwise_equal(got, dcp_contents(_final(one)))
+    assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
+
+    rc = cli.main(["consolidate", "--checkpoint", str(_final(one)), "--base", str(tiny["model"]),
+                   "--out-model", str(tmp_path / "model"), "--out-model-ema", str(tmp_path / "ema"),
+                   "--ema-rate", "0.9"])
+    assert rc == 0
+    for out, prefix in [(tmp_path / "model", "model."), (tmp_path / "ema", "ema.0.9.")]:
+        produced = load_dir_tensors(out)
+        assert set(produced) == set(load_dir_tensors(tiny["model"]))
+        assert all(torch.equal(v, got[prefix + k]) for k, v in produced.items()), out
