@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from pipeline import layout
-from pipeline.checkpoint import state as ckpt_state
+from pipeline.export.checkpoint import open_checkpoint
 from pipeline.errors import UserError
 
 EXIT = layout.EXIT_GATE
@@ -45,8 +45,8 @@ def run_checks(pilot_dir: Path, plan: dict) -> dict:
     first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
     checks["loss_falling"] = {"ok": last < first, "first_third_mean": first, "last_third_mean": last,
                               "detail": f"mean loss {first:.4f} (first third) -> {last:.4f} (last third)"}
-    weights = ckpt_state.read_weights(_weights_dir(pilot_dir / layout.STAGE_CHECKPOINT))
-    lora_b = [t for k, t in weights.items() if "lora_B" in k]
+    main = open_checkpoint(pilot_dir / layout.STAGE_CHECKPOINT).main  # HF dirs or FSDP shards
+    lora_b = [t for _, t in main.fetch(sorted(k for k in main.specs if "lora_B" in k))]
     moved = any(float(t.abs().max()) > 0 for t in lora_b) if lora_b else True
     norms = [r["grad_norm"] for r in rows if math.isfinite(r.get("grad_norm", math.nan))]
     grads = bool(norms) and max(norms) > 0
@@ -70,11 +70,6 @@ def run_checks(pilot_dir: Path, plan: dict) -> dict:
         "remaining_updates": remaining,
         "eta_seconds": eta,
     }
-
-
-def _weights_dir(ckpt: Path) -> Path:
-    adapter = ckpt / layout.ADAPTER_DIR
-    return adapter if adapter.is_dir() else ckpt / layout.MODEL_DIR
 
 
 def main(argv: list[str]) -> int:

@@ -24,9 +24,9 @@ import torch
 from pipeline import config as train_config
 from pipeline import layout
 from pipeline.checkpoint import io as ckpt_io
-from pipeline.checkpoint import state as ckpt_state
 from pipeline.errors import UserError
 from pipeline.evaluate.metrics import exact_match, validation_loss
+from pipeline.export.checkpoint import open_checkpoint
 from pipeline.train import precision as prec
 from pipeline.train import model as model_setup
 
@@ -86,11 +86,12 @@ def evaluate(args) -> dict:
         names = [n for n, _ in model_setup.trainable(model)]
         progress = json.loads((args.checkpoint / layout.TRAINING_STATE_DIR / layout.PROGRESS_FILE).read_text())
         result["step"] = progress["step"]
-        weights_dir = layout.ADAPTER_DIR if cfg.lora.enabled else layout.MODEL_DIR
-        sets = [("raw", args.checkpoint / weights_dir)]
-        sets += [(f"ema_{tag}", args.checkpoint / layout.EMA_DIR / tag) for tag in ckpt_state.ema_tags(args.checkpoint)]
-        for name, path in sets:
-            model_setup.load_trained(model, names, ckpt_state.read_weights(path), str(path))
+        # HF dirs (adapter/ or model/, ema/<tag>/) or, from an FSDP run, the DCP shards (dcp/), unsharded here.
+        ckpt = open_checkpoint(args.checkpoint)
+        sets = [("raw", ckpt.main)] + [(f"ema_{tag}", weights) for tag, weights in ckpt.ema.items()]
+        for name, weights in sets:
+            tensors = dict(weights.fetch(sorted(weights.specs)))
+            model_setup.load_trained(model, names, tensors, f"{args.checkpoint} ({weights.label})")
             row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
             result["rows"].append({"weights": name, **row})
             log.info("%s %s: %s", args.stage, name, {k: v for k, v in row.items() if k != "samples"})

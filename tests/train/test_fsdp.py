@@ -143,6 +143,20 @@ def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_pa
     b = [loss for _, loss in step_losses([lora_reference.stage_dir("all")])]
     assert a == pytest.approx(b, rel=1e-5)
 
+    # The workflow's readers of a stage checkpoint take the sharded one too: evaluation, pilot gate.
+    losses = {}
+    for name, r in [("fsdp", lora_reference), ("ddp", ddp)]:
+        assert cli.main(["evaluate", "--checkpoint", str(_final(r)), "--stage", "all",
+                         "--out", str(tmp_path / f"eval_{name}.json")]) == 0
+        rows = json.loads((tmp_path / f"eval_{name}.json").read_text())["rows"]
+        losses[name] = {row["weights"]: row["loss"] for row in rows}
+    assert list(losses["fsdp"]) == ["raw", "ema_0.9", "ema_0.99"]
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-5)
+    from pipeline.evaluate.gate import run_checks
+
+    gate = run_checks(lora_reference.stage_dir("all"), json.loads(lora_reference.plan.read_text()))
+    assert gate["checks"]["grads_flowing"]["ok"]
+
 
 def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_path):
     kw = dict(total=6, fraction=0.34, chunks=2, overrides=["lora=full", *FSDP])
