@@ -1,0 +1,204 @@
+"""Shared by the training benchmarks: the machine, the versions, the default run, result files.
+
+Every benchmark writes two files under bench/results/: `<name>.md` (the full
+table, for people) and `<name>.json` (the figures, the command, the machine,
+the date and the library versions, for `bench/run_all.py`, which builds
+bench/RESULTS.md from them).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+# --- where and with what a figure was measured ----------------------------------------------------
+
+
+def machine() -> dict:
+    """Cores, CPU model, memory, GPU and the load average now (other jobs share the cores)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")).split()[1])
+        mem_gib = round(kb / 2**20, 1)
+    except (OSError, StopIteration, ValueError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            gpu = f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    except ImportError:
+        pass
+    return {"cores": cores, "cpu": cpu, "memory_gib": mem_gib, "gpu": gpu,
+            "os": f"{platform.system()} {platform.release()}", "load_average": load_average()}
+
+
+def load_average() -> list[float] | None:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def machine_text(m: dict) -> str:
+    load = m.get("load_average")
+    load_text = f"; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} (1/5/15 min) at start" if load else ""
+    return (f"{m['cores']} CPU cores ({m['cpu']}), {m['memory_gib']} GiB RAM, "
+            f"{'GPU ' + m['gpu'] if m.get('gpu') else 'no GPU'}, {m['os']}{load_text}")
+
+
+def versions(*names: str) -> dict[str, str]:
+    """Versions of python and the named packages that are installed."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in names:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def versions_text(v: dict[str, str]) -> str:
+    return ", ".join(f"{k} {val}" for k, val in v.items())
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "pipeline"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return out.stdout.strip() + (" (pipeline/ modified)" if dirty else "") if out.returncode == 0 else None
+    except OSError:
+        return None
+
+
+def command_line(script: str) -> str:
+    """The command that reproduces this run, from the repository root."""
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, REPO), *sys.argv[1:]])
+
+
+def today() -> str:
+    return datetime.date.today().isoformat()
+
+
+# --- numbers ------------------------------------------------------------------------------------
+
+
+def median(xs) -> float:
+    xs = list(xs)
+    return statistics.median(xs) if xs else float("nan")
+
+
+def spread(xs) -> str:
+    """'min..max' of a list, for tables that show how noisy the repeats were."""
+    xs = list(xs)
+    return f"{min(xs):,.0f}..{max(xs):,.0f}" if xs else ""
+
+
+# --- the embedded default, built fresh ------------------------------------------------------------
+
+
+def build_default(root: Path, *, max_length: int = 128) -> dict:
+    """The embedded default model (architecture of `prepare_base`, random init) and its token caches.
+
+    Throughput does not depend on the weights' values, so the 25 s pre-training
+    of `prepare_base` is skipped; the architecture, tokenizer, dataset and
+    max_length are the workflow's.
+    """
+    from pipeline import demo
+    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
+
+    root = Path(root)
+    tok = demo.build_tokenizer()
+    model = demo.build_model(tok, seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    paths = demo.build_dataset(root / "data")
+    tokenizer = load_tokenizer(root / "model")
+    fp = tokenizer_fingerprint(root / "model")
+    for split in ("train", "val"):
+        tokenize_file(paths[split], tokenizer, out_path=root / f"{split}.safetensors", max_length=max_length,
+                      too_long="error", fingerprint=fp, split=split)
+    return {"model": root / "model", "train": root / "train.safetensors", "val": root / "val.safetensors"}
+
+
+def workflow_overrides() -> list[str]:
+    """`train.overrides` of config/config.yaml: the trainer settings of the default run."""
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return list(cfg["train"]["overrides"])
+
+
+def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fraction: float = 0.05,
+             chunks: int = 2, single_stage: bool = False) -> dict:
+    """plan.json + train_config.yaml through `python -m pipeline plan` (in process).
+
+    `single_stage` replaces the plan's stages by one stage `all` over every
+    update (what one uninterrupted process computes).
+    """
+    from pipeline import schedule
+
+    root.mkdir(parents=True, exist_ok=True)
+    if single_stage:  # any valid split: the stages are replaced below
+        fraction, chunks = 0.5, 1
+    base = [f"model.path={default['model']}", f"data.train={default['train']}", f"data.val={default['val']}"]
+    args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
+            "--train-config-dir", str(REPO / "config" / "train"),
+            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
+    for o in [*base, *overrides]:
+        args += ["--override", o]
+    from contextlib import redirect_stdout
+    import io
+
+    with redirect_stdout(io.StringIO()):
+        assert schedule.main(args) == 0
+    plan = json.loads((root / "plan.json").read_text())
+    if single_stage:
+        plan["stages"] = [{"name": "all", "start": 0, "end": total}]
+        (root / "plan.json").write_text(json.dumps(plan))
+    return {"plan": root / "plan.json", "config": root / "train_config.yaml",
+            "stages": [s["name"] for s in plan["stages"]]}
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env.pop("SFT_FAULTS", None)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+# --- result files ---------------------------------------------------------------------------------
+
+
+def write_results(name: str, md_lines: list[str], data: dict, out_dir: Path = RESULTS) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.md").write_text("\n".join(md_lines).rstrip() + "\n")
+    (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print("\n".join(md_lines))
+    print(f"\nwrote {out_dir / (name + '.md')} and {name}.json", file=sys.stderr)

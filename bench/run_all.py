@@ -1,0 +1,202 @@
+"""Run the benchmarks and (re)write bench/RESULTS.md, the one table of every figure.
+
+    python bench/run_all.py                  # train, checkpoint, stages, gpu (~15 min on 2 cores), then RESULTS.md
+    python bench/run_all.py --run all        # also data and merge (+ ~3 min, and a 2 GB model on disk)
+    python bench/run_all.py --run none       # only rebuild RESULTS.md from bench/results/
+    python bench/run_all.py --run train,gpu
+
+Each benchmark writes bench/results/<name>.md (its full table) and, except the
+older data and merge benchmarks, <name>.json (figures, command, machine, date,
+versions), which this script reads; data.md and merge.md are parsed, and their
+date is the date of their last commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+BENCHES = {  # name -> script (default arguments)
+    "train": "bench_train.py",
+    "checkpoint": "bench_checkpoint.py",
+    "stages": "bench_stages.py",
+    "gpu": "bench_gpu.py",
+    "data": "bench_data.py",
+    "merge": "bench_merge.py",
+}
+DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu"]
+
+
+def _load(name: str) -> dict | None:
+    path = C.RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _committed_date(path: Path) -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=C.REPO,
+                         capture_output=True, text=True).stdout.strip()
+    return out or "uncommitted"
+
+
+def _parse_md(name: str) -> dict | None:
+    """Command, machine line and table rows (first cell -> cells) of data.md / merge.md."""
+    path = C.RESULTS / f"{name}.md"
+    if not path.is_file():
+        return None
+    text = path.read_text()
+    command = re.search(r"Command: `([^`]+)`", text)
+    machine = re.search(r"^Machine: (.+)$", text, re.M)
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) > 1 and not set(cells[0]) <= set("-: "):
+            rows[cells[0]] = cells[1:]
+    return {"command": command.group(1) if command else "?", "machine": machine.group(1) if machine else "?",
+            "rows": rows, "date": _committed_date(path), "text": text}
+
+
+def _row(rows: dict, prefix: str) -> list[str]:
+    for key, cells in rows.items():
+        if key.startswith(prefix):
+            return cells
+    raise KeyError(prefix)
+
+
+def build_results() -> str:
+    train, ckpt, stages, gpu = (_load(n) for n in ("train", "checkpoint", "stages", "gpu"))
+    data, merge = _parse_md("data"), _parse_md("merge")
+    table: list[tuple] = []  # (figure, value, goal, source)
+    sources: list[tuple[str, dict]] = []
+
+    def src(key: str, d: dict) -> str:
+        if key not in [k for k, _ in sources]:
+            sources.append((key, d))
+        return f"[{key}]"
+
+    if train:
+        f, s = train["figures"], src("train", train)
+        t = f["tokens_per_s"]
+        table += [
+            ("tokens/s, ours with EMA (2 rates) / TRL SFTTrainer + equivalent EMA callback",
+             f"{t['ours+ema']:,.0f} / {t['trl+ema']:,.0f}", "", s),
+            ("tokens/s, ours / TRL SFTTrainer, both without EMA", f"{t['ours']:,.0f} / {t['trl']:,.0f}", "", s),
+            ("**tokens/s ratio ours / TRL**, both with EMA", f"**{f['ratio_ema']:.2f}** (CPU-time clock "
+             f"{f['ratio_ema_cpu']:.2f})", ">= 1.0", s),
+            ("**tokens/s ratio ours / TRL**, both without EMA", f"**{f['ratio_no_ema']:.2f}** (CPU-time clock "
+             f"{f['ratio_no_ema_cpu']:.2f})", ">= 1.0", s),
+            ("tokens/s ratio ours with EMA / TRL without EMA",
+             f"{t['ours+ema'] / t['trl']:.2f}", "", s),
+            (f"**EMA overhead**, {len(f['ema_rates'])} rates {f['ema_rates']}, % of step time (same run as the ratios)",
+             f"**{f['ema_overhead_pct']:.2f}%** ({f['ema_update_us']:.0f} us per update; A/B between runs "
+             f"{f['ema_overhead_ab_pct']:+.1f}%, noise)", "<= 2%", s),
+        ]
+    if ckpt:
+        f, s = ckpt["figures"], src("checkpoint", ckpt)
+        table += [
+            ("checkpoint save, loop stall per save: sync / async (default)",
+             f"{f['sync']['stall_ms']:.0f} ms / {f['async']['stall_ms']:.0f} ms "
+             f"(= {f['sync']['stall_steps']:.2f} / {f['async']['stall_steps']:.2f} updates of {f['step_ms']:.0f} ms)",
+             "", s),
+            ("checkpoint save, added wall time per save (A/B): sync / async",
+             f"{f['sync']['added_wall_ms']:+.0f} ms / {f['async']['added_wall_ms']:+.0f} ms "
+             f"({f['checkpoint_mb']:.2f} MiB checkpoint)", "", s),
+        ]
+    if stages:
+        f, s = stages["figures"], src("stages", stages)
+        n = stages["settings"]["total"]
+        table += [
+            ("fixed cost of one stage (process start, imports, model load, restore, final save, exit)",
+             f"{f['stage_fixed_s']:.1f} s", "", s),
+            (f"{n} updates: chunked (pilot + 2 chunks + tail) / one process, wall time",
+             f"{f['chunked_wall_s']:.1f} s / {f['one_wall_s']:.1f} s = {f['chunked_over_one']:.2f}x; results "
+             f"{'bit-identical' if f['identical'] else 'DIFFER'}", "", s),
+        ]
+    if merge:
+        s = src("merge", {"command": merge["command"], "machine_text": merge["machine"], "date": merge["date"]})
+        ours, peft = _row(merge["rows"], "ours"), _row(merge["rows"], "peft")
+        table += [
+            ("LoRA merge of a 1.9 GB fp16 model, peak RSS: ours (streaming) / peft merge_and_unload",
+             f"{ours[0]} / {peft[0]}", "<= 0.3x peft", s),
+            ("LoRA merge, wall time: ours / peft", f"{ours[2]} / {peft[2]}", "<= 1.0x peft", s),
+        ]
+    if data:
+        s = src("data", {"command": data["command"], "machine_text": data["machine"], "date": data["date"]})
+        val, tok = _row(data["rows"], "validate ("), _row(data["rows"], "tokenize")
+        table += [
+            (f"dataset validation ({val[0]} records), records/s / tokens/s", f"{val[2]} / {val[3]}", "", s),
+            (f"tokenization + cache ({tok[0]} records), records/s / tokens/s", f"{tok[2]} / {tok[3]}", "", s),
+        ]
+    if gpu:
+        s = src("gpu", gpu)
+        if gpu.get("status") == "measured":
+            f = gpu["figures"]
+            table += [("GPU: tokens/s, LoRA bf16, ~0.4B Llama-style", f"{f['tokens_per_s']:,.0f} on {f['gpu']}", "", s),
+                      ("GPU: MFU (6N + 12LdT) / HFU (4N + 12LdT)", f"{100 * f['mfu']:.1f}% / {100 * f['hfu']:.1f}%",
+                       ">= 40% on H100", s)]
+        else:
+            table += [("GPU: tokens/s, LoRA bf16, ~0.4B Llama-style", gpu["status"], "", s),
+                      ("GPU: MFU", gpu["status"], ">= 40% on H100", s)]
+
+    lines = [
+        "# Benchmark results",
+        "",
+        "Every figure, with where it comes from. Regenerate with `python bench/run_all.py` (see bench/README.md); "
+        "each source's full table, with how it was measured, is in bench/results/<name>.md.",
+        "",
+        "| figure | value | goal | source |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in table]
+    lines += ["", "Sources (command from the repository root; machine; date; versions):", ""]
+    for key, d in sources:
+        machine = d.get("machine_text") or C.machine_text(d["machine"])
+        versions = f"; {C.versions_text(d['versions'])}" if d.get("versions") else ""
+        extra = ""
+        if d.get("load_during"):
+            extra = f"; load average during the runs {d['load_during'][0]:.1f}..{d['load_during'][1]:.1f}"
+        if d.get("trainer_commit"):
+            extra += f"; trainer at commit {d['trainer_commit']}"
+        lines.append(f"- [{key}] `{d['command']}` — {d['date']}; {machine}{versions}{extra}. "
+                     f"Details: [results/{key}.md](results/{key}.md).")
+    lines += [
+        "",
+        "Notes:",
+        "",
+        "- The CPU figures come from a 2-core machine shared with other jobs (see the load averages): "
+        "configurations were interleaved and rotated and the figures are medians, but a few % of noise remains. "
+        "The throughput table also gives the process CPU-time clock, which other jobs disturb less.",
+        "- The throughput ratios and the EMA overhead come from the same `bench_train.py` run: the EMA overhead is "
+        "each `EMA.update` call timed inside the runs that give our tokens/s.",
+        "- Merge and data figures were measured earlier by bench_merge.py and bench_data.py and are copied from "
+        "their result files (date = last commit of the file).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default=",".join(DEFAULT_RUN),
+                    help=f"comma-separated benchmarks to run first ({', '.join(BENCHES)}), 'all' or 'none'")
+    args = ap.parse_args()
+    names = {"all": list(BENCHES), "none": []}.get(args.run, [n for n in args.run.split(",") if n])
+    unknown = [n for n in names if n not in BENCHES]
+    if unknown:
+        sys.exit(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
+    for name in names:
+        script = C.REPO / "bench" / BENCHES[name]
+        print(f"== {name}: python {script.relative_to(C.REPO)}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, str(script)], cwd=C.REPO, check=True)
+    out = C.REPO / "bench" / "RESULTS.md"
+    out.write_text(build_results())
+    print(f"wrote {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
