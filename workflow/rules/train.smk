@@ -41,7 +41,7 @@ rule train_stage:
         scratch=lambda wc: f"{WORK}/{wc.stage}",
         init=init_flag,
         nproc=nproc,
-    threads: max(1, workflow.cores - 1)  # leave a core to the evaluation of the previous stage
+    threads: train_threads()
     shell:
         # --standalone: single-node rendezvous on a free port. Multi-node: see README.
         # exec: SLURM / Snakemake signals (TERM, USR1) reach torchrun itself, which

@@ -1,0 +1,199 @@
+"""Fixtures for tests that run Snakemake against a real single-host SLURM.
+
+``slurm_cluster`` (session scope) runs ``tests/slurm/cluster.sh start`` once,
+which installs slurm-wlm + munge if needed, writes /etc/slurm/slurm.conf and
+starts munged, slurmctld and slurmd; ``cluster.sh stop`` runs at the end of
+the session (set ``SLURM_TEST_KEEP_CLUSTER=1`` to leave it running).
+
+``SLURM_TEST_FAKE_GPUS=N`` (read by cluster.sh) declares N fake GPUs so that
+rules asking ``gpu=N`` are accepted by sbatch (CUDA_VISIBLE_DEVICES is set,
+no real device behind it). The fixture declares 1 unless told otherwise: the
+pipeline's training and evaluation rules ask for ``gpu=1``.
+
+The tests are skipped when the machine cannot host the cluster (not root, or
+SLURM is missing and there is no apt-get).  Under CI (``CI=true``) those cases
+fail instead, so a misconfigured runner cannot silently skip the SLURM suite.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+CLUSTER_SH = HERE / "cluster.sh"
+PROFILE_DIR = HERE / "profile"
+PARTITION = "debug"
+
+_SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "munged")
+# apt-get install of slurm-wlm takes well under a minute with a warm mirror;
+# leave room for a slow one.
+_START_TIMEOUT_S = int(os.environ.get("SLURM_TEST_SETUP_TIMEOUT", "900"))
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _skip_or_fail(reason: str) -> None:
+    if _in_ci():
+        pytest.fail(f"SLURM tests cannot run under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment without inherited SLURM_*/SBATCH_*/SRUN_* job variables.
+
+    The SLURM_TEST_* knobs of cluster.sh (e.g. SLURM_TEST_FAKE_GPUS) are kept.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith("SLURM_TEST_")
+        or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
+    }
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if extra:
+        env.update(extra)
+    return env
+
+
+@dataclass
+class SnakemakeRun:
+    returncode: int
+    stdout: str
+    seconds: float
+    cmd: list[str]
+
+    def check(self) -> "SnakemakeRun":
+        assert self.returncode == 0, (
+            f"snakemake failed (rc={self.returncode}) after {self.seconds:.1f}s\n"
+            f"cmd: {' '.join(self.cmd)}\n{self.stdout[-6000:]}"
+        )
+        return self
+
+
+@dataclass
+class SlurmCluster:
+    """Handle on the running test cluster."""
+
+    script: Path
+    profile: Path
+    partition: str
+    hostname: str
+    fake_gpus: int
+
+    def snakemake(
+        self,
+        workdir: Path,
+        *args: str,
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+    ) -> SnakemakeRun:
+        """Run ``python -m snakemake --profile <test profile> *args`` in workdir.
+
+        Uses the interpreter running pytest, the same one the plugin uses
+        inside the jobs (``sys.executable -m snakemake``).  stderr is merged
+        into stdout.  Pass ``--workflow-profile <dir>`` yourself when workdir
+        is not the repository root.
+        """
+        cmd = self.snakemake_cmd(*args)
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            cmd,
+            cwd=workdir,
+            env=clean_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        return SnakemakeRun(proc.returncode, proc.stdout, time.monotonic() - t0, cmd)
+
+    def snakemake_cmd(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "snakemake", "--profile", str(self.profile), *args]
+
+    def start_snakemake(
+        self, workdir: Path, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """Like snakemake() but returns the running Popen (stdout+stderr piped),
+        for tests that act on the SLURM jobs while the workflow runs."""
+        return subprocess.Popen(
+            self.snakemake_cmd(*args),
+            cwd=workdir,
+            env=clean_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def squeue(self) -> str:
+        """All jobs slurmctld still remembers (MinJobAge), as 'id|state|name'."""
+        return subprocess.run(
+            ["squeue", "--states=all", "--noheader", "--format=%i|%T|%j"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+
+FAKE_GPUS = int(os.environ.get("SLURM_TEST_FAKE_GPUS") or 1)
+
+
+def _run_cluster_sh(action: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(CLUSTER_SH), action],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+        env=clean_env({"SLURM_TEST_FAKE_GPUS": str(FAKE_GPUS)}),
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Start the single-host SLURM cluster for the session; stop it afterwards."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        _skip_or_fail("the local SLURM cluster needs root (tests/slurm/cluster.sh)")
+    have_slurm = all(shutil.which(b) for b in _SLURM_BINARIES)
+    if not have_slurm and shutil.which("apt-get") is None:
+        _skip_or_fail("SLURM is not installed and apt-get is unavailable to install it")
+
+    try:
+        proc = _run_cluster_sh("start", _START_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"cluster.sh start did not finish within {_START_TIMEOUT_S}s:\n"
+            f"{exc.stdout or ''}",
+            pytrace=False,
+        )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"cluster.sh start failed (rc={proc.returncode}):\n{proc.stdout}",
+            pytrace=False,
+        )
+
+    hostname = subprocess.run(
+        ["hostname", "-s"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        yield SlurmCluster(
+            script=CLUSTER_SH,
+            profile=PROFILE_DIR,
+            partition=PARTITION,
+            hostname=hostname,
+            fake_gpus=FAKE_GPUS,
+        )
+    finally:
+        if os.environ.get("SLURM_TEST_KEEP_CLUSTER", "") not in {"1", "true", "yes"}:
+            stop = _run_cluster_sh("stop", 180)
+            if stop.returncode != 0:
+                print(f"cluster.sh stop failed:\n{stop.stdout}", file=sys.stderr)

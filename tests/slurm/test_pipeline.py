@@ -1,0 +1,220 @@
+"""The default pipeline on the real local SLURM (tests/slurm/cluster.sh), as users run it.
+
+- the whole DAG through `snakemake --profile <test profile>` gives the local run's adapter;
+- a training job that gets SIGUSR1 mid-stage saves, fails, is resubmitted by
+  `--retries`, resumes from its checkpoint and ends with the same adapter;
+- a failure injected in chunk02 leaves pilot and chunk01 alone, and a plain
+  `snakemake --cores all` afterwards runs exactly chunk02 and what follows;
+- the example cluster profile, installed as the user's `slurm` profile as its
+  README says, asks SLURM for GPUs for the training rules.
+
+The cluster has one (fake) GPU, so the rules' `gpu=1` requests are honoured and
+jobs that need it run one at a time; the machine has 2 CPUs, so the workflow
+profile's CPU and memory requests are capped to what the node has.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from runkit import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
+
+pytestmark = pytest.mark.slurm
+
+RUN = "results/demo"
+# What the test node can give one job (2 CPUs, ~22 GB; tests/slurm/cluster.sh).
+NODE_CPUS, JOB_MEM_MB = 2, 6000
+
+
+def _fit_workflow_profile(workdir: Path) -> None:
+    """Cap the copied workflow profile's per-rule CPUs/memory to the test node, keep the rest.
+
+    (A `--set-resources` on the command line would replace the profile's whole
+    set-resources, GPU requests and runtimes included.)
+    """
+    path = workdir / "profiles/default/config.yaml"
+    profile = yaml.safe_load(path.read_text())
+    for resources in profile["set-resources"].values():
+        if "cpus_per_task" in resources:
+            resources["cpus_per_task"] = min(int(resources["cpus_per_task"]), NODE_CPUS)
+        if "mem_mb" in resources:
+            resources["mem_mb"] = min(int(resources["mem_mb"]), JOB_MEM_MB)
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+
+
+def _slurm_workdir(dest: Path) -> Path:
+    workdir = copy_workflow(dest)
+    _fit_workflow_profile(workdir)
+    return workdir
+
+
+def _stage_logs(workdir: Path, stage: str) -> list[Path]:
+    """The plugin's per-job logs of one training stage, oldest job first."""
+    logs = (workdir / ".snakemake/slurm_logs/rule_train_stage" / stage).glob("*.log")
+    return sorted(logs, key=lambda p: int(p.stem))
+
+
+def _mtimes(workdir: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in (workdir / RUN / "stages").iterdir()}
+
+
+@pytest.fixture(scope="module")
+def slurm_run(slurm_cluster, tmp_path_factory) -> tuple[Path, object]:
+    """A cold run of the whole default pipeline through the test SLURM profile."""
+    if slurm_cluster.fake_gpus < 1:
+        pytest.fail("the pipeline's rules ask for gpu=1: start the test cluster with SLURM_TEST_FAKE_GPUS=1")
+    workdir = _slurm_workdir(tmp_path_factory.mktemp("slurm-run"))
+    run = slurm_cluster.snakemake(workdir, "--workflow-profile", "profiles/default", timeout=1500)
+    print(f"default pipeline through SLURM: {run.seconds:.0f} s")
+    return workdir, run
+
+
+def test_default_pipeline_through_slurm_equals_the_local_run(slurm_run, local_default_run):
+    workdir, run = slurm_run
+    run.check()
+    # Every job but the local rules ran as a SLURM job, the training stages included.
+    plan = json.loads((workdir / RUN / "plan.json").read_text())
+    for stage in plan["stages"]:
+        logs = _stage_logs(workdir, stage["name"])
+        assert len(logs) == 1, (stage["name"], logs)
+        assert "rule train_stage" in logs[0].read_text()
+    for rule in ("prepare_base", "validate_dataset", "tokenize", "consolidate", "merge_lora", "verify_merge"):
+        assert list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").glob("*.log")), rule
+    # ... and computed what the local run computed.
+    assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
+    for name in ("adapter_final", "adapter_ema", "adapter_best", "adapter_best_ema"):
+        rel = f"{RUN}/export/{name}/adapter_model.safetensors"
+        assert sha256(workdir / rel) == sha256(local_default_run / rel), rel
+    assert json.loads((workdir / RUN / "export/verification.json").read_text())["passed"] is True
+
+
+def _running_job(slurm_cluster, comment: str) -> str | None:
+    out = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i|%k"],
+                         capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        job_id, _, job_comment = line.partition("|")
+        if job_comment.strip() == comment:
+            return job_id.strip()
+    return None
+
+
+def _last_logged_step(metrics: Path) -> int:
+    try:
+        lines = metrics.read_text().splitlines()
+    except FileNotFoundError:
+        return -1
+    steps = [json.loads(line).get("step", -1) for line in lines if line.strip().startswith("{")]
+    return max(steps, default=-1)
+
+
+def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_cluster, local_default_run,
+                                                               tmp_path):
+    """SLURM's preemption warning (what `--signal=USR1@<s>` sends) in the middle of chunk01."""
+    source, _ = slurm_run
+    workdir = _slurm_workdir(tmp_path / "wf")
+    # Start after the pilot: keep the prepared base, data, plan, pilot and its gate.
+    shutil.copytree(source / "results", workdir / "results")
+    for stage in ("chunk01", "chunk02", "tail"):
+        shutil.rmtree(workdir / RUN / "stages" / stage)
+    plan = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}
+    chunk01 = plan["chunk01"]
+    # Past the stage's first intra-stage checkpoint (save_every=50), short of the next one:
+    # resuming from the signal's checkpoint, not a periodic one, shows the save on USR1 worked.
+    signal_after = chunk01["start"] + 40
+
+    proc = slurm_cluster.start_snakemake(workdir, "--workflow-profile", "profiles/default", f"{RUN}/stages/tail")
+    job_id, deadline = None, time.monotonic() + 900
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk01")
+            if job_id and _last_logged_step(workdir / "work/demo/chunk01/metrics.jsonl") >= signal_after:
+                subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+                break
+            time.sleep(0.5)
+        assert job_id is not None, "chunk01 never ran as a SLURM job"
+        out, _ = proc.communicate(timeout=1200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-6000:]
+
+    # The signalled job failed and was resubmitted once; the retry resumed from the
+    # checkpoint written on the signal (not a multiple of save_every, not the stage start).
+    logs = _stage_logs(workdir, "chunk01")
+    assert len(logs) == 2 and logs[0].stem == job_id, (job_id, logs)
+    trainer_log = (workdir / "logs/train_stage/demo/chunk01.log").read_text()
+    m = re.search(r"start from \S*step_(\d+)", trainer_log)
+    assert m, trainer_log[-3000:]
+    resumed_at = int(m.group(1))
+    assert signal_after <= resumed_at < chunk01["end"] and resumed_at % 50, resumed_at
+    assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
+
+
+def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm_run, slurm_cluster,
+                                                                           local_default_run):
+    workdir, run = slurm_run
+    run.check()
+    plan = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}
+    # chunk02 is rerun (-f) on SLURM with a fault injected 60 updates in, after its
+    # first intra-stage checkpoint; no retries.
+    fail_at = plan["chunk02"]["start"] + 60
+    before = _mtimes(workdir)
+    failed = slurm_cluster.snakemake(
+        workdir, "--workflow-profile", "profiles/default", "--retries", "0", "-f", f"{RUN}/stages/chunk02",
+        env={"SFT_FAULTS": json.dumps({"stage": "chunk02", "fail_at_step": fail_at})}, timeout=900,
+    )
+    assert failed.returncode != 0, failed.stdout[-4000:]
+    assert not (workdir / RUN / "stages/chunk02").exists()
+    after_failure = _mtimes(workdir)
+    for stage in ("pilot", "chunk01"):
+        assert after_failure[stage] == before[stage], stage
+
+    # The fault is gone; the user runs the pipeline again, locally this time.
+    dry = snakemake(workdir, "-n", "--cores", "all")
+    planned = jobs_in_log(dry.stdout + dry.stderr)
+    assert {stage for rule, stage in planned if rule == "train_stage"} == {"chunk02", "tail"}, planned
+    assert {stage for rule, stage in planned if rule == "evaluate_stage"} == {"chunk02", "tail"}, planned
+    assert not any(rule in ("plan", "pilot_gate", "evaluate_base", "prepare_base", "tokenize")
+                   for rule, _ in planned), planned
+    rerun = snakemake(workdir, "--cores", "all")
+    assert rerun.returncode == 0, rerun.stderr[-6000:]
+    assert jobs_in_log(rerun.stderr + rerun.stdout) == planned
+
+    after = _mtimes(workdir)
+    for stage in ("pilot", "chunk01"):
+        assert after[stage] == before[stage], stage
+    trainer_log = (workdir / "logs/train_stage/demo/chunk02.log").read_text()
+    m = re.search(r"start from \S*step_(\d+)", trainer_log)
+    assert m and plan["chunk02"]["start"] < int(m.group(1)) <= fail_at, trainer_log[-3000:]
+    assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
+
+
+def test_example_profile_installed_as_slurm_asks_gpus_for_training(slurm_cluster, tmp_path):
+    """README (profiles/slurm/README.md): link the profile as ~/.config/snakemake/slurm."""
+    workdir = copy_workflow(tmp_path / "wf")
+    config_home = tmp_path / "config"
+    (config_home / "snakemake").mkdir(parents=True)
+    (config_home / "snakemake/slurm").symlink_to(workdir / "profiles/slurm")
+    dry = snakemake(workdir, "--profile", "slurm", "-n", env={"XDG_CONFIG_HOME": str(config_home)})
+    log = dry.stdout + dry.stderr
+    assert dry.returncode == 0, log[-4000:]
+    assert "Using profiles slurm " in log, log[:2000]  # found via XDG_CONFIG_HOME (no ./slurm here)
+    resources = {}
+    for block in re.split(r"^(?=(?:local)?rule \w+:$)", log, flags=re.M):
+        rule = re.match(r"(?:local)?rule (\w+):", block)
+        res = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if rule and res:
+            stage = re.search(r"^\s+wildcards: stage=(\w+)", block, re.M)
+            resources[(rule.group(1), stage.group(1) if stage else None)] = res.group(1)
+    train = {stage: res for (rule, stage), res in resources.items() if rule == "train_stage"}
+    assert set(train) == {"pilot", "chunk01", "chunk02", "tail"}, resources
+    for stage, res in train.items():
+        assert re.search(r"\bgpu=1\b", res), (stage, res)
+    assert not re.search(r"\bgpu=", resources[("tokenize", None)])

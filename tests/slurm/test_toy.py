@@ -1,0 +1,238 @@
+"""Toy workflows through snakemake-executor-plugin-slurm on the local SLURM.
+
+These check the test cluster and the test profile (tests/slurm/profile), not
+the pipeline: every rule job must become a SLURM job, finish, and be seen
+finished by the plugin's squeue-based status polling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+TOY_SNAKEFILE = textwrap.dedent(
+    """
+    rule all:
+        input: "c.txt"
+
+    rule a:
+        output: "a.txt"
+        resources: cpus_per_task=1, mem_mb=500, runtime=5
+        shell: "sleep 2; echo a job=$SLURM_JOB_ID cpus=$SLURM_CPUS_PER_TASK > {output}"
+
+    rule b:
+        input: "a.txt"
+        output: "b.txt"
+        shell: "cat {input} > {output}; echo b job=$SLURM_JOB_ID >> {output}"
+
+    rule c:
+        input: "b.txt"
+        output: "c.txt"
+        shell: "cat {input} > {output}; echo c job=$SLURM_JOB_ID >> {output}"
+    """
+)
+
+# Generous bound: ~12 s per job on an idle 2-core machine (see profile), plus
+# start-up; a regression in the status-check settings shows up as minutes.
+TOY_MAX_SECONDS = float(os.environ.get("SLURM_TOY_MAX_SECONDS", "150"))
+
+
+def _slurm_logs(workdir: Path, rule: str) -> list[Path]:
+    return sorted((workdir / ".snakemake" / "slurm_logs" / f"rule_{rule}").glob("*.log"))
+
+
+def test_toy_workflow_runs_through_slurm(slurm_cluster, tmp_path):
+    (tmp_path / "Snakefile").write_text(TOY_SNAKEFILE)
+
+    run = slurm_cluster.snakemake(tmp_path, timeout=600).check()
+    print(f"toy workflow (3 SLURM jobs) took {run.seconds:.1f}s end to end")
+
+    text = (tmp_path / "c.txt").read_text()
+    job_ids = {}
+    for rule in ("a", "b", "c"):
+        m = re.search(rf"^{rule} job=(\d+)", text, re.M)
+        assert m, f"rule {rule} did not run inside a SLURM job:\n{text}"
+        job_ids[rule] = m.group(1)
+    assert len(set(job_ids.values())) == 3, job_ids
+    assert "cpus=1" in text, text
+
+    # The plugin wrote one SLURM log per job, named after the SLURM job id.
+    for rule, jid in job_ids.items():
+        logs = _slurm_logs(tmp_path, rule)
+        assert [p.name for p in logs] == [f"{jid}.log"], (rule, logs)
+        assert f"rule {rule}:" in logs[0].read_text()
+
+    # slurmctld remembers them (MinJobAge) as COMPLETED under the run's name.
+    states = {
+        line.split("|")[0]: line.split("|")[1]
+        for line in slurm_cluster.squeue().splitlines()
+        if line
+    }
+    for rule, jid in job_ids.items():
+        assert states.get(jid) == "COMPLETED", (rule, jid, states)
+
+    # The 'all' rule is local; the other three were submitted.
+    assert run.stdout.count("has been submitted with SLURM jobid") == 3, run.stdout
+    assert run.seconds < TOY_MAX_SECONDS, f"too slow: {run.seconds:.1f}s"
+
+
+RETRY_SNAKEFILE = textwrap.dedent(
+    """
+    rule flaky:
+        output: "flaky.txt"
+        resources:
+            runtime=5,
+            mem_mb=500,
+            att=lambda wildcards, attempt: attempt,
+        shell:
+            "echo attempt={resources.att} job=$SLURM_JOB_ID >> attempts.log; "
+            "test {resources.att} -ge 2; "
+            "echo ok > {output}"
+    """
+)
+
+
+def test_failed_job_is_resubmitted_with_next_attempt(slurm_cluster, tmp_path):
+    (tmp_path / "Snakefile").write_text(RETRY_SNAKEFILE)
+
+    run = slurm_cluster.snakemake(tmp_path, "--retries", "1", timeout=600).check()
+    print(f"fail + retry took {run.seconds:.1f}s end to end")
+
+    lines = (tmp_path / "attempts.log").read_text().split()
+    attempts = [x for x in lines if x.startswith("attempt=")]
+    jobs = [x for x in lines if x.startswith("job=")]
+    assert attempts == ["attempt=1", "attempt=2"], lines
+    assert len(set(jobs)) == 2 and all(j != "job=" for j in jobs), lines
+    assert (tmp_path / "flaky.txt").read_text().strip() == "ok"
+    # squeue knows only FAILED/COMPLETED, so the plugin cannot give a reason.
+    assert "SLURM status is: 'FAILED'" in run.stdout, run.stdout
+
+
+GPU_SNAKEFILE = textwrap.dedent(
+    """
+    rule gpu_job:
+        output: "gpu.txt"
+        resources: gpu=1, cpus_per_task=1, mem_mb=500, runtime=5
+        shell: "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES > {output}"
+    """
+)
+
+
+def test_gpu_request_matches_cluster_gpus(slurm_cluster, tmp_path):
+    """gpu=1 becomes sbatch --gpus=1: rejected without GRES, placed with fake GPUs."""
+    (tmp_path / "Snakefile").write_text(GPU_SNAKEFILE)
+
+    run = slurm_cluster.snakemake(tmp_path, "--retries", "0", "--verbose", timeout=300)
+
+    assert "--gpus=1" in run.stdout, run.stdout
+    if slurm_cluster.fake_gpus:
+        run.check()
+        assert (tmp_path / "gpu.txt").read_text().split()[0] == "CUDA_VISIBLE_DEVICES=0"
+    else:
+        assert run.returncode != 0, run.stdout
+        assert "Invalid generic resource (gres) specification" in run.stdout, run.stdout
+        assert not (tmp_path / "gpu.txt").exists()
+
+
+TRAINER = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+
+    out, attempt = sys.argv[1], int(sys.argv[2])
+    ckpt = "ckpt/state.json"  # deliberately NOT a declared output
+    state = {"step": 0}
+    resumed_from = None
+    if os.path.exists(ckpt):
+        with open(ckpt) as f:
+            state = json.load(f)
+        resumed_from = state["step"]
+    got = []
+    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+    job = os.environ.get("SLURM_JOB_ID", "")
+    with open("events.log", "a") as f:
+        f.write(f"start job={job} attempt={attempt} step={state['step']}\\n")
+    while state["step"] < 100:
+        if got:
+            os.makedirs("ckpt", exist_ok=True)
+            with open(ckpt + ".tmp", "w") as f:
+                json.dump(state, f)
+            os.replace(ckpt + ".tmp", ckpt)
+            with open("events.log", "a") as f:
+                f.write(f"signal={got[0]} job={job} checkpoint step={state['step']}\\n")
+            sys.exit(1)
+        time.sleep(0.1)
+        state["step"] += 1
+        with open("progress", "w") as f:
+            f.write(f"{job} {state['step']}\\n")
+    with open(out, "w") as f:
+        json.dump({"steps": state["step"], "resumed_from": resumed_from}, f)
+    """
+)
+
+PREEMPT_SNAKEFILE = textwrap.dedent(
+    """
+    rule train:
+        output: "model.json"
+        resources:
+            runtime=5,
+            mem_mb=500,
+            att=lambda wildcards, attempt: attempt,
+        shell: "@PYTHON@ trainer.py {output} {resources.att}"
+    """
+).replace("@PYTHON@", sys.executable)
+
+
+def test_usr1_preemption_checkpoints_and_retry_resumes(slurm_cluster, tmp_path):
+    """USR1 to the job's steps reaches the trainer; the retry resumes from its checkpoint.
+
+    `scancel --signal=USR1 <job>` signals what the profile's
+    slurm_extra --signal=USR1@60 signals near the time limit: every process of
+    the job step.  The inner snakemake dies of it too, so the SLURM job ends
+    FAILED whatever the trainer does, and --retries resubmits it.
+    """
+    (tmp_path / "trainer.py").write_text(TRAINER)
+    (tmp_path / "Snakefile").write_text(PREEMPT_SNAKEFILE)
+
+    t0 = time.monotonic()
+    proc = slurm_cluster.start_snakemake(tmp_path, "--retries", "1")
+    try:
+        progress = tmp_path / "progress"
+        job = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if progress.exists():
+                fields = progress.read_text().split()
+                if len(fields) == 2 and int(fields[1]) >= 10:
+                    job = fields[0]
+                    break
+            time.sleep(0.2)
+        assert job, "trainer never made progress inside a SLURM job"
+        subprocess.run(["scancel", "--signal=USR1", job], check=True)
+        stdout, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    seconds = time.monotonic() - t0
+    print(f"preempt + resume took {seconds:.1f}s end to end")
+    assert proc.returncode == 0, stdout
+
+    events = (tmp_path / "events.log").read_text()
+    assert f"signal={int(signal.SIGUSR1)} job={job} checkpoint" in events, events
+    assert "attempt=2" in events, events
+    result = json.loads((tmp_path / "model.json").read_text())
+    assert result["steps"] == 100
+    assert result["resumed_from"] and result["resumed_from"] >= 10, (result, events)
+    assert len(_slurm_logs(tmp_path, "train")) == 2
