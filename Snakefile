@@ -22,6 +22,15 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/export.smk"
 
 
+# Seconds of work on small JSON files: run them where snakemake runs, not as cluster jobs.
+localrules:
+    all,
+    plan,
+    pilot_gate,
+    summarize,
+    export_best,
+
+
 rule all:
     input:
         # Every stage is a target: a deleted stage dir is retrained (with what follows),
@@ -31,6 +40,12 @@ rule all:
         f"{R}/eval/summary.csv",
         f"{R}/eval/loss.png",
         f"{R}/eval/val_loss.png",
+        # pages `snakemake --report` shows inline: the eval table, the plan, the pilot gate
+        f"{R}/report/summary.html",
+        f"{R}/report/plan.html",
+        f"{R}/report/pilot_gate.html",
         f"{R}/export/verification.json",
         f"{R}/export/smoke_test.json",
+        # the run's best raw / EMA weights by validation loss (tracked only with a validation set)
+        [f"{R}/export/adapter_best", f"{R}/export/adapter_best_ema"] if data_file("val") else [],
     default_target: True

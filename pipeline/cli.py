@@ -21,6 +21,7 @@ COMMANDS = {
     "evaluate": ("pipeline.evaluate.stage", "validation loss / task metric for raw and EMA weights"),
     "summarize": ("pipeline.evaluate.summarize", "summary table and plots across stages"),
     "consolidate": ("pipeline.export.consolidate", "final checkpoint -> Hugging Face dirs"),
+    "export-best": ("pipeline.export.best", "the run's best raw and EMA weights (lowest validation loss)"),
     "merge": ("pipeline.export.merge", "streaming LoRA merge, shard by shard"),
     "verify-merge": ("pipeline.export.verify", "merged logits vs base + adapter"),
     "smoke-test": ("pipeline.evaluate.smoke", "merged model answers held-out prompts"),

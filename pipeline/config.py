@@ -87,7 +87,7 @@ class CheckpointConfig:
 class EvalConfig:
     quick_every: int = 0  # quick EMA eval every N updates inside a stage (0: off)
     quick_batches: int = 4
-    eval_every: int = 0  # full eval every N updates inside a stage (0: off)
+    eval_every: int = 0  # full eval (best-weights tracking) every N updates of the run; always after the last
     micro_batch: int = 16
 
 

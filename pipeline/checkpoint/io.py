@@ -204,6 +204,11 @@ class AsyncWriter:
         self._thread = threading.Thread(target=run, name="checkpoint-writer", daemon=False)
         self._thread.start()
 
+    @property
+    def busy(self) -> bool:
+        """A write is in flight (and competing with the step loop for CPU and disk)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()

@@ -172,7 +172,8 @@ class Snapshot:
     sharded_dir: Path | None = None
 
 
-def _write_weights(root: Path, weights: dict, peft_config, model_config_json) -> None:
+def write_weights(root: Path, weights: dict, peft_config, model_config_json) -> None:
+    """A PEFT adapter dir (LoRA) or HF weights + config.json (full fine-tuning)."""
     root.mkdir(parents=True, exist_ok=True)
     if peft_config is not None:
         peft_config.save_pretrained(str(root))
@@ -192,9 +193,9 @@ def write_snapshot(snap: Snapshot, root: Path) -> None:
             snap.peft_config.save_pretrained(str(root / layout.DCP_DIR))
     else:
         weights_dir = layout.ADAPTER_DIR if snap.peft_config is not None else layout.MODEL_DIR
-        _write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
+        write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
         for tag, shadow in snap.ema.items():
-            _write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
+            write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
     state = root / layout.TRAINING_STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
     if snap.optimizer_tensors is not None:

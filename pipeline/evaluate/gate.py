@@ -9,6 +9,8 @@ Checks (all evaluated, all reported):
   grads_flowing    gradient norms are non-zero and the trained weights moved
                    (LoRA B matrices start at zero, so a still-zero B means no gradient reached it)
   no_skipped       no update of the pilot was skipped for a non-finite gradient
+  ranks_consistent every rank ended the pilot with the same weights (the trainer
+                   compares per-rank checksums and records it; trivially true for one process)
   throughput       tokens/s was measured; the ETA of the whole run follows from it
 The report is written either way. If a check fails the command exits non-zero,
 so no chunk starts, unless `--override` (config: gate.override: true) is given.
@@ -29,13 +31,13 @@ from pipeline.errors import UserError
 EXIT = layout.EXIT_GATE
 
 
-def _steps(metrics_path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return [r for r in rows if "loss" in r]
+def _records(metrics_path: Path) -> list[dict]:
+    return [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
 
 
 def run_checks(pilot_dir: Path, plan: dict) -> dict:
-    rows = _steps(pilot_dir / layout.STAGE_METRICS)
+    records = _records(pilot_dir / layout.STAGE_METRICS)
+    rows = [r for r in records if "loss" in r]
     checks: dict[str, dict] = {}
     losses = [r["loss"] for r in rows]
     bad = [r["step"] for r in rows if not math.isfinite(r["loss"])]
@@ -55,6 +57,12 @@ def run_checks(pilot_dir: Path, plan: dict) -> dict:
                                           "trained weights did not move (zero gradient, lr=0, or targets that match nothing)")}
     skipped = [r["step"] for r in rows if r.get("skipped")]
     checks["no_skipped"] = {"ok": not skipped, "detail": f"skipped updates {skipped[:10]}" if skipped else "none skipped"}
+    consistency = [r for r in records if r.get("event") == "ranks_consistent"]
+    checks["ranks_consistent"] = {
+        "ok": bool(consistency),
+        "detail": (f"{consistency[-1]['world_size']} rank(s) agree ({consistency[-1]['method']})" if consistency
+                   else "the pilot recorded no cross-rank consistency check"),
+    }
     tps = [r["tokens_per_s"] for r in rows[1:]] or [r["tokens_per_s"] for r in rows]
     step_s = statistics.median([r["step_time_s"] for r in rows]) if rows else math.nan
     pilot_end = rows[-1]["step"] if rows else 0
@@ -87,7 +95,7 @@ def main(argv: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for name, check in report["checks"].items():
-        print(f"pilot gate: {name:<14} {'ok  ' if check['ok'] else 'FAIL'} {check['detail']}")
+        print(f"pilot gate: {name:<16} {'ok  ' if check['ok'] else 'FAIL'} {check['detail']}")
     h, rem = divmod(int(report["eta_seconds"]), 3600)
     print(f"pilot gate: ETA of the remaining {report['remaining_updates']} updates at "
           f"{report['median_step_s']:.3f} s/update: {h}h{rem // 60:02d}m (training only)")

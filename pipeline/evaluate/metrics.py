@@ -15,8 +15,13 @@ from pipeline.train.batches import collate, token_loss_sum
 
 
 @torch.no_grad()
-def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast, max_batches: int | None = None) -> dict:
-    """Token-weighted mean loss over the cache (or its first `max_batches` batches)."""
+def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast, max_batches: int | None = None,
+                    should_stop=None) -> dict | None:
+    """Token-weighted mean loss over the cache (or its first `max_batches` batches).
+
+    `should_stop()` is asked before each batch; when it says yes the evaluation
+    is abandoned and None returned (a preemption signal arrived meanwhile).
+    """
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
@@ -24,6 +29,9 @@ def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, auto
     for b, start in enumerate(range(0, n, micro_batch)):
         if max_batches is not None and b >= max_batches:
             break
+        if should_stop is not None and should_stop():
+            model.train(was_training)
+            return None
         batch = collate(cache, list(range(start, min(n, start + micro_batch))), pad_id)
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():

@@ -13,7 +13,9 @@ update indices, sleep_per_step (seconds, to widen timing windows),
 sigkill_in_save_at (SIGKILL this process after the checkpoint for that update
 has written its files but before its MANIFEST: a crash in the middle of a save),
 zero_grad_steps (every gradient of those updates is zeroed: weights cut off
-from the loss, which the gradient check after a restore must catch).
+from the loss, which the gradient check after a restore must catch),
+usr1_in_eval_at (SIGUSR1 to this process as the evaluation after that update
+starts: a preemption in the middle of an eval).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Faults:
     sleep_per_step: float = 0.0
     sigkill_in_save_at: int = -1
     zero_grad_steps: frozenset[int] = field(default_factory=frozenset)
+    usr1_in_eval_at: int = -1
 
 
 def from_env(stage: str) -> Faults:
@@ -49,4 +52,5 @@ def from_env(stage: str) -> Faults:
         sleep_per_step=float(spec.get("sleep_per_step", 0.0)),
         sigkill_in_save_at=int(spec.get("sigkill_in_save_at", -1)),
         zero_grad_steps=frozenset(spec.get("zero_grad_steps", [])),
+        usr1_in_eval_at=int(spec.get("usr1_in_eval_at", -1)),
     )

@@ -54,20 +54,27 @@ class Alerts:
         self.tps: deque[float] = deque(maxlen=cfg.window)
         self.log = MetricsLog(path, enabled=enabled, truncate_from=truncate_from)
 
-    def check(self, step: int, loss: float, tokens_per_s: float) -> str | None:
+    def check(self, step: int, loss: float, tokens_per_s: float, *, saving: bool = False) -> str | None:
+        """An alert's reason, or None. `saving`: a checkpoint write overlapped this update.
+
+        Such an update is slow for a known reason: its throughput is neither
+        judged nor added to the window (it would be a false alert, and would
+        drag the median down).
+        """
         reason = None
-        warm = len(self.losses) >= 10
-        if warm:
+        if len(self.losses) >= 10:
             mean, sd = statistics.fmean(self.losses), statistics.pstdev(self.losses)
             if loss > mean + self.cfg.loss_spike_sigma * max(sd, 1e-3 * abs(mean), 1e-8):
                 reason = f"loss spike: {loss:.4f} > mean {mean:.4f} + {self.cfg.loss_spike_sigma} sigma ({sd:.4f})"
+        if reason is None and not saving and len(self.tps) >= 10:
             median = statistics.median(self.tps)
-            if reason is None and tokens_per_s < self.cfg.tps_drop_fraction * median:
+            if tokens_per_s < self.cfg.tps_drop_fraction * median:
                 reason = f"throughput drop: {tokens_per_s:.0f} tokens/s < {self.cfg.tps_drop_fraction} x median {median:.0f}"
         if reason is None:
             # a spike is kept out of the window so it does not mask the next one
             self.losses.append(loss)
-            self.tps.append(tokens_per_s)
+            if not saving:
+                self.tps.append(tokens_per_s)
         else:
             print(f"ALERT update {step}: {reason}; evaluating and checkpointing now", file=sys.stderr, flush=True)
             self.log.write({"step": step, "alert": reason, "time": time.time()})

@@ -41,12 +41,12 @@ from pipeline import layout
 from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint import state as ckpt_state
 from pipeline.errors import UserError
-from pipeline.evaluate.metrics import validation_loss
 from pipeline.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train import distributed, faults, fsdp, precision as prec
 from pipeline.train import model as model_setup
 from pipeline.train.batches import RunSampler, collate, supervised_counts, token_loss_sum
 from pipeline.train.ema import EMA
+from pipeline.train.evals import StageEvaluator, publish_best
 from pipeline.train.gradcheck import check_gradients_flow
 from pipeline.train.monitor import Alerts, MetricsLog, Progress
 
@@ -152,7 +152,8 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
 
     # --- restore ---------------------------------------------------------------
     step = stage.start
-    counters = {"tokens_seen": 0, "skipped_updates": 0, "consecutive_nonfinite": 0}
+    # (also the run's best eval losses, and an eval a preemption interrupted: see pipeline.train.evals)
+    counters = {"tokens_seen": 0, "skipped_updates": 0, "consecutive_nonfinite": 0, "best": {}, "eval_pending": None}
     rng = None
     if source is not None:
         if ckpt_state.is_sharded(source) != sharded:
@@ -266,25 +267,50 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         if wait:
             distributed.barrier(d)
 
-    def quick_eval(reason: str) -> None:
-        # Rank 0 alone, but under FSDP every rank (each holds a shard the forward gathers).
-        if val_cache is None or not (d.is_main or sharded):
-            return
-        results = {}
-        for rate, tag in zip(ema.rates, ema.tags):
-            with ema.swapped_in(rate):
-                results[f"ema_{tag}"] = validation_loss(raw_model, val_cache, pad_id=pad_id,
-                    micro_batch=cfg.eval.micro_batch, device=d.device, autocast=precision.autocast,
-                    max_batches=cfg.eval.quick_batches)["loss"]
-        results["raw"] = validation_loss(raw_model, val_cache, pad_id=pad_id, micro_batch=cfg.eval.micro_batch,
-            device=d.device, autocast=precision.autocast, max_batches=cfg.eval.quick_batches)["loss"]
-        if d.is_main:
-            log.info("[%s] eval at update %d (%s): %s", stage.name, step, reason,
-                     ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
-        metrics.write({"step": step, "event": "eval", "reason": reason, **{f"val_{k}": v for k, v in results.items()}})
+    def best_weights(kind: str, rate: float | None) -> dict:
+        return model_setup.trained_state(raw_model, names)  # EMA weights: called with them swapped in
+
+    def write_weights(tensors: dict, root: Path) -> None:
+        ckpt_state.write_weights(root, tensors, raw_model.peft_config["default"] if cfg.lora.enabled else None,
+                                 None if cfg.lora.enabled else raw_model.config.to_json_string())
+
+    evaluator = StageEvaluator(
+        model=raw_model, ema=ema, val_cache=val_cache, pad_id=pad_id, eval_cfg=cfg.eval, device=d.device,
+        autocast=precision.autocast, stage=stage.name,
+        # rank 0 alone, but under FSDP every rank (each holds a shard the forward gathers)
+        participate=d.is_main or sharded, is_main=d.is_main, metrics=metrics, scratch=scratch,
+        best=counters["best"], fingerprint=fingerprint,
+        weights=None if sharded else best_weights, write_weights=write_weights,
+        # a preemption signal abandons an eval; under FSDP all ranks must agree to
+        should_stop=(lambda: distributed.any_rank(d, preempt.signal is not None)) if sharded
+        else (lambda: preempt.signal is not None),
+    )
+
+    def evaluate(kind: str, reason: str) -> None:
+        if fault.usr1_in_eval_at == step and not counters["eval_pending"]:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        if evaluator.run(step, kind, reason):
+            counters["eval_pending"] = None
+        else:  # preempted: the checkpoint about to be written asks the next attempt to redo it
+            counters["eval_pending"] = [kind, reason]
+
+    def preempted() -> bool:
+        if not distributed.any_rank(d, preempt.signal is not None):
+            return False
+        save(step, wait=True)
+        writer.wait()
+        distributed.print0(d, f"[{stage.name}] preempted at update {step}: checkpoint saved, exiting "
+                              f"with code {layout.EXIT_PREEMPTED} so a retry resumes")
+        return True
 
     # --- the loop ------------------------------------------------------------------
     unchecked_restore = source  # checked once, on the first update after a restore
+    if counters["eval_pending"]:  # the previous attempt was preempted during this eval
+        kind, reason = counters["eval_pending"]
+        evaluate(kind, f"{reason}, redone after preemption")
+        if preempted():
+            return layout.EXIT_PREEMPTED
+    last_save = -1
     model.train()
     while step < stage.end:
         t0 = time.perf_counter()
@@ -376,32 +402,38 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
                 f"checkpoint saved in {layout.step_dir(scratch, step)}. Lower optim.lr, check the data, "
                 "or use precision.mode=bf16/fp32."
             )
-        alert = alerts.check(step, loss, record["tokens_per_s"]) if finite else None
+        # An update that ran while a checkpoint was being written is slow for a known reason.
+        saving = last_save == step - 1 or writer.busy
+        alert = alerts.check(step, loss, record["tokens_per_s"], saving=saving) if finite else None
+        due = evaluator.due(step, total)
         if distributed.any_rank(d, alert is not None):
-            quick_eval(f"alert: {alert}" if alert else "alert on another rank")
+            evaluate("full" if due == "full" else "quick", f"alert: {alert}" if alert else "alert on another rank")
             save(step)
-        elif cfg.eval.quick_every and step % cfg.eval.quick_every == 0:
-            quick_eval("quick")
-        if distributed.any_rank(d, preempt.signal is not None):
-            save(step, wait=True)
-            writer.wait()
-            distributed.print0(d, f"[{stage.name}] preempted at update {step}: checkpoint saved, exiting "
-                                  f"with code {layout.EXIT_PREEMPTED} so a retry resumes")
+            last_save = step
+        elif due:
+            evaluate(due, "end of the run" if step == total else f"every {due}")
+        if preempted():
             return layout.EXIT_PREEMPTED
         if cfg.checkpoint.save_every and step % cfg.checkpoint.save_every == 0 and step < stage.end:
             save(step)
+            last_save = step
     progress.close()
+    # Cheap cross-rank check the pilot gate reports (DDP ranks must hold the same weights).
+    if d.enabled and not sharded:
+        distributed.check_consistent(d, params, f"trained weights at the end of {stage.name}")
+    metrics.write({"step": stage.end, "event": "ranks_consistent", "world_size": d.world_size,
+                   "method": "sharded (FSDP)" if sharded else "weight checksums" if d.enabled else "single process"})
 
     # --- stage output: final checkpoint + metrics, made visible by one rename --------
     save(stage.end, wait=True)
     writer.wait()
     if d.is_main:
-        _publish(scratch, out, stage.end)
+        _publish(scratch, out, stage.end, counters["best"], stage.name)
     distributed.barrier(d)
     return 0
 
 
-def _publish(scratch: Path, out: Path, step: int) -> None:
+def _publish(scratch: Path, out: Path, step: int, best: dict, stage: str) -> None:
     final = layout.step_dir(scratch, step)
     ok, reason = ckpt_io.verify(final)
     if not ok:
@@ -413,6 +445,7 @@ def _publish(scratch: Path, out: Path, step: int) -> None:
     for name in (layout.SCRATCH_METRICS, "alerts.jsonl"):
         if (scratch / name).is_file():
             shutil.copy2(scratch / name, tmp / name)
+    publish_best(scratch, tmp, best, stage)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -3,6 +3,7 @@
 import os
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline.schedule import PILOT, plan_stages
@@ -97,6 +98,18 @@ def init_flag(wildcards, input):
     return f"--init {input.init}/checkpoint" if "init" in input.keys() else ""
 
 
+def train_threads():
+    """All local cores but one (left to evaluating the previous stage meanwhile).
+
+    A cluster executor has no local core count; there the job's cpus_per_task
+    (profiles/default) sizes the allocation and this value is not used.
+    """
+    try:
+        return max(1, workflow.cores - 1)
+    except WorkflowError:
+        return 1
+
+
 def nproc(wildcards, resources):
     """Processes per training job: one per allocated GPU (1 on CPU), unless configured."""
     n = config["train"]["nproc"]
@@ -104,7 +117,7 @@ def nproc(wildcards, resources):
 
 
 def export_adapter():
-    return f"{R}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{R}/export/adapter"
+    return f"{R}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{R}/export/adapter_final"
 
 
 def ema_rate_flag():

@@ -1,4 +1,5 @@
-# Final checkpoint -> Hugging Face dirs, streaming LoRA merge, its verification, a smoke test.
+# Final checkpoint -> Hugging Face dirs, the run's best weights, streaming LoRA merge, its
+# verification, a smoke test.
 
 
 rule consolidate:
@@ -6,7 +7,7 @@ rule consolidate:
         stage=f"{R}/stages/{LAST_STAGE}",
         model=model_inputs(),
     output:
-        adapter=directory(f"{R}/export/adapter"),
+        adapter=directory(f"{R}/export/adapter_final"),
         adapter_ema=directory(f"{R}/export/adapter_ema"),
     conda:
         "../envs/sft.yaml"
@@ -19,6 +20,25 @@ rule consolidate:
         "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
         "--out-adapter {output.adapter} --out-adapter-ema {output.adapter_ema} {params.ema_rate} "
         "--models both > {log} 2>&1"
+
+
+rule export_best:
+    input:
+        # every stage: the best weights live in the stage that found them
+        stages=expand(f"{R}/stages/{{stage}}", stage=STAGES),
+    output:
+        best=directory(f"{R}/export/adapter_best"),
+        best_ema=directory(f"{R}/export/adapter_best_ema"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        f"logs/export_best/{RUN}.log",
+    params:
+        stages=f"{R}/stages",
+        last=LAST_STAGE,
+    shell:
+        "python -m pipeline export-best --stages {params.stages} --last {params.last} "
+        "--out-best {output.best} --out-best-ema {output.best_ema} > {log} 2>&1"
 
 
 rule merge_lora:

@@ -1,0 +1,30 @@
+"""Alerts: a throughput drop while a checkpoint is being written is not an alert."""
+
+from __future__ import annotations
+
+from pipeline.config import AlertConfig
+from pipeline.train.monitor import Alerts
+
+
+def _warm(tmp_path, n=20):
+    alerts = Alerts(AlertConfig(tps_drop_fraction=0.5, loss_spike_sigma=6.0, window=50), tmp_path / "alerts.jsonl",
+                    enabled=True, truncate_from=0)
+    for step in range(1, n + 1):
+        assert alerts.check(step, 2.0 + 0.01 * (step % 3), 1000.0 + step % 5) is None
+    return alerts
+
+
+def test_slow_update_during_a_save_is_not_a_throughput_alert(tmp_path):
+    alerts = _warm(tmp_path)
+    assert alerts.check(21, 2.01, 200.0, saving=True) is None
+    # nor does it drag the median down: the next slow update without a save alerts
+    reason = alerts.check(22, 2.01, 200.0)
+    assert reason is not None and reason.startswith("throughput drop")
+    assert [line for line in (tmp_path / "alerts.jsonl").read_text().splitlines()] and "\"step\": 22" in (
+        tmp_path / "alerts.jsonl").read_text()
+
+
+def test_loss_spike_is_still_caught_during_a_save(tmp_path):
+    alerts = _warm(tmp_path)
+    reason = alerts.check(21, 50.0, 1000.0, saving=True)
+    assert reason is not None and reason.startswith("loss spike")

@@ -1,0 +1,31 @@
+"""A pilot that cannot learn stops the run at the gate: no chunk starts, the message names the check."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+from runkit import REPO, copy_workflow, jobs_in_log, snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+def test_pilot_with_zero_lr_stops_the_run_before_any_chunk(done, tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    # The base model and tokenized data of the session's run; plan and training start over.
+    for rel in ("results/embedded", "results/demo/data"):
+        shutil.copytree(done / rel, workdir / rel)
+    overrides = yaml.safe_load((REPO / "config/config.yaml").read_text())["train"]["overrides"]
+    (workdir / "lr0.yaml").write_text(yaml.safe_dump({"train": {"overrides": [*overrides, "optim.lr=0.0"]}}))
+
+    proc = snakemake(workdir, "--cores", "all", "--configfile", "lr0.yaml")
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, log[-3000:]
+    trained = [stage for rule, stage in jobs_in_log(log) if rule == "train_stage"]
+    assert trained == ["pilot"], trained
+    assert not (workdir / "results/demo/stages/chunk01").exists()
+    assert not (workdir / "work/demo/chunk01").exists()
+    gate_log = (workdir / "logs/pilot_gate/demo.log").read_text()
+    assert "pilot gate: grads_flowing" in gate_log and "FAIL" in gate_log
+    assert "error: pilot gate failed (grads_flowing" in gate_log and "gate.override" in gate_log
