@@ -76,7 +76,8 @@ def shard(model, d: Dist):
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head); returns the model.
 
     Per-layer units are what bound the memory: only one layer is unsharded at a
-    time. The root unit owns what is left, tied embeddings included.
+    time. The root unit owns what is left, tied embeddings included. Every unit
+    reshards after its forward, so between forwards each rank holds its shards only.
     """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -87,7 +88,11 @@ def shard(model, d: Dist):
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
     for layer in layers:
         fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    # The root too reshards after forward (FSDP2 keeps it unsharded until the backward by
+    # default): an evaluation forward has no backward, and would leave unsharded copies
+    # of the embeddings and head behind, which the next forward reuses as they are, blind
+    # to an EMA swap or an optimizer step on the shards, and which DCP cannot save.
+    fully_shard(model, mesh=mesh, reshard_after_forward=True)
     return model
 
 

@@ -14,7 +14,9 @@ from pipeline import cli, layout
 pytestmark = pytest.mark.distributed
 
 TOTAL = 9  # pilot 2 + chunk01 3 + chunk02 3 + tail 1 at fraction 0.25
-FSDP = ["distributed=fsdp"]
+# Global batch 8 = 2 ranks x 2 micro-batches of 2: every update accumulates (no gradient sync on the first).
+MICRO = ["optim.micro_batch=2"]
+FSDP = ["distributed=fsdp", *MICRO]
 
 
 def dcp_contents(ckpt) -> dict:
@@ -94,7 +96,9 @@ def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
 
 
 def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference):
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=FSDP, single_stage=True)
+    # Quick evaluations (every rank runs the forward, EMA swapped in and out) leave no trace either.
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "eval.quick_every=3"],
+                   single_stage=True)
     scratch = run.scratch("all")
     # rank 0 is SIGKILLed after the checkpoint of update 4 wrote its files, before its MANIFEST
     proc = run.train("all", nproc=2, faults={"sigkill_in_save_at": 4}, check=False)
@@ -128,7 +132,7 @@ def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_pa
 
     # The same run under DDP (same ranks, so the same data split and dropout streams): not
     # bitwise (other reduction order), but close.
-    ddp = make_run(tmp_path / "ddp", tiny, total=TOTAL, fraction=0.25, single_stage=True)
+    ddp = make_run(tmp_path / "ddp", tiny, total=TOTAL, fraction=0.25, overrides=MICRO, single_stage=True)
     ddp.train("all", nproc=2)
     # (This also shows that the sharded EMA and optimizer state track the weights.)
     for fsdp_dir, ddp_dir in [("adapter", layout.ADAPTER_DIR), ("ema", f"{layout.EMA_DIR}/0.99")]:
@@ -179,3 +183,14 @@ def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_
         produced = load_dir_tensors(out)
         assert set(produced) == set(load_dir_tensors(tiny["model"]))
         assert all(torch.equal(v, got[prefix + k]) for k, v in produced.items()), out
+
+    # The end-of-run evaluation ran sharded, on every rank, with each EMA swapped into the shards
+    # (embeddings and head included, which the root unit holds): it must see the same weights
+    # as an offline evaluation of the checkpoint.
+    in_stage = [json.loads(x) for x in (one.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]
+    in_stage = [r for r in in_stage if r.get("event") == "eval" and r["step"] == 6]
+    assert in_stage
+    assert cli.main(["evaluate", "--checkpoint", str(_final(one)), "--stage", "all",
+                     "--out", str(tmp_path / "eval.json")]) == 0
+    offline = {row["weights"]: row["loss"] for row in json.loads((tmp_path / "eval.json").read_text())["rows"]}
+    assert {k: in_stage[-1][f"val_{k}"] for k in offline} == pytest.approx(offline, rel=1e-5)
