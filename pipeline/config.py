@@ -108,6 +108,7 @@ class DataConfig:
 class TrainConfig:
     seed: int = 0
     log_every: int = 1
+    tensorboard: bool = False  # also write the metrics as TensorBoard scalars (needs `pip install tensorboard`)
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)

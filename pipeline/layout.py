@@ -50,6 +50,7 @@ SCRATCH_METRICS = "metrics.jsonl"
 # --- stage output dir: results/<run>/stages/<stage>/ ---
 STAGE_CHECKPOINT = "checkpoint"
 STAGE_METRICS = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of a stage (train.tensorboard=true)
 PILOT_REPORT = "pilot_report.json"
 
 # --- exit codes the workflow understands ---

@@ -30,19 +30,48 @@ def _truncate_jsonl(path: Path, from_step: int) -> None:
 
 
 class MetricsLog:
-    """One JSON line per update (and per in-stage eval) in the stage's scratch dir."""
+    """One JSON line per update (and per in-stage eval) in the stage's scratch dir.
 
-    def __init__(self, path: Path, *, enabled: bool, truncate_from: int):
+    With `tensorboard_dir`, every numeric field is also a TensorBoard scalar
+    (`train/<field>`, `eval/<field>`; x = the global update). A resumed attempt
+    purges the events after its resume point, as it truncates the JSONL.
+    """
+
+    def __init__(self, path: Path, *, enabled: bool, truncate_from: int, tensorboard_dir: Path | None = None):
         self.path = Path(path)
         self.enabled = enabled
+        self.tb = None
         if enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             _truncate_jsonl(self.path, truncate_from)
+            if tensorboard_dir is not None:
+                self.tb = _summary_writer(Path(tensorboard_dir), purge_step=truncate_from + 1)
 
     def write(self, record: dict) -> None:
-        if self.enabled:
-            with self.path.open("a") as f:
-                f.write(json.dumps(record) + "\n")
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.tb is not None and "step" in record:
+            group = "eval" if record.get("event") == "eval" else "train"
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tb.add_scalar(f"{group}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _summary_writer(log_dir: Path, purge_step: int):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as err:
+        from pipeline.errors import UserError
+
+        raise UserError("tensorboard=true needs the tensorboard package: pip install tensorboard "
+                        "(or pip install -e \".[tensorboard]\")") from err
+    return SummaryWriter(str(log_dir), purge_step=purge_step)
 
 
 class Alerts:

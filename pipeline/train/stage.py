@@ -202,7 +202,8 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     # --- bookkeeping -------------------------------------------------------------
-    metrics = MetricsLog(scratch / layout.SCRATCH_METRICS, enabled=d.is_main, truncate_from=step)
+    metrics = MetricsLog(scratch / layout.SCRATCH_METRICS, enabled=d.is_main, truncate_from=step,
+                         tensorboard_dir=scratch / layout.TENSORBOARD_DIR if cfg.tensorboard else None)
     alerts = Alerts(cfg.alerts, scratch / "alerts.jsonl", enabled=d.is_main, truncate_from=step)
     progress = Progress(stage.name, stage.start, stage.end, total, enabled=d.is_main)
     writer = ckpt_io.AsyncWriter(enabled=cfg.checkpoint.async_save)
@@ -423,6 +424,7 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         distributed.check_consistent(d, params, f"trained weights at the end of {stage.name}")
     metrics.write({"step": stage.end, "event": "ranks_consistent", "world_size": d.world_size,
                    "method": "sharded (FSDP)" if sharded else "weight checksums" if d.enabled else "single process"})
+    metrics.close()
 
     # --- stage output: final checkpoint + metrics, made visible by one rename --------
     save(stage.end, wait=True)
@@ -445,6 +447,8 @@ def _publish(scratch: Path, out: Path, step: int, best: dict, stage: str) -> Non
     for name in (layout.SCRATCH_METRICS, "alerts.jsonl"):
         if (scratch / name).is_file():
             shutil.copy2(scratch / name, tmp / name)
+    if (scratch / layout.TENSORBOARD_DIR).is_dir():
+        shutil.copytree(scratch / layout.TENSORBOARD_DIR, tmp / layout.TENSORBOARD_DIR)
     publish_best(scratch, tmp, best, stage)
     if out.exists():
         shutil.rmtree(out)

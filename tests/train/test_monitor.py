@@ -1,6 +1,10 @@
-"""Alerts: a throughput drop while a checkpoint is being written is not an alert."""
+"""Alerts (a throughput drop while a checkpoint is being written is not one); the TensorBoard mirror."""
 
 from __future__ import annotations
+
+import json
+
+import pytest
 
 from pipeline.config import AlertConfig
 from pipeline.train.monitor import Alerts
@@ -28,3 +32,19 @@ def test_loss_spike_is_still_caught_during_a_save(tmp_path):
     alerts = _warm(tmp_path)
     reason = alerts.check(21, 50.0, 1000.0, saving=True)
     assert reason is not None and reason.startswith("loss spike")
+
+
+def test_tensorboard_mirror_holds_each_update_once_after_a_resume(tiny, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trainkit import make_run
+
+    run = make_run(tmp_path, tiny, total=6, single_stage=True, overrides=["tensorboard=true", "checkpoint.save_every=2"])
+    failed = run.train("all", faults={"fail_at_step": 5}, check=False)  # dies after update 5, resumes from 4
+    assert failed.returncode == 1
+    run.train("all")
+    events = EventAccumulator(str(run.stage_dir("all") / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
+    logged = [e.value for e in events.Scalars("train/loss")]
+    rows = [json.loads(x) for x in (run.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]
+    assert logged == pytest.approx([r["loss"] for r in rows if "loss" in r], rel=1e-6)
