@@ -7,8 +7,9 @@ the session (set ``SLURM_TEST_KEEP_CLUSTER=1`` to leave it running).
 
 ``SLURM_TEST_FAKE_GPUS=N`` (read by cluster.sh) declares N fake GPUs so that
 rules asking ``gpu=N`` are accepted by sbatch (CUDA_VISIBLE_DEVICES is set,
-no real device behind it). The fixture declares 1 unless told otherwise: the
-pipeline's training and evaluation rules ask for ``gpu=1``.
+no real device behind it). The fixture declares 2 unless told otherwise: the
+pipeline's training and evaluation rules ask for ``gpu=1`` each, and a stage's
+evaluation runs beside the next stage's training, as in a local run.
 
 The tests are skipped when the machine cannot host the cluster (not root, or
 SLURM is missing and there is no apt-get).  Under CI (``CI=true``) those cases
@@ -144,7 +145,7 @@ class SlurmCluster:
         ).stdout
 
 
-FAKE_GPUS = int(os.environ.get("SLURM_TEST_FAKE_GPUS") or 1)
+FAKE_GPUS = int(os.environ.get("SLURM_TEST_FAKE_GPUS") or 2)
 
 
 def _run_cluster_sh(action: str, timeout: float) -> subprocess.CompletedProcess:

@@ -8,9 +8,10 @@
 - the example cluster profile, installed as the user's `slurm` profile as its
   README says, asks SLURM for GPUs for the training rules.
 
-The cluster has one (fake) GPU, so the rules' `gpu=1` requests are honoured and
-jobs that need it run one at a time; the machine has 2 CPUs, so the workflow
-profile's CPU and memory requests are capped to what the node has.
+The cluster has two (fake) GPUs, so the rules' `gpu=1` requests are honoured; the
+machine has 2 CPUs, so the workflow profile's CPU and memory requests are capped to
+one CPU per job: a stage's evaluation runs beside the next stage's training, as
+`snakemake --cores all` does locally.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from runkit import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
 pytestmark = pytest.mark.slurm
 
 RUN = "results/demo"
-# What the test node can give one job (2 CPUs, ~22 GB; tests/slurm/cluster.sh).
-NODE_CPUS, JOB_MEM_MB = 2, 6000
+# What one job gets on the test node (2 CPUs, ~22 GB; tests/slurm/cluster.sh): two jobs at once.
+JOB_CPUS, JOB_MEM_MB = 1, 6000
 
 
 def _fit_workflow_profile(workdir: Path) -> None:
@@ -43,7 +44,7 @@ def _fit_workflow_profile(workdir: Path) -> None:
     profile = yaml.safe_load(path.read_text())
     for resources in profile["set-resources"].values():
         if "cpus_per_task" in resources:
-            resources["cpus_per_task"] = min(int(resources["cpus_per_task"]), NODE_CPUS)
+            resources["cpus_per_task"] = min(int(resources["cpus_per_task"]), JOB_CPUS)
         if "mem_mb" in resources:
             resources["mem_mb"] = min(int(resources["mem_mb"]), JOB_MEM_MB)
     path.write_text(yaml.safe_dump(profile, sort_keys=False))
@@ -116,29 +117,29 @@ def _last_logged_step(metrics: Path) -> int:
 
 def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_cluster, local_default_run,
                                                                tmp_path):
-    """SLURM's preemption warning (what `--signal=USR1@<s>` sends) in the middle of chunk01."""
+    """SLURM's preemption warning (what `--signal=USR1@<s>` sends) in the middle of chunk02."""
     source, _ = slurm_run
     workdir = _slurm_workdir(tmp_path / "wf")
-    # Start after the pilot: keep the prepared base, data, plan, pilot and its gate.
+    # Start after chunk01: keep the prepared base, data, plan, pilot, gate and chunk01.
     shutil.copytree(source / "results", workdir / "results")
-    for stage in ("chunk01", "chunk02", "tail"):
+    for stage in ("chunk02", "tail"):
         shutil.rmtree(workdir / RUN / "stages" / stage)
     plan = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}
-    chunk01 = plan["chunk01"]
+    chunk = plan["chunk02"]
     # Past the stage's first intra-stage checkpoint (save_every=50), short of the next one:
     # resuming from the signal's checkpoint, not a periodic one, shows the save on USR1 worked.
-    signal_after = chunk01["start"] + 40
+    signal_after = chunk["start"] + 50
 
     proc = slurm_cluster.start_snakemake(workdir, "--workflow-profile", "profiles/default", f"{RUN}/stages/tail")
     job_id, deadline = None, time.monotonic() + 900
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk01")
-            if job_id and _last_logged_step(workdir / "work/demo/chunk01/metrics.jsonl") >= signal_after:
+            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk02")
+            if job_id and _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl") >= signal_after:
                 subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
                 break
             time.sleep(0.5)
-        assert job_id is not None, "chunk01 never ran as a SLURM job"
+        assert job_id is not None, "chunk02 never ran as a SLURM job"
         out, _ = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
@@ -147,13 +148,13 @@ def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_
 
     # The signalled job failed and was resubmitted once; the retry resumed from the
     # checkpoint written on the signal (not a multiple of save_every, not the stage start).
-    logs = _stage_logs(workdir, "chunk01")
+    logs = _stage_logs(workdir, "chunk02")
     assert len(logs) == 2 and logs[0].stem == job_id, (job_id, logs)
-    trainer_log = (workdir / "logs/train_stage/demo/chunk01.log").read_text()
+    trainer_log = (workdir / "logs/train_stage/demo/chunk02.log").read_text()
     m = re.search(r"start from \S*step_(\d+)", trainer_log)
     assert m, trainer_log[-3000:]
     resumed_at = int(m.group(1))
-    assert signal_after <= resumed_at < chunk01["end"] and resumed_at % 50, resumed_at
+    assert signal_after <= resumed_at < chunk["end"] and resumed_at % 50, resumed_at
     assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
 
 

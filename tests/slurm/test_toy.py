@@ -7,14 +7,9 @@ finished by the plugin's squeue-based status polling.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -143,96 +138,3 @@ def test_gpu_request_matches_cluster_gpus(slurm_cluster, tmp_path):
         assert run.returncode != 0, run.stdout
         assert "Invalid generic resource (gres) specification" in run.stdout, run.stdout
         assert not (tmp_path / "gpu.txt").exists()
-
-
-TRAINER = textwrap.dedent(
-    """
-    import json, os, signal, sys, time
-
-    out, attempt = sys.argv[1], int(sys.argv[2])
-    ckpt = "ckpt/state.json"  # deliberately NOT a declared output
-    state = {"step": 0}
-    resumed_from = None
-    if os.path.exists(ckpt):
-        with open(ckpt) as f:
-            state = json.load(f)
-        resumed_from = state["step"]
-    got = []
-    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
-    signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
-    job = os.environ.get("SLURM_JOB_ID", "")
-    with open("events.log", "a") as f:
-        f.write(f"start job={job} attempt={attempt} step={state['step']}\\n")
-    while state["step"] < 100:
-        if got:
-            os.makedirs("ckpt", exist_ok=True)
-            with open(ckpt + ".tmp", "w") as f:
-                json.dump(state, f)
-            os.replace(ckpt + ".tmp", ckpt)
-            with open("events.log", "a") as f:
-                f.write(f"signal={got[0]} job={job} checkpoint step={state['step']}\\n")
-            sys.exit(1)
-        time.sleep(0.1)
-        state["step"] += 1
-        with open("progress", "w") as f:
-            f.write(f"{job} {state['step']}\\n")
-    with open(out, "w") as f:
-        json.dump({"steps": state["step"], "resumed_from": resumed_from}, f)
-    """
-)
-
-PREEMPT_SNAKEFILE = textwrap.dedent(
-    """
-    rule train:
-        output: "model.json"
-        resources:
-            runtime=5,
-            mem_mb=500,
-            att=lambda wildcards, attempt: attempt,
-        shell: "@PYTHON@ trainer.py {output} {resources.att}"
-    """
-).replace("@PYTHON@", sys.executable)
-
-
-def test_usr1_preemption_checkpoints_and_retry_resumes(slurm_cluster, tmp_path):
-    """USR1 to the job's steps reaches the trainer; the retry resumes from its checkpoint.
-
-    `scancel --signal=USR1 <job>` signals what the profile's
-    slurm_extra --signal=USR1@60 signals near the time limit: every process of
-    the job step.  The inner snakemake dies of it too, so the SLURM job ends
-    FAILED whatever the trainer does, and --retries resubmits it.
-    """
-    (tmp_path / "trainer.py").write_text(TRAINER)
-    (tmp_path / "Snakefile").write_text(PREEMPT_SNAKEFILE)
-
-    t0 = time.monotonic()
-    proc = slurm_cluster.start_snakemake(tmp_path, "--retries", "1")
-    try:
-        progress = tmp_path / "progress"
-        job = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if progress.exists():
-                fields = progress.read_text().split()
-                if len(fields) == 2 and int(fields[1]) >= 10:
-                    job = fields[0]
-                    break
-            time.sleep(0.2)
-        assert job, "trainer never made progress inside a SLURM job"
-        subprocess.run(["scancel", "--signal=USR1", job], check=True)
-        stdout, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    seconds = time.monotonic() - t0
-    print(f"preempt + resume took {seconds:.1f}s end to end")
-    assert proc.returncode == 0, stdout
-
-    events = (tmp_path / "events.log").read_text()
-    assert f"signal={int(signal.SIGUSR1)} job={job} checkpoint" in events, events
-    assert "attempt=2" in events, events
-    result = json.loads((tmp_path / "model.json").read_text())
-    assert result["steps"] == 100
-    assert result["resumed_from"] and result["resumed_from"] >= 10, (result, events)
-    assert len(_slurm_logs(tmp_path, "train")) == 2
