@@ -203,12 +203,15 @@ def save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path
 def load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
     """All ranks: restore weights, EMA shadows and optimizer state from a `dcp/` dir, in place. Collective."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     state = dcp_state(model, names, ema, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(root))
-    except Exception as err:  # DCP wraps per-rank failures; a key mismatch is the usual cause
+    except CheckpointException as err:  # (a BaseException) rank -> (exception, traceback); the planner's say what
+        cause = next(iter(err.failures.values()), (err,))
+        cause = cause[0] if isinstance(cause, tuple) else cause
         raise UserError(f"{root} does not match the model being trained (was it written with another "
-                        f"lora/model/ema config?): {str(err).strip().splitlines()[-1][:500]}") from None
+                        f"lora/model/ema config?): {str(cause)[:500]}") from None
     set_optimizer_state_dict(model, optimizer, state[_OPTIM_KEY])

@@ -194,3 +194,14 @@ def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_
                      "--out", str(tmp_path / "eval.json")]) == 0
     offline = {row["weights"]: row["loss"] for row in json.loads((tmp_path / "eval.json").read_text())["rows"]}
     assert {k: in_stage[-1][f"val_{k}"] for k in offline} == pytest.approx(offline, rel=1e-5)
+
+
+def test_fsdp_checkpoint_of_another_lora_config_is_refused_by_name(tiny, tmp_path, lora_reference):
+    import shutil
+
+    other = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "lora.r=8"])
+    shutil.copytree(lora_reference.stage_dir("all"), other.stage_dir("all"))
+    proc = other.train("chunk01", "all", nproc=2, check=False)
+    assert proc.returncode != 0
+    assert "does not match the model being trained" in proc.stderr
+    assert "Size mismatch between saved torch.Size([4, 32]) and current: torch.Size([8, 32])" in proc.stderr
