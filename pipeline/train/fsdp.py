@@ -133,11 +133,11 @@ def check_consistent_unsharded(d: Dist, params: list[torch.Tensor]) -> None:
 @torch.no_grad()
 def checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
     """[sum, sum of |x|] of the full (unsharded) parameters, in float64, the same on every rank."""
-    local = torch.zeros(2, dtype=torch.float64)
+    local = torch.zeros(2, dtype=torch.float64, device=d.device)  # on the device: NCCL reduces no CPU tensor
     for p in params:
         t = _local(p).detach().double()
-        local[0] += t.sum().cpu()
-        local[1] += t.abs().sum().cpu()
+        local[0] += t.sum()
+        local[1] += t.abs().sum()
     dist.all_reduce(local)
     return local.tolist()
 
