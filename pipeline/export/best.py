@@ -39,8 +39,7 @@ def export(stages: Path, last: str, kind: str, out: Path) -> dict:
     src = stages / record["stage"] / BEST_DIR / kind
     meta = src / BEST_META
     if not meta.is_file():
-        raise UserError(f"{src} is missing: the best {kind} weights (update {record['step']}) were not saved "
-                        f"(runs with distributed.strategy=fsdp record the best but do not save it)")
+        raise UserError(f"{src} is missing: the best {kind} weights (update {record['step']}) were not saved")
     saved = json.loads(meta.read_text())
     if saved.get("step") != record["step"]:
         raise UserError(f"{meta} is for update {saved.get('step')}, but the run's best {kind} is update {record['step']}")

@@ -48,19 +48,21 @@ class StageEvaluator:
     `best` is the run's record ({"raw": {...}, "ema": {...}}), a dict the caller
     stores in the checkpoint; this class updates it in place.
     `weights(kind, rate)` returns the trained tensors to save (saved keys, CPU);
-    None records the bests without saving their weights (FSDP: no rank holds them whole).
+    with `collective_weights` every participating rank calls it (FSDP: the full
+    tensors are gathered from the shards), otherwise rank 0 alone.
     `write_weights(tensors, dir)` writes them as a loadable dir.
     """
 
     def __init__(self, *, model, ema, val_cache, pad_id: int, eval_cfg, device, autocast, stage: str,
                  participate: bool, is_main: bool, metrics, scratch: Path, best: dict, fingerprint: str,
                  weights: Callable[[str, float | None], dict], write_weights: Callable[[dict, Path], None],
-                 should_stop: Callable[[], bool]):
+                 should_stop: Callable[[], bool], collective_weights: bool = False):
         self.model, self.ema, self.val = model, ema, val_cache
         self.pad_id, self.cfg, self.device, self.autocast = pad_id, eval_cfg, device, autocast
         self.stage, self.participate, self.is_main = stage, participate, is_main
         self.metrics, self.scratch, self.best, self.fingerprint = metrics, Path(scratch), best, fingerprint
         self.weights, self.write_weights, self.should_stop = weights, write_weights, should_stop
+        self.collective_weights = collective_weights
 
     @property
     def enabled(self) -> bool:
@@ -119,12 +121,13 @@ class StageEvaluator:
                 continue
             record = {"loss": loss, "step": step, "stage": self.stage, "rate": rate}
             self.best[kind] = record
-            if self.is_main and self.weights is not None:
+            if self.is_main or self.collective_weights:
                 if rate is None:
                     tensors = self.weights(kind, None)
                 else:
                     with self.ema.swapped_in(rate):
                         tensors = self.weights(kind, rate)
+            if self.is_main:
                 _write_best(best_dir(self.scratch, kind, step), tensors, {**record, "fingerprint": self.fingerprint},
                             self.write_weights)
             where = f"EMA {rate}" if rate is not None else "raw weights"
@@ -156,5 +159,6 @@ def publish_best(scratch: Path, out: Path, best: dict, stage: str) -> None:
         if not record or record["stage"] != stage:
             continue
         src = best_dir(scratch, kind, record["step"])
-        if (src / BEST_META).is_file():  # absent when weights are not saved (FSDP)
-            shutil.copytree(src, Path(out) / BEST_DIR / kind)
+        if not (src / BEST_META).is_file():
+            raise RuntimeError(f"{src} is missing: the best {kind} weights of update {record['step']} were not saved")
+        shutil.copytree(src, Path(out) / BEST_DIR / kind)

@@ -269,7 +269,12 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             distributed.barrier(d)
 
     def best_weights(kind: str, rate: float | None) -> dict:
-        return model_setup.trained_state(raw_model, names)  # EMA weights: called with them swapped in
+        """The trained weights as saved (EMA ones: called with them swapped in)."""
+        if not sharded:
+            return model_setup.trained_state(raw_model, names)
+        live = dict(raw_model.named_parameters())  # shards: every rank gathers the full tensors
+        return {key: fsdp.replicated(live[n].detach()).to("cpu", copy=True).contiguous()
+                for key, n in model_setup.saved_key_map(raw_model, names).items()}
 
     def write_weights(tensors: dict, root: Path) -> None:
         ckpt_state.write_weights(root, tensors, raw_model.peft_config["default"] if cfg.lora.enabled else None,
@@ -281,7 +286,7 @@ def _run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         # rank 0 alone, but under FSDP every rank (each holds a shard the forward gathers)
         participate=d.is_main or sharded, is_main=d.is_main, metrics=metrics, scratch=scratch,
         best=counters["best"], fingerprint=fingerprint,
-        weights=None if sharded else best_weights, write_weights=write_weights,
+        weights=best_weights, write_weights=write_weights, collective_weights=sharded,
         # a preemption signal abandons an eval; under FSDP all ranks must agree to
         should_stop=(lambda: distributed.any_rank(d, preempt.signal is not None)) if sharded
         else (lambda: preempt.signal is not None),

@@ -88,6 +88,10 @@ def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
     assert sum(k.startswith("ema.0.99.") for k in got) == 28 and sum(k.endswith(".exp_avg_sq") for k in got) == 28
     assert_bitwise_equal(got, dcp_contents(_final(lora_reference)))
     assert step_losses([run.stage_dir(s) for s in names]) == step_losses([lora_reference.stage_dir("all")])
+    # the best weights (full eval after the last update) are gathered from the shards and saved whole
+    for kind in ("raw", "ema"):
+        best = run.stage_dir("tail") / "best" / kind / layout.PEFT_WEIGHTS
+        assert best.read_bytes() == (lora_reference.stage_dir("all") / "best" / kind / layout.PEFT_WEIGHTS).read_bytes()
     # every restore is followed by the gradient check, and both LoRA halves get a gradient
     for name in names[1:]:
         line = next(x for x in logs[name].splitlines() if "gradient check after restoring" in x)
