@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 import shutil
 import subprocess
 import time
@@ -186,7 +187,7 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
                    for rule, _ in planned), planned
     rerun = snakemake(workdir, "--cores", "all")
     assert rerun.returncode == 0, rerun.stderr[-6000:]
-    assert jobs_in_log(rerun.stderr + rerun.stdout) == planned
+    assert Counter(jobs_in_log(rerun.stderr + rerun.stdout)) == Counter(planned)  # the same jobs, any order
 
     after = _mtimes(workdir)
     for stage in ("pilot", "chunk01"):
