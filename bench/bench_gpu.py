@@ -97,6 +97,8 @@ def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
     info = {"params_total": sum(p.numel() for p in model.parameters()), "params_matmul": linear,
             "layers": config.num_hidden_layers, "hidden": config.hidden_size, "vocab": config.vocab_size}
     del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # the training process needs the GPU memory, not this one
     return info
 
 

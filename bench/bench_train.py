@@ -68,7 +68,7 @@ PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "datasets")
 
 
 def _clocks() -> tuple[float, float]:
-    """(wall, CPU time of this process): the CPU clock barely moves while other jobs hold the cores."""
+    """(wall, CPU time of this process): the CPU clock moves much less while other jobs hold the cores."""
     return time.perf_counter(), time.process_time()
 
 
@@ -360,12 +360,15 @@ def _report(args, machine, cfg, results, raw, wall) -> None:
         "of the update / the time between the ends of consecutive updates), so data loading, logging and the EMA "
         "are inside it (the mean, total tokens / total time, is in train.json). The wall clock is what "
         "a user waits; the process CPU-time clock is shown beside it because the cores are shared with other "
-        "jobs, which stretch the wall clock but barely the CPU time of a single-threaded run. The per-update token "
+        "jobs, which stretch the wall clock much more than the CPU time of a single-threaded run (that still "
+        "moves by about 10%: the cores' caches are shared). The per-update token "
         "counts of the two trainers are asserted identical (same samples, same order, same micro-batches). "
         "The EMA overhead is the median time of one `EMA.update` call (both rates) over the median step time of "
         "the same run; the A/B difference between separate runs is shown too, but its noise (a few %) is far "
         "larger than the effect. The last column checks that both trainers optimize the same objective "
-        "(random-init base, so the loss stays high after so few updates).",
+        "(random-init base, so the loss stays high after so few updates). Our runs have the throughput-drop "
+        "alert off (`alerts.tps_drop_fraction=0`): other jobs would trigger it, and the evaluation and "
+        "checkpoint it starts would land in the measurement.",
         "",
         f"Differences left as each tool's default: TRL uses `{raw['trl'][0]['optim']}` (fused AdamW) and computes "
         "per-token entropy and accuracy every step; ours uses foreach AdamW and writes a metrics line every "

@@ -191,8 +191,9 @@ def build_results() -> str:
         "Notes:",
         "",
         "- The CPU figures come from a 2-core machine shared with other jobs (see the load averages): "
-        "configurations were interleaved and rotated and the figures are medians, but a few % of noise remains. "
-        "The throughput table also gives the process CPU-time clock, which other jobs disturb less.",
+        "configurations were interleaved and rotated and the figures are medians, but noise remains: between two "
+        "full runs of bench_train.py the wall-clock ratios moved by up to 0.3, the process CPU-time ones (given "
+        "beside them, and disturbed much less by other jobs) by 0.1.",
         "- The throughput ratios and the EMA overhead come from the same `bench_train.py` run: the EMA overhead is "
         "each `EMA.update` call timed inside the runs that give our tokens/s.",
         "- Merge and data figures were measured earlier by bench_merge.py and bench_data.py and are copied from "
