@@ -34,7 +34,7 @@ rule export_best:
     log:
         f"logs/export_best/{RUN}.log",
     params:
-        stages=f"{R}/stages",
+        stages=lambda wc, input: os.path.dirname(input.stages[0]),
         last=LAST_STAGE,
     shell:
         "python -m pipeline export-best --stages {params.stages} --last {params.last} "
