@@ -201,6 +201,20 @@ def child_env() -> dict:
 # --- result files ---------------------------------------------------------------------------------
 
 
+def run_child(cmd: list[str], work: Path, threads: int, label: str) -> list[float] | None:
+    """Run one benchmark child with `threads` torch threads, its output in work/log.txt.
+
+    Exits with the log's tail if it fails; returns the load average at its start.
+    """
+    env = {**child_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    load = load_average()
+    with open(work / "log.txt", "w") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=1800)
+    if proc.returncode != 0:
+        sys.exit(f"{label} failed ({proc.returncode}); log:\n{(work / 'log.txt').read_text()[-4000:]}")
+    return load
+
+
 def write_results(name: str, md_lines: list[str], data: dict, out_dir: Path = RESULTS) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.md").write_text("\n".join(md_lines).rstrip() + "\n")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,12 +42,7 @@ def _run(run: dict, work: Path, threads: int) -> dict:
            str(Path(__file__).resolve().parent / "_ours.py"), str(result), "--plan", str(run["plan"]),
            "--config", str(run["config"]), "--stage", "all", "--scratch", str(work / "scratch"),
            "--out", str(work / "out")]
-    env = {**C.child_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    load = C.load_average()
-    with open(work / "log.txt", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=1800)
-    if proc.returncode != 0:
-        sys.exit(f"{work.name} failed ({proc.returncode}):\n{(work / 'log.txt').read_text()[-4000:]}")
+    load = C.run_child(cmd, work, threads, work.name)
     r = json.loads(result.read_text())
     r["load"] = load[0] if load else None
     r["checkpoint_bytes"] = sum(p.stat().st_size for p in (work / "out" / "checkpoint").rglob("*") if p.is_file())

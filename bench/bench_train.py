@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -168,12 +167,7 @@ def _run(name: str, tool: str, ema: bool, run: dict, order: Path, work: Path, st
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "trl", "--plan", str(run["plan"]),
                "--config", str(run["config"]), "--work", str(work), "--result", str(result),
                "--order", str(order)] + (["--ema"] if ema else [])
-    env = {**C.child_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    load = C.load_average()
-    with open(work / "log.txt", "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=1800)
-    if proc.returncode != 0:
-        sys.exit(f"{name} failed ({proc.returncode}); log:\n{(work / 'log.txt').read_text()[-4000:]}")
+    load = C.run_child(cmd, work, threads, name)
     out = json.loads(result.read_text())
     if tool == "ours":
         rows = [json.loads(line) for line in (work / "out" / "metrics.jsonl").read_text().splitlines()]
