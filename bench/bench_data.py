@@ -26,6 +26,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
 
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike "
          "november oscar papa quebec romeo sierra tango uniform victor whiskey yankee zulu").split()
@@ -62,30 +64,8 @@ def generate(path: Path, n: int, *, seed: int, openai: bool = False) -> None:
                 f.write(json.dumps(record) + "\n")
 
 
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = "unknown"
-    try:
-        kb = int(next(line for line in Path("/proc/meminfo").read_text().splitlines()
-                      if line.startswith("MemTotal")).split()[1])
-        mem = f"{kb / 2**20:.1f} GiB"
-    except (OSError, StopIteration, ValueError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    # Other jobs may share the cores; the load average says how much the figures are affected.
-    load = f", load average {os.getloadavg()[0]:.1f} at start" if hasattr(os, "getloadavg") else ""
-    return f"{cores} CPU cores ({cpu}), {mem} RAM, {platform.system()} {platform.release()}{load}"
-
-
 def main() -> None:
-    machine = _machine()  # before we load the cores ourselves
+    machine = C.machine_text(C.machine())  # before we load the cores ourselves
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--val-records", type=int, default=2_000)
