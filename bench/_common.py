@@ -166,12 +166,12 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     `single_stage` replaces the plan's stages by one stage `all` over every
     update (what one uninterrupted process computes).
     """
-    from pipeline import schedule
+    from pipeline import plan as planner
 
     root.mkdir(parents=True, exist_ok=True)
     if single_stage:  # any valid split: the stages are replaced below
         fraction, chunks = 0.5, 1
-    base = [f"model.path={default['model']}", f"data.train={default['train']}", f"data.val={default['val']}"]
+    base = [f"model.path={default['model']}", f"data.train_cache={default['train']}", f"data.val_cache={default['val']}"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
             "--train-config-dir", str(REPO / "config" / "train"),
             "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
@@ -181,7 +181,7 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     import io
 
     with redirect_stdout(io.StringIO()):
-        assert schedule.main(args) == 0
+        assert planner.main(args) == 0
     plan = json.loads((root / "plan.json").read_text())
     if single_stage:
         plan["stages"] = [{"name": "all", "start": 0, "end": total}]

@@ -59,8 +59,8 @@ def run(result: Path, train_argv: list[str]) -> int:
     import transformers  # noqa: F401
 
     from pipeline import cli
+    from pipeline.checkpoint import checkpointer as ckpt
     from pipeline.checkpoint import io as ckpt_io
-    from pipeline.checkpoint import state as ckpt_state
     from pipeline.train import batches, ema, monitor
     import pipeline.train.stage  # noqa: F401
 
@@ -79,9 +79,9 @@ def run(result: Path, train_argv: list[str]) -> int:
         rec.setdefault("first_step", _now())
         return micro_batches(self, *args, **kwargs)
 
-    # A save starts by capturing the RNG states (stage.snapshot) and hands the
+    # A save starts by capturing the RNG states (Checkpointer._snapshot) and hands the
     # write to AsyncWriter.submit, which returns at once when async.
-    capture_rng, submit = ckpt_state.capture_rng, ckpt_io.AsyncWriter.submit
+    capture_rng, submit = ckpt.capture_rng, ckpt_io.AsyncWriter.submit
     save_started: list[float] = []
 
     def timed_capture_rng():
@@ -103,7 +103,7 @@ def run(result: Path, train_argv: list[str]) -> int:
     monitor.MetricsLog.write = timed_write
     batches.RunSampler.rank_micro_batches = first_step
     ema.EMA.update = _timed(ema.EMA.update, rec["ema"])
-    ckpt_state.capture_rng = timed_capture_rng
+    ckpt.capture_rng = timed_capture_rng
     ckpt_io.AsyncWriter.submit = timed_submit
 
     rec["rc"] = cli.main(["train", *train_argv])

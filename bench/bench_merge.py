@@ -123,8 +123,8 @@ def _write_base(root: Path, config) -> list[int]:
     import torch
     from transformers import GenerationConfig
 
-    from pipeline.export import hf_dir
-    from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec
+    from pipeline.storage import hf_dir
+    from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec
 
     root.mkdir(parents=True)
     config.save_pretrained(root)

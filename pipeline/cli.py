@@ -15,7 +15,7 @@ COMMANDS = {
     "prepare-base": ("pipeline.demo_cli", "embedded default: tiny base model, tokenizer, demo dataset"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
-    "plan": ("pipeline.schedule", "split total updates into pilot / chunks / tail; resolve the trainer config"),
+    "plan": ("pipeline.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
     "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
     "pilot-gate": ("pipeline.evaluate.gate", "sanity checks on the pilot before the chunks start"),
     "evaluate": ("pipeline.evaluate.stage", "validation loss / task metric for raw and EMA weights"),

@@ -1,9 +1,10 @@
 """The trainer's one typed config: Hydra structured configs (dataclasses).
 
-`config/train/` holds the YAML groups (model, lora, ema, optim, precision,
-distributed, checkpoint); `resolve()` composes them with the user's overrides
-through Hydra's compose API and merges the result onto these dataclasses, so an
-unknown key or a wrong type is an error that names the key. The resolved config
+`config/train/` holds one YAML group per dataclass below (model, lora, ema,
+optim, precision, distributed, checkpoint, eval, alerts, data); `resolve()`
+composes them with the user's overrides through Hydra's compose API and merges
+the result onto these dataclasses, so an unknown key or a wrong type is an
+error that names the key. The resolved config
 is written once by the `plan` rule and read back by every stage (and saved in
 every checkpoint), so all stages of a run train with the same settings.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.errors import UserError
@@ -100,8 +101,10 @@ class AlertConfig:
 
 @dataclass
 class DataConfig:
-    train: str = MISSING  # token cache (safetensors) written by the tokenize rule
-    val: str | None = None
+    # Token caches (safetensors) the tokenize rule writes and the workflow fills in. (The
+    # workflow's own `data.train` / `data.val` are the dataset files they are made from.)
+    train_cache: str = MISSING
+    val_cache: str | None = None
 
 
 @dataclass
@@ -190,8 +193,9 @@ def to_typed(raw: Any) -> TrainConfig:
     return cfg
 
 
-def save(cfg: TrainConfig, path: Path) -> None:
-    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+def to_yaml(cfg: TrainConfig) -> str:
+    """The resolved config as train_config.yaml holds it (what `load` reads back)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def load(path: Path) -> TrainConfig:
@@ -199,11 +203,3 @@ def load(path: Path) -> TrainConfig:
     if not path.is_file():
         raise UserError(f"resolved trainer config {path} not found")
     return to_typed(OmegaConf.load(path))
-
-
-def as_dict(cfg: TrainConfig) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
-
-
-def to_omega(cfg: TrainConfig) -> DictConfig:
-    return OmegaConf.structured(cfg)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from pipeline.data.cache import IGNORE_INDEX
+
 log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<s>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -103,7 +105,7 @@ def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
             for _ in range(batch)
         ]
         enc = tokenizer(lines, return_tensors="pt", padding=True, add_special_tokens=False)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, IGNORE_INDEX)
         loss = model(**enc, labels=labels).loss
         loss.backward()
         opt.step()

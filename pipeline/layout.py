@@ -38,24 +38,26 @@ PEFT_WEIGHTS = "adapter_model.safetensors"
 DCP_DIR = "dcp"
 DCP_MODEL_PREFIX = "model."  # model.<name>
 DCP_EMA_PREFIX = "ema."  # ema.<tag>.<name>
-# legacy single-file checkpoint: torch.save of the same nested dict (or of a plain
-# state dict of the main model); LoRA runs put PEFT_CONFIG next to it.
-LEGACY_STATE_FILE = "state_dict.pt"
 
 # --- scratch dir of one stage: work/<run>/<stage>/ ---
-STEP_DIR = "step_{step:06d}"
+STEP_DIR = "step_{step:06d}"  # one intra-stage checkpoint (a checkpoint dir as above)
+STEP_GLOB = "step_*"
 LATEST_FILE = "LATEST"
 SCRATCH_METRICS = "metrics.jsonl"
+ALERTS_FILE = "alerts.jsonl"  # loss spikes and throughput drops, one JSON line each
+# Best weights by validation loss, one dir per update that improved (an attempt that died
+# after a newer best never overwrites the one a resumed attempt keeps):
+BEST_DIR = "best"  # best/<kind>/step_XXXXXX/ in scratch; best/<kind>/ in the stage output
+BEST_KINDS = ("raw", "ema")
+BEST_META = "best.json"  # stage, update, validation loss, EMA rate of the best weights
 
 # --- stage output dir: results/<run>/stages/<stage>/ ---
 STAGE_CHECKPOINT = "checkpoint"
 STAGE_METRICS = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of a stage (train.tensorboard=true)
-PILOT_REPORT = "pilot_report.json"
 
 # --- exit codes the workflow understands ---
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was saved, retry to resume
-EXIT_NONFINITE = 76  # too many non-finite steps in a row; checkpoint saved
 EXIT_GATE = 77  # pilot gate refused
 
 
@@ -67,3 +69,13 @@ def ema_tag(rate: float) -> str:
 
 def step_dir(scratch: Path, step: int) -> Path:
     return Path(scratch) / STEP_DIR.format(step=step)
+
+
+def step_of(step_dir_name: str) -> int:
+    """'step_000050' -> 50."""
+    return int(step_dir_name.split("_")[1])
+
+
+def best_dir(scratch: Path, kind: str, step: int) -> Path:
+    """Where a stage's scratch keeps the best `kind` weights found at update `step`."""
+    return Path(scratch) / BEST_DIR / kind / STEP_DIR.format(step=step)

@@ -6,15 +6,14 @@ schedule, EMA and data order span the whole run; a stage is only a window
 [start, end) of global update indices, which is what makes a chunked run the
 same computation as one long run.
 
-CLI: `python -m pipeline plan ...` writes plan.json and the resolved trainer config.
+The `plan` command (`pipeline.plan`) writes these stages to plan.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import UserError
@@ -100,27 +99,3 @@ def stage_from_plan(plan: dict, name: str) -> tuple[Stage, Stage | None]:
         if stage.name == name:
             return stage, (stages[i - 1] if i else None)
     raise UserError(f"stage {name!r} is not in the plan (stages: {[s.name for s in stages]})")
-
-
-def main(argv: list[str]) -> int:
-    from pipeline import config as train_config
-
-    ap = argparse.ArgumentParser(prog="python -m pipeline plan", description=__doc__)
-    ap.add_argument("--total-updates", type=int, required=True)
-    ap.add_argument("--pilot-fraction", type=float, required=True)
-    ap.add_argument("--num-chunks", type=int, required=True)
-    ap.add_argument("--train-config-dir", type=Path, required=True)
-    ap.add_argument("--train-config-name", default="config")
-    ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
-    ap.add_argument("--out-plan", type=Path, required=True)
-    ap.add_argument("--out-config", type=Path, required=True)
-    args = ap.parse_args(argv)
-
-    stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
-    cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
-    plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
-    args.out_plan.parent.mkdir(parents=True, exist_ok=True)
-    args.out_plan.write_text(json.dumps(plan, indent=2) + "\n")
-    train_config.save(cfg, args.out_config)
-    print(" + ".join(f"{s.name}:{s.updates}" for s in stages), f"= {args.total_updates} updates")
-    return 0

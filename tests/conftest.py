@@ -1,8 +1,12 @@
-"""Fixtures shared by the workflow tests (tests/workflow) and the SLURM tests (tests/slurm).
+"""Fixtures shared across the test packages.
 
-`local_default_run` is the reference the others are compared with: one cold
-`snakemake --cores all` of the embedded default in a copy of the workflow, made
-once per test session (about 4 minutes on 2 cores).
+`tiny`: a tiny real model, dataset and token caches for the trainer, evaluation
+and export tests (helpers to run stages on it: trainkit.py).
+
+`local_default_run` is the reference the workflow and SLURM tests compare with:
+one cold `snakemake --cores all` of the embedded default in a copy of the
+workflow, made once per test session (about 2-4 minutes on 2 cores). No test
+may change it: a test that edits or retrains takes a copy (`copy_run`).
 """
 
 from __future__ import annotations
@@ -20,3 +24,27 @@ def local_default_run(tmp_path_factory) -> Path:
     proc = snakemake(workdir, "--cores", "all")
     assert proc.returncode == 0, proc.stderr[-6000:]
     return workdir
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict:
+    """A 2-layer Llama (random init), the demo tokenizer, and train/val caches."""
+    import torch
+
+    from pipeline import demo
+    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
+
+    root = tmp_path_factory.mktemp("tiny")
+    tok = demo.build_tokenizer()
+    model = demo.build_model(tok, hidden=32, layers=2, heads=2, intermediate=64, seed=0)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    paths = demo.build_dataset(root / "data", n_train=96, n_val=16, n_test=8)
+    tokenizer = load_tokenizer(root / "model")
+    fp = tokenizer_fingerprint(root / "model")
+    for split in ("train", "val"):
+        tokenize_file(paths[split], tokenizer, out_path=root / f"{split}.safetensors", max_length=64,
+                      too_long="error", fingerprint=fp, split=split)
+    torch.set_num_threads(1)
+    return {"root": root, "model": root / "model", "train": root / "train.safetensors",
+            "val": root / "val.safetensors", "test": paths["test"]}

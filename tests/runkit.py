@@ -25,6 +25,13 @@ def copy_workflow(dest: Path) -> Path:
     return dest
 
 
+def copy_run(done: Path, dest: Path) -> Path:
+    """A copy of a finished run (its workflow, results, logs and snakemake's records, mtimes kept)
+    that a test may change without touching the session's shared run."""
+    shutil.copytree(done, dest, symlinks=True)
+    return dest
+
+
 def snakemake(workdir: Path, *args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m snakemake *args` in workdir, with no fault injection unless env asks for it."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1")

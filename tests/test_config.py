@@ -6,7 +6,7 @@ from pipeline import config as train_config
 from pipeline.errors import UserError
 
 CONF = Path(__file__).resolve().parents[1] / "config" / "train"
-BASE = ["model.path=/m", "data.train=/t.safetensors"]
+BASE = ["model.path=/m", "data.train_cache=/t.safetensors"]
 
 
 def test_overrides_apply_and_groups_compose():
@@ -34,5 +34,5 @@ def test_grad_accumulation_is_derived_and_checked():
 
 def test_resolved_config_round_trips(tmp_path):
     cfg = train_config.resolve(CONF, "config", BASE)
-    train_config.save(cfg, tmp_path / "c.yaml")
+    (tmp_path / "c.yaml").write_text(train_config.to_yaml(cfg))
     assert train_config.load(tmp_path / "c.yaml") == cfg

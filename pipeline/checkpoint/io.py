@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline import layout
+from pipeline.storage import publish
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +40,6 @@ def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
         while chunk := f.read(bufsize):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _files(root: Path) -> list[Path]:
@@ -96,21 +89,6 @@ def read_manifest(root: Path) -> dict:
     return json.loads((Path(root) / layout.MANIFEST_FILE).read_text())
 
 
-def commit_dir(tmp: Path, final: Path) -> None:
-    """Rename a fully written temp dir into place (replacing an old `final`)."""
-    if final.exists():
-        # Only an older attempt at the same step can be here; move it aside first
-        # so that at every instant one complete copy exists.
-        old = final.with_name(final.name + _TMP_MARK + "old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(final.parent)
-
-
 def write_checkpoint(final: Path, step: int, write_files: Callable[[Path], None], extra: dict | None = None) -> Path:
     """Write a checkpoint atomically: `write_files(tmp_dir)`, MANIFEST, rename."""
     final = Path(final)
@@ -120,7 +98,8 @@ def write_checkpoint(final: Path, step: int, write_files: Callable[[Path], None]
     tmp.mkdir()
     write_files(tmp)
     write_manifest(tmp, step, extra)
-    commit_dir(tmp, final)
+    # Only an older attempt at the same step can already be at `final`: swapped out, no gap.
+    publish.publish_dir(tmp, final)
     return final
 
 
@@ -136,9 +115,7 @@ def staging_dir(final: Path, label: str, pid: int) -> Path:
 
 
 def update_latest(scratch: Path, step_dir: Path) -> None:
-    tmp = scratch / (layout.LATEST_FILE + ".partial")
-    tmp.write_text(step_dir.name + "\n")
-    os.replace(tmp, scratch / layout.LATEST_FILE)
+    publish.write_text(Path(scratch) / layout.LATEST_FILE, step_dir.name + "\n")
 
 
 def step_dirs(scratch: Path) -> list[Path]:
@@ -146,8 +123,8 @@ def step_dirs(scratch: Path) -> list[Path]:
     scratch = Path(scratch)
     if not scratch.is_dir():
         return []
-    dirs = [p for p in scratch.glob("step_*") if p.is_dir() and _TMP_MARK not in p.name]
-    return sorted(dirs, key=lambda p: int(p.name.split("_")[1]), reverse=True)
+    dirs = [p for p in scratch.glob(layout.STEP_GLOB) if p.is_dir() and _TMP_MARK not in p.name]
+    return sorted(dirs, key=lambda p: layout.step_of(p.name), reverse=True)
 
 
 def latest_valid(scratch: Path, accept: Callable[[dict], str | None] | None = None) -> Path | None:
@@ -172,7 +149,7 @@ def prune(scratch: Path, keep_last: int) -> None:
     """Keep the newest `keep_last` committed step dirs; drop stale temp dirs."""
     for path in step_dirs(scratch)[max(1, keep_last):]:
         shutil.rmtree(path, ignore_errors=True)
-    for tmp in Path(scratch).glob(f"step_*{_TMP_MARK}*"):
+    for tmp in Path(scratch).glob(f"{layout.STEP_GLOB}{_TMP_MARK}*"):
         if not tmp.name.endswith(str(os.getpid())):
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,7 +1,9 @@
 """Training state <-> files: tensors in safetensors, metadata in JSON, nothing pickled.
 
-Gathering (CPU copies of live state, done on the training thread) is separate
-from writing (done on the checkpoint thread): `Snapshot` is the hand-over.
+The writing side. Gathering (CPU copies of live state, done on the training
+thread by `pipeline.checkpoint.checkpointer`) is separate from writing (done on
+the checkpoint thread, here): `Snapshot` is the hand-over. Reading is
+`pipeline.checkpoint.reader`.
 
 Layout of one checkpoint dir (names in `pipeline.layout`):
 
@@ -33,11 +35,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from pipeline import layout
+from pipeline.storage import hf_dir
 
-WEIGHTS_FILE = "model.safetensors"  # full fine-tuning weights inside model/ and ema/<rate>/
 _SEP = "::"
 
 
@@ -81,22 +83,6 @@ def _write_rng(state: dict[str, Any], root: Path, rank: int) -> None:
     }
     save_file(tensors, str(root / layout.RNG_TENSORS.format(rank=rank)))
     (root / layout.RNG_META.format(rank=rank)).write_text(json.dumps(meta))
-
-
-def _read_rng(root: Path, rank: int) -> dict[str, Any]:
-    tensors = load_file(str(root / layout.RNG_TENSORS.format(rank=rank)))
-    meta = json.loads((root / layout.RNG_META.format(rank=rank)).read_text())
-    version, internal, gauss = meta["python"]
-    kind, pos, has_gauss, cached = meta["numpy"]
-    keys = tensors["numpy_keys"].numpy().view(np.uint32)
-    state = {
-        "python": (version, tuple(internal), gauss),
-        "numpy": (kind, keys, pos, has_gauss, cached),
-        "torch_cpu": tensors["torch_cpu"],
-    }
-    if meta["cuda_devices"]:
-        state["torch_cuda"] = [tensors[f"torch_cuda_{i}"] for i in range(meta["cuda_devices"])]
-    return state
 
 
 # ----------------------------------------------------------------------- optimizer
@@ -151,25 +137,36 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str], ten
 # ------------------------------------------------------------------------ snapshot
 
 @dataclass
+class TrainedState:
+    """The trained part of a checkpoint, as a parallelism strategy captures it.
+
+    Replicated runs: CPU copies of the weights, every EMA shadow and the
+    optimizer state, for rank 0 to write (None on the other ranks). FSDP runs:
+    `sharded_dir`, a dir all ranks already wrote with DCP, moved into the
+    checkpoint as dcp/; `progress` adds what the restore checks it against.
+    """
+
+    weights: dict[str, torch.Tensor] | None = None  # PEFT-format adapter keys, or full model keys
+    ema: dict[str, dict[str, torch.Tensor]] | None = None  # ema tag -> same keys as `weights`
+    optimizer: tuple[dict, dict] | None = None  # `optimizer_state()`: (tensors, meta)
+    sharded_dir: Path | None = None
+    progress: dict = field(default_factory=dict)
+
+
+@dataclass
 class Snapshot:
     """Everything one checkpoint holds, as CPU tensors and plain data."""
 
     step: int
-    weights: dict[str, torch.Tensor] | None  # PEFT-format adapter keys, or full model keys (None: sharded)
+    trained: TrainedState
     peft_config: Any | None  # peft LoraConfig (LoRA) or None (full fine-tuning)
     model_config_json: str | None  # HF config.json text, full fine-tuning only
-    ema: dict[str, dict[str, torch.Tensor]]  # ema tag -> same keys as `weights`
-    optimizer_tensors: dict[str, torch.Tensor] | None
-    optimizer_meta: dict | None
     scheduler: dict
     scaler: dict
     progress: dict
     rng: list[dict]  # one per rank
     config_yaml: str
     manifest_extra: dict = field(default_factory=dict)
-    # FSDP: a dir the ranks already wrote with DCP (weights, EMA, optimizer); it is
-    # moved into the checkpoint as dcp/ and replaces weights, ema and optimizer_*.
-    sharded_dir: Path | None = None
 
 
 def write_weights(root: Path, weights: dict, peft_config, model_config_json) -> None:
@@ -177,67 +174,34 @@ def write_weights(root: Path, weights: dict, peft_config, model_config_json) -> 
     root.mkdir(parents=True, exist_ok=True)
     if peft_config is not None:
         peft_config.save_pretrained(str(root))
-        save_file(weights, str(root / layout.PEFT_WEIGHTS), metadata={"format": "pt"})
+        save_file(weights, str(root / layout.PEFT_WEIGHTS), metadata=hf_dir.ST_METADATA)
     else:
-        save_file(weights, str(root / WEIGHTS_FILE), metadata={"format": "pt"})
+        save_file(weights, str(root / hf_dir.WEIGHTS_FILE), metadata=hf_dir.ST_METADATA)
         if model_config_json is not None:
-            (root / "config.json").write_text(model_config_json)
+            (root / hf_dir.CONFIG_FILE).write_text(model_config_json)
 
 
 def write_snapshot(snap: Snapshot, root: Path) -> None:
     """Write every file of `snap` into `root` (the caller commits it atomically)."""
-    root = Path(root)
-    if snap.sharded_dir is not None:
-        os.replace(snap.sharded_dir, root / layout.DCP_DIR)
+    root, trained = Path(root), snap.trained
+    if trained.sharded_dir is not None:
+        os.replace(trained.sharded_dir, root / layout.DCP_DIR)
         if snap.peft_config is not None:  # marks a LoRA run for the export side
             snap.peft_config.save_pretrained(str(root / layout.DCP_DIR))
     else:
         weights_dir = layout.ADAPTER_DIR if snap.peft_config is not None else layout.MODEL_DIR
-        write_weights(root / weights_dir, snap.weights, snap.peft_config, snap.model_config_json)
-        for tag, shadow in snap.ema.items():
+        write_weights(root / weights_dir, trained.weights, snap.peft_config, snap.model_config_json)
+        for tag, shadow in trained.ema.items():
             write_weights(root / layout.EMA_DIR / tag, shadow, snap.peft_config, snap.model_config_json)
     state = root / layout.TRAINING_STATE_DIR
     state.mkdir(parents=True, exist_ok=True)
-    if snap.optimizer_tensors is not None:
-        save_file(snap.optimizer_tensors, str(state / layout.OPTIMIZER_TENSORS))
-        (state / layout.OPTIMIZER_META).write_text(json.dumps(snap.optimizer_meta, indent=1))
+    if trained.optimizer is not None:
+        tensors, meta = trained.optimizer
+        save_file(tensors, str(state / layout.OPTIMIZER_TENSORS))
+        (state / layout.OPTIMIZER_META).write_text(json.dumps(meta, indent=1))
     (state / layout.SCHEDULER_FILE).write_text(json.dumps(snap.scheduler, indent=1))
     (state / layout.SCALER_FILE).write_text(json.dumps(snap.scaler, indent=1))
     (state / layout.PROGRESS_FILE).write_text(json.dumps(snap.progress, indent=1))
     for rank, rng in enumerate(snap.rng):
         _write_rng(rng, state, rank)
     (root / layout.CONFIG_FILE).write_text(snap.config_yaml)
-
-
-def read_weights(root: Path) -> dict[str, torch.Tensor]:
-    """Weights of an adapter/ or model/ or ema/<rate>/ dir."""
-    root = Path(root)
-    peft = root / layout.PEFT_WEIGHTS
-    return load_file(str(peft if peft.is_file() else root / WEIGHTS_FILE))
-
-
-def read_training_state(root: Path, rank: int) -> dict:
-    """The training_state/ of a checkpoint, with this rank's RNG (optimizer: None in a sharded one)."""
-    state = Path(root) / layout.TRAINING_STATE_DIR
-    rng_rank = rank if (state / layout.RNG_META.format(rank=rank)).is_file() else None
-    unsharded = (state / layout.OPTIMIZER_TENSORS).is_file()
-    return {
-        "optimizer_tensors": load_file(str(state / layout.OPTIMIZER_TENSORS)) if unsharded else None,
-        "optimizer_meta": json.loads((state / layout.OPTIMIZER_META).read_text()) if unsharded else None,
-        "scheduler": json.loads((state / layout.SCHEDULER_FILE).read_text()),
-        "scaler": json.loads((state / layout.SCALER_FILE).read_text()),
-        "progress": json.loads((state / layout.PROGRESS_FILE).read_text()),
-        # A rank that did not exist when the checkpoint was written gets no RNG
-        # state; the caller reseeds it deterministically instead.
-        "rng": _read_rng(state, rng_rank) if rng_rank is not None else None,
-    }
-
-
-def is_sharded(root: Path) -> bool:
-    """True for a checkpoint written by an FSDP run (weights, EMA and optimizer in dcp/)."""
-    return (Path(root) / layout.DCP_DIR).is_dir()
-
-
-def ema_tags(root: Path) -> list[str]:
-    ema = Path(root) / layout.EMA_DIR
-    return sorted(p.name for p in ema.iterdir()) if ema.is_dir() else []

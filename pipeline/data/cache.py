@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 import operator
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.errors import DataError
+from pipeline.storage import publish
 
 FORMAT = "pipeline-token-cache/1"
 IGNORE_INDEX = -100  # the label value torch's cross-entropy skips
@@ -56,14 +56,8 @@ def write_cache(
     if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != input_ids.size:
         raise ValueError("offsets must start at 0 and end at len(input_ids)")
     meta = {"format": FORMAT, **{str(k): str(v) for k, v in metadata.items()}}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
+    with publish.staged_file(path) as tmp:
         save_file({"input_ids": input_ids, "labels": labels, "offsets": offsets}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 class TokenCache:

@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from pipeline import layout
-from pipeline.export.checkpoint import open_checkpoint
+from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.errors import UserError
 
 EXIT = layout.EXIT_GATE

@@ -1,46 +1,33 @@
-"""Validation loss / perplexity and held-out exact match.
+"""Held-out exact match: greedy decoding of each prompt against its reference answer.
 
-Both run with the model in eval mode and under no_grad; neither consumes the
-torch RNG (dropout is off, decoding is greedy), so evaluating inside a stage
-does not change what training computes afterwards.
+Runs in eval mode under no_grad and consumes no RNG (decoding is greedy).
+Validation loss lives in `pipeline.model.loss`, shared with the trainer.
 """
 
 from __future__ import annotations
 
-import math
+import argparse
+from pathlib import Path
 
 import torch
 
-from pipeline.train.batches import collate, token_loss_sum
+
+def add_held_out_args(ap: argparse.ArgumentParser) -> None:
+    """--test, --max-test, --max-new-tokens: the held-out prompts and the decoding budget."""
+    ap.add_argument("--test", type=Path, default=None, help="held-out dataset file for exact match")
+    ap.add_argument("--max-test", type=int, default=None, help="evaluate at most this many held-out records")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="greedy decoding budget per prompt")
 
 
-@torch.no_grad()
-def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast, max_batches: int | None = None,
-                    should_stop=None) -> dict | None:
-    """Token-weighted mean loss over the cache (or its first `max_batches` batches).
+def held_out_examples(path: Path | None, limit: int | None) -> list[tuple[list[dict], str]]:
+    """(prompt messages, reference answer) of the first `limit` records of a held-out file."""
+    if path is None:
+        return []
+    from pipeline.data.formats import load_records, prompt_and_reference
 
-    `should_stop()` is asked before each batch; when it says yes the evaluation
-    is abandoned and None returned (a preemption signal arrived meanwhile).
-    """
-    was_training = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    n = len(cache)
-    for b, start in enumerate(range(0, n, micro_batch)):
-        if max_batches is not None and b >= max_batches:
-            break
-        if should_stop is not None and should_stop():
-            model.train(was_training)
-            return None
-        batch = collate(cache, list(range(start, min(n, start + micro_batch))), pad_id)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        total += float(token_loss_sum(logits, batch["labels"]))
-        tokens += int((batch["labels"][:, 1:] != -100).sum())
-    model.train(was_training)
-    loss = total / max(tokens, 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
+    examples = [prompt_and_reference(r) for r in load_records(path)]
+    return examples[:limit] if limit else examples
+
 
 
 def normalize_answer(text: str) -> str:

@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from pipeline.errors import UserError
-from pipeline.evaluate.metrics import exact_match
-from pipeline.evaluate.stage import held_out_examples
+from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
 
 
 def main(argv: list[str]) -> int:
@@ -27,9 +26,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline smoke-test", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--test", type=Path, default=None)
-    ap.add_argument("--max-test", type=int, default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    add_held_out_args(ap)
     ap.add_argument("--min-exact-match", type=float, default=None)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)

@@ -22,24 +22,12 @@ from pathlib import Path
 import torch
 
 from pipeline import config as train_config
-from pipeline import layout
-from pipeline.checkpoint import io as ckpt_io
-from pipeline.errors import UserError
-from pipeline.evaluate.metrics import exact_match, validation_loss
-from pipeline.export.checkpoint import open_checkpoint
-from pipeline.train import precision as prec
-from pipeline.train import model as model_setup
+from pipeline.checkpoint.reader import open_checkpoint
+from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
+from pipeline.model import loading, precision as prec
+from pipeline.model.loss import validation_loss
 
 log = logging.getLogger(__name__)
-
-
-def held_out_examples(path: Path | None, limit: int | None) -> list[tuple[list[dict], str]]:
-    if path is None:
-        return []
-    from pipeline.data.formats import load_records, prompt_and_reference
-
-    examples = [prompt_and_reference(r) for r in load_records(path)]
-    return examples[:limit] if limit else examples
 
 
 def _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, max_new_tokens) -> dict:
@@ -58,40 +46,31 @@ def evaluate(args) -> dict:
 
     from pipeline.data.cache import TokenCache
 
-    if args.checkpoint is not None:
-        ok, reason = ckpt_io.verify(args.checkpoint)
-        if not ok:
-            raise UserError(f"cannot evaluate: {reason}")
-        cfg = train_config.load(args.checkpoint / layout.CONFIG_FILE)
-    else:
-        cfg = train_config.load(args.config)
+    # HF dirs (adapter/ or model/, ema/<tag>/) or, from an FSDP run, the DCP shards (dcp/), unsharded here.
+    ckpt = open_checkpoint(args.checkpoint, verify=True) if args.checkpoint is not None else None
+    cfg = train_config.load(ckpt.config_path if ckpt is not None else args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = prec.choose(cfg.precision.mode, device)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    val_cache = TokenCache(cfg.data.val) if cfg.data.val else None
+    val_cache = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
     examples = held_out_examples(args.test, args.max_test)
     result = {"stage": args.stage, "rows": []}
     t0 = time.time()
 
-    if args.checkpoint is None:  # the base model, before any training
-        model = model_setup.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device)
+    if ckpt is None:  # the base model, before any training
+        model = loading.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device)
         row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
         result["rows"].append({"weights": "base", **row})
     else:
         torch.manual_seed(cfg.seed)  # adapter init is overwritten below; seed only for tidiness
-        dtype = prec.weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
-        model = model_setup.build(cfg, dtype, device)
-        names = [n for n, _ in model_setup.trainable(model)]
-        progress = json.loads((args.checkpoint / layout.TRAINING_STATE_DIR / layout.PROGRESS_FILE).read_text())
-        result["step"] = progress["step"]
-        # HF dirs (adapter/ or model/, ema/<tag>/) or, from an FSDP run, the DCP shards (dcp/), unsharded here.
-        ckpt = open_checkpoint(args.checkpoint)
+        model = loading.build(cfg, precision, device)
+        names = [n for n, _ in loading.trainable(model)]
+        result["step"] = ckpt.progress["step"]
         sets = [("raw", ckpt.main)] + [(f"ema_{tag}", weights) for tag, weights in ckpt.ema.items()]
         for name, weights in sets:
-            tensors = dict(weights.fetch(sorted(weights.specs)))
-            model_setup.load_trained(model, names, tensors, f"{args.checkpoint} ({weights.label})")
+            loading.load_trained(model, names, weights.all(), f"{args.checkpoint} ({weights.label})")
             row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
             result["rows"].append({"weights": name, **row})
             log.info("%s %s: %s", args.stage, name, {k: v for k, v in row.items() if k != "samples"})
@@ -106,9 +85,7 @@ def main(argv: list[str]) -> int:
     src.add_argument("--checkpoint", type=Path, help="stage checkpoint dir")
     src.add_argument("--config", type=Path, help="resolved trainer config: evaluate the base model alone")
     ap.add_argument("--stage", required=True, help="name recorded in the output (e.g. chunk01, base)")
-    ap.add_argument("--test", type=Path, default=None, help="held-out dataset file for exact match")
-    ap.add_argument("--max-test", type=int, default=None)
-    ap.add_argument("--max-new-tokens", type=int, default=32)
+    add_held_out_args(ap)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline import layout
 from pipeline.errors import UserError
-from pipeline.train.evals import BEST_DIR, BEST_META
+from pipeline.storage import publish
 
 
 def best_record(stages: Path, last: str) -> dict:
@@ -36,19 +36,15 @@ def export(stages: Path, last: str, kind: str, out: Path) -> dict:
     record = best_record(stages, last).get(kind)
     if record is None:
         raise UserError(f"the run recorded no best {kind} weights (no EMA rates configured?)")
-    src = stages / record["stage"] / BEST_DIR / kind
-    meta = src / BEST_META
+    src = stages / record["stage"] / layout.BEST_DIR / kind
+    meta = src / layout.BEST_META
     if not meta.is_file():
         raise UserError(f"{src} is missing: the best {kind} weights (update {record['step']}) were not saved")
     saved = json.loads(meta.read_text())
     if saved.get("step") != record["step"]:
         raise UserError(f"{meta} is for update {saved.get('step')}, but the run's best {kind} is update {record['step']}")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    with publish.staged_dir(out) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
     return record
 
 

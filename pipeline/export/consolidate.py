@@ -5,11 +5,11 @@
         [--out-model DIR] [--out-model-ema DIR]         # full fine-tuning
         [--ema-rate RATE] [--all-ema-dir DIR] [--models main|ema|both]
         [--dtype auto|bf16|fp16|fp32] [--max-shard-size 5GB]
-        [--format auto|hf|dcp|legacy] [--overwrite]
+        [--format auto|hf|dcp] [--overwrite]
 
-The checkpoint's format (HF dirs, DCP shards of an FSDP run, legacy `.pt`)
-is detected by `pipeline.export.checkpoint`, which also documents the DCP
-layout the trainer writes. What is written:
+The checkpoint's format (HF dirs, or the DCP shards of an FSDP run) is
+detected by `pipeline.checkpoint.reader`, which also documents the DCP layout
+the trainer writes. What is written:
 
 * LoRA run: `--out-adapter` (main weights) and `--out-adapter-ema` (EMA rate
   `--ema-rate`; optional when the run has a single rate) as stock PEFT dirs
@@ -44,10 +44,11 @@ import torch
 
 from pipeline import layout
 from pipeline.errors import UserError
-from pipeline.export import dtypes, hf_dir, lora_math
-from pipeline.export.checkpoint import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
+from pipeline.export import lora_math
+from pipeline.storage import dtypes, hf_dir
+from pipeline.checkpoint.reader import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
-from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec
+from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,7 @@ def consolidate(
     outputs = {"--out-adapter": out_adapter, "--out-adapter-ema": out_adapter_ema, "--out-model": out_model,
                "--out-model-ema": out_model_ema, "--all-ema-dir": all_ema_dir}
     checkpoint = Path(checkpoint)
-    # A legacy .pt may be given as a file: protect the dir it lives in.
-    ckpt_dir = checkpoint.parent if checkpoint.is_file() else checkpoint
-    refuse_overlaps(outputs, {"--base": base, "--checkpoint": ckpt_dir})
+    refuse_overlaps(outputs, {"--base": base, "--checkpoint": checkpoint})
     if not base.is_dir():
         raise UserError(f"--base {base} is not a directory")
     ckpt = open_checkpoint(checkpoint, fmt)
@@ -244,7 +243,7 @@ def _tied_aliases(base: Path, stored: set[str]) -> set[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline consolidate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, type=Path, help="final checkpoint dir (or legacy .pt)")
+    parser.add_argument("--checkpoint", required=True, type=Path, help="final checkpoint dir")
     parser.add_argument("--base", required=True, type=Path, help="base model dir, only read")
     parser.add_argument("--out-adapter", type=Path, help="LoRA: PEFT dir of the main weights")
     parser.add_argument("--out-adapter-ema", type=Path, help="LoRA: PEFT dir of the --ema-rate shadow")

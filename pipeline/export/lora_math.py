@@ -34,7 +34,7 @@ from typing import Mapping
 import torch
 
 from pipeline.errors import UserError
-from pipeline.export import dtypes
+from pipeline.storage import dtypes
 
 ADAPTER_PREFIX = "base_model.model."
 

@@ -36,9 +36,10 @@ from safetensors.torch import load_file
 
 from pipeline import layout
 from pipeline.errors import UserError
-from pipeline.export import dtypes, hf_dir, lora_math
+from pipeline.export import lora_math
+from pipeline.storage import dtypes, hf_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
-from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
+from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
 
 log = logging.getLogger(__name__)
 

@@ -6,21 +6,19 @@ Two guarantees, both checked before the first byte is written:
   directory (the base model above all) is refused with a `UserError`;
 * an existing non-empty output dir is replaced only with `--overwrite`.
 
-Outputs are built in a hidden sibling staging dir and renamed into place at
-the end, so a crash never leaves something that looks like a finished model
-(Snakemake would otherwise take a partial dir for a result).
+Outputs are built in a hidden sibling staging dir and published at the end
+(`pipeline.storage.publish`), so a crash never leaves something that looks like
+a finished model (Snakemake would otherwise take a partial dir for a result).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Mapping
 
 from pipeline.errors import UserError
+from pipeline.storage import publish
 
 
 def _resolved(path: Path | str) -> Path:
@@ -69,32 +67,9 @@ def check_replaceable(out: Path | str, *, overwrite: bool, label: str = "output"
 def staged_dir(out: Path | str, *, overwrite: bool, label: str = "output") -> Iterator[Path]:
     """Yield an empty staging dir; on normal exit it becomes `out` (old contents replaced).
 
-    On an exception the staging dir is removed and `out` is left untouched.
+    Refuses a non-empty `out` unless `overwrite` first; on an exception the
+    staging dir is removed and `out` is left untouched (`storage.publish`).
     """
-    out = Path(out)
     check_replaceable(out, overwrite=overwrite, label=label)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(stage, ignore_errors=True)
-    stage.mkdir()
-    try:
+    with publish.staged_dir(out) as stage:
         yield stage
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        out.rename(old)
-        stage.rename(out)
-        shutil.rmtree(old)
-    else:
-        stage.rename(out)
-
-
-def write_json(path: Path | str, payload: object) -> None:
-    """Write JSON via a temp file + rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
-    tmp.replace(path)

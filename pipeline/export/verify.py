@@ -32,13 +32,13 @@ from pathlib import Path
 import torch
 
 from pipeline.errors import UserError
-from pipeline.export import dtypes, hf_dir
-from pipeline.export.outputs import refuse_overlaps, write_json
+from pipeline.storage import dtypes, hf_dir
+from pipeline.export.outputs import refuse_overlaps
+from pipeline.storage.publish import write_json
 
 log = logging.getLogger(__name__)
 
 EXIT_MISMATCH = 1
-_COMPUTE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def probe_ids(vocab_size: int, probes: int, seq_len: int, seed: int) -> torch.Tensor:
@@ -80,7 +80,7 @@ def verify(
             raise UserError(f"--tolerance must be 'auto' or a number, not {tolerance!r}") from None
     if probes < 1 or seq_len < 1:
         raise UserError("--probes and --seq-len must be positive")
-    compute = _COMPUTE[compute_dtype]
+    compute = dtypes.BY_NAME[compute_dtype]
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     specs = hf_dir.find_weights(merged, "--merged").all_specs.values()
@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq-len", type=int, default=32, help="tokens per probe (default 32)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
-    parser.add_argument("--compute-dtype", default="fp32", choices=tuple(_COMPUTE))
+    parser.add_argument("--compute-dtype", default="fp32", choices=tuple(dtypes.BY_NAME))
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The run's data order and batch assembly.
+"""The run's data order and the micro-batches of each update.
 
 Data order is a pure function of (seed, global update index): the sample at
 global position g is permutation(epoch = g // N)[g % N], each epoch with its own
@@ -12,10 +12,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-IGNORE = -100
+from pipeline.data.cache import IGNORE_INDEX
+from pipeline.model.loss import collate
 
 
 class RunSampler:
+    """Sample indices of every update of the run (see the module docstring)."""
+
     def __init__(self, num_samples: int, global_batch: int, seed: int):
         if num_samples < 1:
             raise ValueError("the training set is empty")
@@ -50,25 +53,30 @@ class RunSampler:
 
 def supervised_counts(cache) -> np.ndarray:
     """Per sample: tokens that carry a loss (label of the *next* position is set)."""
-    return np.array([int((cache[i][1][1:] != IGNORE).sum()) for i in range(len(cache))], dtype=np.int64)
+    return np.array([int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache))], dtype=np.int64)
 
 
-def collate(cache, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask, labels (IGNORE on padding)."""
-    items = [cache[i] for i in indices]
-    width = max(len(ids) for ids, _ in items)
-    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(items), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, (ids, lab) in enumerate(items):
-        input_ids[row, :len(ids)] = ids
-        labels[row, :len(lab)] = lab
-        mask[row, :len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+class TrainBatches:
+    """The training data as the update loop sees it: this rank's micro-batches of any update.
 
+    `supervised(step)` counts the supervised tokens of the update's whole
+    global batch from the cache's labels: every rank gets the same number
+    without communicating, and the loss is normalized by it.
+    """
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of next-token cross-entropy over supervised positions, computed in fp32."""
-    return torch.nn.functional.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE, reduction="sum"
-    )
+    def __init__(self, cache, *, global_batch: int, micro_batch: int, seed: int, pad_id: int, rank: int, world: int):
+        self.cache, self.micro, self.pad_id = cache, micro_batch, pad_id
+        self.rank, self.world = rank, world
+        self.sampler = RunSampler(len(cache), global_batch, seed)
+        self.counts = supervised_counts(cache)
+
+    def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+        """This rank's share of update `step`, as collated CPU batches."""
+        return [collate(self.cache, mb, self.pad_id)
+                for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
+
+    def supervised(self, step: int) -> int:
+        return int(self.counts[self.sampler.global_indices(step)].sum())
+
+    def epoch_of(self, step: int) -> float:
+        return self.sampler.epoch_of(step)

@@ -1,28 +1,29 @@
-"""FSDP2 (`fully_shard`) for models that do not fit one device: sharding, sharded EMA, DCP checkpoints.
+"""The FSDP2 strategy (`fully_shard`) for models that do not fit one device.
 
 Selected by `distributed.strategy=fsdp` when more than one process runs (one
-process has nothing to shard over and trains unsharded, like DDP would).
+process has nothing to shard over and trains unsharded, like DDP would); the
+`FSDP` class implements the interface of `pipeline.train.strategy`.
 
 - Every rank builds the same model from the same seed on the CPU, then
-  `shard()` applies `fully_shard` to each decoder layer and to the root: each
+  `wrap()` applies `fully_shard` to each decoder layer and to the root: each
   parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
   device) only its shard, plus one unsharded layer at a time during forward and
   backward. The parameter names do not change, so the optimizer state, the EMA
   and the checkpoint are keyed as in a DDP run.
-- The EMA keeps fp32 shadows of this rank's local shards (`local_named`), so
+- The EMA keeps fp32 shadows of this rank's local shards (`ema_view`), so
   its one fused `_foreach_lerp_` per rate touches plain tensors and no
-  communication; `dcp_state` wraps the shadows back into DTensors for saving.
+  communication; `_dcp_state` wraps the shadows back into DTensors for saving.
 - Checkpoints: the weights, every EMA shadow and the optimizer state are saved
   by all ranks together with `torch.distributed.checkpoint` into `<ckpt>/dcp/`
-  (`save_sharded`), in the layout `pipeline.export.checkpoint` reads:
+  (`capture`), in the layout `pipeline.checkpoint.reader` reads:
   `{"model": {key: t}, "ema": {tag: {key: t}}}` with the keys a DDP run stores
   (PEFT adapter keys under LoRA), plus `"optim"`, which the export side ignores.
   The rest of the loop state (scheduler, scaler, progress, per-rank RNG, config)
   is small and written by rank 0 as in a DDP run; `pipeline.checkpoint.io` then
   checksums every file, the DCP shards included, into the MANIFEST.
 - Ranks hold different shards, so the DDP cross-rank checksum does not apply
-  after sharding: `check_consistent_unsharded` runs before sharding (every rank
-  built the same weights) and `checksum` / `check_restored` compare the restored
+  after sharding: `wrap` compares the ranks' weights before sharding (every rank
+  built the same weights) and `restore` compares the restored
   weights with the checksum saved next to them (the full-model sum, all-reduced
   over the shards).
 """
@@ -32,34 +33,20 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-from contextlib import nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from pipeline.train import model as model_setup
-from pipeline.train.distributed import Dist, barrier, check_consistent
+from pipeline.model import loading
+from pipeline.distributed import Dist, any_rank, barrier, check_consistent, plain
+from pipeline.checkpoint.state import TrainedState
 
 log = logging.getLogger(__name__)
 
-STRATEGY = "fsdp"
 _OPTIM_KEY = "optim"  # top-level DCP entry of the optimizer state (not read by the export side)
-
-
-def enabled(strategy: str, d: Dist) -> bool:
-    """True when the model is to be sharded: strategy fsdp and more than one process."""
-    if strategy != STRATEGY:
-        return False
-    if not d.enabled:
-        log.warning("distributed.strategy=fsdp with one process: nothing to shard over, training unsharded")
-    return d.enabled
-
-
-def build_device(d: Dist, sharded: bool) -> torch.device:
-    """Where the model is loaded: the CPU when sharding (fully_shard moves each shard to the device)."""
-    return torch.device("cpu") if sharded else d.device
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
@@ -72,7 +59,7 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in layers if id(m) not in inner]
 
 
-def shard(model, d: Dist):
+def _shard(model, d: Dist):
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head); returns the model.
 
     Per-layer units are what bound the memory: only one layer is unsharded at a
@@ -103,35 +90,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def local_named(named: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, torch.Tensor]]:
+def _local_named(named: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str, torch.Tensor]]:
     """(name, this rank's shard) of each parameter: what the EMA averages."""
     with torch.no_grad():
         return [(n, _local(p)) for n, p in named]
 
 
-def gradient_sync(model, sync: bool):
-    """FSDP2's `no_sync`: skip the reduce-scatter on every micro-batch but the last of an update."""
-    model.set_requires_gradient_sync(sync)
-    return nullcontext()
-
-
-def replicated(t: torch.Tensor) -> torch.Tensor:
-    """A plain tensor from a DTensor result (e.g. the total grad norm of `clip_grad_norm_`)."""
-    from torch.distributed.tensor import DTensor
-
-    return t.full_tensor() if isinstance(t, DTensor) else t
-
-
 # ----------------------------------------------------------------------- consistency
 
 
-def check_consistent_unsharded(d: Dist, params: list[torch.Tensor]) -> None:
-    """Before sharding: every rank must have built the same weights (a shard is cut from each)."""
-    check_consistent(d, params, "initial trained weights before sharding")
-
-
 @torch.no_grad()
-def checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
+def _checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
     """[sum, sum of |x|] of the full (unsharded) parameters, in float64, the same on every rank."""
     local = torch.zeros(2, dtype=torch.float64, device=d.device)  # on the device: NCCL reduces no CPU tensor
     for p in params:
@@ -142,7 +111,7 @@ def checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
     return local.tolist()
 
 
-def check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | None, source: Path) -> None:
+def _check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | None, source: Path) -> None:
     """Fail if the restored shards do not add up to the checksum saved with them.
 
     Exact for the same world size; the tolerance only absorbs the float64
@@ -150,7 +119,7 @@ def check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | Non
     """
     if saved is None:
         return
-    now = checksum(d, params)
+    now = _checksum(d, params)
     tol = 1e-9 * max(1.0, abs(saved[1]))
     if any(not math.isclose(a, b, rel_tol=0.0, abs_tol=tol) for a, b in zip(now, saved)):
         raise RuntimeError(f"weights restored from {source} do not match their saved checksum "
@@ -160,7 +129,7 @@ def check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | Non
 # ----------------------------------------------------------------------- checkpoints
 
 
-def dcp_state(model, names: list[str], ema, optimizer) -> dict:
+def _dcp_state(model, names: list[str], ema, optimizer) -> dict:
     """The nested state dict saved to (and loaded from) `<ckpt>/dcp/`; values alias the live tensors.
 
     Loading into it therefore restores the model, the EMA shadows and (after
@@ -172,7 +141,7 @@ def dcp_state(model, names: list[str], ema, optimizer) -> dict:
     from torch.distributed.tensor import DTensor
 
     params = dict(model.named_parameters())
-    key_of = {name: key for key, name in model_setup.saved_key_map(model, names).items()}
+    key_of = {name: key for key, name in loading.saved_key_map(model, names).items()}
     shadows = {}
     for rate, tag in zip(ema.rates, ema.tags):
         shadows[tag] = {}
@@ -188,7 +157,7 @@ def dcp_state(model, names: list[str], ema, optimizer) -> dict:
     }
 
 
-def save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path) -> None:
+def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path) -> None:
     """All ranks: write the sharded state into `staging` (later moved to `<ckpt>/dcp/`). Collective."""
     import torch.distributed.checkpoint as dcp
 
@@ -197,16 +166,16 @@ def save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path
         staging.mkdir(parents=True)
     barrier(d)
     # Returns once every rank's shard files are written (and fsynced) and rank 0 wrote .metadata.
-    dcp.save(dcp_state(model, names, ema, optimizer), checkpoint_id=str(staging))
+    dcp.save(_dcp_state(model, names, ema, optimizer), checkpoint_id=str(staging))
 
 
-def load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
+def _load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
     """All ranks: restore weights, EMA shadows and optimizer state from a `dcp/` dir, in place. Collective."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    state = dcp_state(model, names, ema, optimizer)
+    state = _dcp_state(model, names, ema, optimizer)
     try:
         dcp.load(state, checkpoint_id=str(root))
     except CheckpointException as err:  # (a BaseException) rank -> (exception, traceback); the planner's say what
@@ -215,3 +184,63 @@ def load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -
         raise UserError(f"{root} does not match the model being trained (was it written with another "
                         f"lora/model/ema config?): {str(cause)[:500]}") from None
     set_optimizer_state_dict(model, optimizer, state[_OPTIM_KEY])
+
+
+# ----------------------------------------------------------------------- the strategy
+
+
+class FSDP:
+    """Sharded data parallel: each rank holds 1/world of every weight, EMA shadow and optimizer state."""
+
+    sharded = True
+    # Every rank holds a shard that the evaluation forward gathers: all of them evaluate.
+    evaluates_here = True
+    consistency = "sharded (FSDP)"
+
+    def __init__(self, d: Dist):
+        self.d = d
+
+    def agree(self, flag: bool) -> bool:
+        return any_rank(self.d, flag)  # every rank evaluates: all stop together or none does
+
+    def load_device(self) -> torch.device:
+        return torch.device("cpu")  # fully_shard moves each rank's shard to its device
+
+    def wrap(self, model):
+        # Shards are cut from each rank's own copy: those must agree before, as
+        # the optimizer and EMA must see the sharded (DTensor) parameters after.
+        check_consistent(self.d, [p for _, p in loading.trainable(model)], "initial trained weights before sharding")
+        return _shard(model, self.d)
+
+    def unwrap(self, model):
+        return model  # fully_shard keeps the module and its parameter names
+
+    def ema_view(self, named):
+        return _local_named(named)
+
+    @contextmanager
+    def micro_batch(self, model, last: bool):
+        # FSDP2's no_sync: skip the reduce-scatter on every micro-batch but the last of an update.
+        model.set_requires_gradient_sync(last)
+        yield
+
+    def capture(self, parts, staging: Path) -> TrainedState:
+        """All ranks write their shards of weights, EMA and optimizer into `staging` (DCP)."""
+        _save_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, staging)
+        params = [p for _, p in loading.trainable(parts.model)]
+        return TrainedState(sharded_dir=staging, progress={"weights_checksum": _checksum(self.d, params)})
+
+    def restore(self, parts, ckpt) -> None:
+        """Each rank loads its shards of a dcp/ checkpoint in place, then checks their sum."""
+        _load_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, ckpt.dcp_dir)
+        params = [p for _, p in loading.trainable(parts.model)]
+        _check_restored(self.d, params, ckpt.progress.get("weights_checksum"), ckpt.path)
+
+    def gather_trained(self, parts) -> dict:
+        """Full CPU tensors of the trained weights, gathered from the shards (every rank gets them)."""
+        live = dict(parts.model.named_parameters())
+        return {key: plain(live[n].detach()).to("cpu", copy=True).contiguous()
+                for key, n in loading.saved_key_map(parts.model, parts.names).items()}
+
+    def check_ranks(self, params, what: str) -> None:
+        """Ranks hold different shards: nothing to compare (restores check their checksum instead)."""

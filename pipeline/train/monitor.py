@@ -1,4 +1,4 @@
-"""What a stage reports while it runs: metrics lines, alerts, a progress bar.
+"""What a stage reports while it runs: metrics lines, alerts, a progress bar (`Monitor`).
 
 All of it is rank-0 only. Files are appended per update and, when a stage
 resumes, truncated back to the resume point, so a stage's metrics.jsonl holds
@@ -13,6 +13,10 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+
+import torch
+
+from pipeline import layout
 
 
 def _truncate_jsonl(path: Path, from_step: int) -> None:
@@ -147,3 +151,53 @@ def _fmt(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Monitor:
+    """The metrics log, the alerts and the progress bar of one stage, fed once per update.
+
+    `hooks` may change the loss it reports (`pipeline.train.faults`).
+    """
+
+    def __init__(self, cfg, scratch: Path, stage, total: int, *, is_main: bool, resume_step: int, hooks, device):
+        self.log_every, self.end, self.hooks, self.device = cfg.log_every, stage.end, hooks, device
+        self.metrics = MetricsLog(Path(scratch) / layout.SCRATCH_METRICS, enabled=is_main, truncate_from=resume_step,
+                                  tensorboard_dir=Path(scratch) / layout.TENSORBOARD_DIR if cfg.tensorboard else None)
+        self.alerts = Alerts(cfg.alerts, Path(scratch) / layout.ALERTS_FILE, enabled=is_main, truncate_from=resume_step)
+        self.progress = Progress(stage.name, stage.start, stage.end, total, enabled=is_main)
+
+    def after_update(self, state, result, started: float, *, epoch: float, saving: bool) -> str | None:
+        """Log update `state.step - 1`; returns an alert's reason, if it raised one.
+
+        `saving`: a checkpoint write overlapped the update (its throughput is not judged).
+        """
+        step = state.step
+        loss = self.hooks.reported_loss(step - 1, result.loss)
+        self.hooks.update_end(step - 1)
+        seconds = time.perf_counter() - started
+        record = {"step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
+                  "tokens_per_s": result.tokens / seconds, "step_time_s": seconds, "skipped": not result.finite,
+                  "skipped_total": state.skipped_updates, "mem_mb": _memory_mb(self.device), "epoch": epoch}
+        if step % self.log_every == 0 or step == self.end:
+            self.metrics.write(record)
+        self.progress.update(step, loss)
+        return self.alerts.check(step, loss, record["tokens_per_s"], saving=saving) if result.finite else None
+
+    def event(self, record: dict) -> None:
+        """A line that is not an update: an evaluation, the ranks' consistency check."""
+        self.metrics.write(record)
+
+    def close(self) -> None:
+        self.progress.close()
+        self.metrics.close()
+
+
+def _memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except ImportError:  # pragma: no cover - non-POSIX
+        return 0.0

@@ -1,4 +1,4 @@
-"""`python -m pipeline consolidate` from HF-dir and legacy .pt checkpoints."""
+"""`python -m pipeline consolidate` from HF-dir checkpoints (DCP ones: test_export_consolidate_dcp.py)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def lora_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory):
-    """A full fine-tuning checkpoint as a legacy state_dict.pt (tied embeddings, partial EMA)."""
+    """A full fine-tuning checkpoint: model/ and ema/0.99/ HF weights (tied embeddings, partial EMA)."""
     root = tmp_path_factory.mktemp("full_run")
     model = save_base(root / "base", tied=True, shard=SMALL_SHARD)
     torch.manual_seed(5)
@@ -60,8 +60,9 @@ def full_run(tmp_path_factory):
     assert "lm_head.weight" in trained  # state_dict() lists the tied alias too
     ema = {k: v * 0.5 for k, v in trained.items() if "norm" not in k}  # norms left out of the EMA
     ckpt = root / "ckpt"
-    ckpt.mkdir()
-    torch.save({"model": trained, "ema": {"0.99": ema}}, ckpt / layout.LEGACY_STATE_FILE)
+    for weights_dir, tensors in ((ckpt / layout.MODEL_DIR, trained), (ckpt / layout.EMA_DIR / "0.99", ema)):
+        weights_dir.mkdir(parents=True)
+        save_file(tensors, str(weights_dir / "model.safetensors"), metadata={"format": "pt"})
     return root / "base", _finish(ckpt), trained, ema
 
 
@@ -91,7 +92,7 @@ def test_lora_export_casts_dtype(lora_run, tmp_path):
     assert all(tensors[k].dtype == torch.bfloat16 and torch.equal(tensors[k], v.bfloat16()) for k, v in main.items())
 
 
-def test_full_legacy_checkpoint_exports_sharded_models(full_run, tmp_path):
+def test_full_checkpoint_exports_sharded_models(full_run, tmp_path):
     base, ckpt, trained, ema = full_run
     out = tmp_path / "out"
     rc = cli.main(["consolidate", "--checkpoint", str(ckpt), "--base", str(base), "--out-model", str(out / "model"),
@@ -199,20 +200,3 @@ def test_full_hf_checkpoint_exports_ema_in_fp16(tmp_path):
     assert all(torch.equal(produced[k], v.half()) for k, v in ema.items())
     assert not (out / "model.safetensors.index.json").exists()  # small enough for one file
     assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
-
-
-def test_lora_legacy_file_with_adapter_names(lora_run, tmp_path):
-    """A .pt given directly, keyed like PeftModel.state_dict() (`lora_A.default.weight`)."""
-    base, ckpt_hf, main, ema = lora_run
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    shutil.copy(ckpt_hf / layout.ADAPTER_DIR / layout.PEFT_CONFIG, ckpt / layout.PEFT_CONFIG)
-    named = lambda sd: {k.replace(".weight", ".default.weight"): v for k, v in sd.items()}  # noqa: E731
-    torch.save({"model": named(main), "ema": {"0.999": named(ema["0.999"])}}, ckpt / layout.LEGACY_STATE_FILE)
-    out = tmp_path / "out"
-    assert cli.main(["consolidate", "--checkpoint", str(ckpt / layout.LEGACY_STATE_FILE), "--base", str(base),
-                     "--out-adapter", str(out / "a"), "--out-adapter-ema", str(out / "e")]) == 0
-    for produced, expected in [(out / "a", main), (out / "e", ema["0.999"])]:
-        tensors = load_file(str(produced / layout.PEFT_WEIGHTS))
-        assert set(tensors) == set(expected)
-        assert all(torch.equal(tensors[k], expected[k]) for k in expected)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from export_helpers import LLAMA_TARGETS, load_dir_tensors, tree_digest
 from pipeline import cli
-from pipeline.export.hf_dir import WEIGHTS_INDEX
+from pipeline.storage.hf_dir import WEIGHTS_INDEX
 
 
 def _peft_merged(base, adapter):

@@ -48,7 +48,7 @@ def test_lora_training_leaves_base_weights_bit_identical(tiny, tmp_path, monkeyp
     from trainkit import make_run
     from transformers import AutoModelForCausalLM
 
-    from pipeline.train import model as model_setup
+    from pipeline.model import loading as model_setup
     from pipeline.train import stage
 
     captured = {}

@@ -13,7 +13,7 @@ import textwrap
 
 import pandas as pd
 import pytest
-from runkit import jobs_in_log
+from runkit import copy_run, jobs_in_log
 
 pytestmark = pytest.mark.workflow
 
@@ -82,7 +82,8 @@ def test_the_demo_learns(done):
     assert json.loads((done / "results/demo/export/verification.json").read_text())["passed"] is True
 
 
-def test_deleting_a_chunk_retrains_only_it_and_later_stages(done, run_snakemake):
+def test_deleting_a_chunk_retrains_only_it_and_later_stages(done, run_snakemake, tmp_path):
+    done = copy_run(done, tmp_path / "run")  # the session's run stays as it is
     stages = done / "results/demo/stages"
     before = {p.name: p.stat().st_mtime_ns for p in stages.iterdir()}
     final = (stages / "tail/checkpoint/adapter/adapter_model.safetensors").read_bytes()

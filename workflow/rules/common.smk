@@ -67,8 +67,8 @@ def data_inputs():
 
 def train_overrides():
     """Hydra overrides: the user's, then the paths this workflow owns."""
-    own = [f"model.path={MODEL}", f"data.train={R}/data/train.safetensors"]
-    own.append(f"data.val={R}/data/val.safetensors" if data_file("val") else "data.val=null")
+    own = [f"model.path={MODEL}", f"data.train_cache={R}/data/train.safetensors"]
+    own.append(f"data.val_cache={R}/data/val.safetensors" if data_file("val") else "data.val_cache=null")
     return list(config["train"]["overrides"]) + own
 
 

@@ -22,8 +22,8 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from pipeline.errors import UserError
-from pipeline.export import dtypes
-from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec, read_specs
+from pipeline.storage import dtypes
+from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_specs
 
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"

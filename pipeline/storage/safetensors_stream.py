@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
-from pipeline.export import dtypes
+from pipeline.storage import dtypes
 
 # The reference writer pads the header so the data starts 8-byte aligned.
 _ALIGN = 8

@@ -1,4 +1,4 @@
-"""Process-group setup under torchrun, and the few collective helpers the loop needs.
+"""Process-group setup under torchrun, the few collective helpers the stages need, preemption.
 
 One process without torchrun (or torchrun with one process) runs with no process
 group at all, so the CPU default pays nothing for distribution.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import signal
 from dataclasses import dataclass
 
 import torch
@@ -92,7 +93,48 @@ def check_consistent(d: Dist, params: list[torch.Tensor], what: str) -> None:
         raise RuntimeError(f"ranks disagree on the {what} (per-rank checksums {sums})")
 
 
+def all_reduce_sum(d: Dist, t: torch.Tensor) -> torch.Tensor:
+    """Sum `t` over the ranks in place (nothing to do with one process); returns it."""
+    if d.enabled:
+        dist.all_reduce(t)
+    return t
+
+
+def plain(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a DTensor result (the total grad norm under FSDP): a collective then."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def print0(d: Dist, *args) -> None:
     """Print on rank 0 only (all other output goes through logging)."""
     if d.is_main:
         print(*args, flush=True)
+
+
+class Preemption:
+    """SIGTERM / SIGUSR1 set a flag; the loop acts on it at the next step boundary.
+
+    SLURM sends them before a time limit or a preemption (`--signal`), Snakemake
+    and torchrun pass TERM on. `requested()` is collective: every rank learns
+    whether any rank was signalled, so all of them save and exit together.
+    """
+
+    def __init__(self, d: Dist):
+        self.d = d
+        self.signal: int | None = None
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        log.warning("received %s: will checkpoint and exit at the next step boundary", signal.Signals(signum).name)
+
+    @property
+    def flagged(self) -> bool:
+        """This rank was signalled (not collective)."""
+        return self.signal is not None
+
+    def requested(self) -> bool:
+        return any_rank(self.d, self.flagged)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pipeline_env(extra: dict | None = None) -> dict:
@@ -62,10 +62,10 @@ class Run:
 def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunks: int = 2,
              overrides: list[str] = (), single_stage: bool = False) -> Run:
     """Plan + resolved config for a run; `single_stage` plans one stage `all` over every update."""
-    from pipeline import schedule
+    from pipeline import plan as planner
 
     root.mkdir(parents=True, exist_ok=True)
-    base = [f"model.path={tiny['model']}", f"data.train={tiny['train']}", f"data.val={tiny['val']}",
+    base = [f"model.path={tiny['model']}", f"data.train_cache={tiny['train']}", f"data.val_cache={tiny['val']}",
             "optim.global_batch=8", "optim.micro_batch=4", "optim.lr=1e-3", "ema.rates=[0.9,0.99]",
             "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "eval.micro_batch=8"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
@@ -73,7 +73,7 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
             "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     for o in [*base, *overrides]:
         args += ["--override", o]
-    assert schedule.main(args) == 0
+    assert planner.main(args) == 0
     if single_stage:
         plan = json.loads((root / "plan.json").read_text())
         plan["stages"] = [{"name": "all", "start": 0, "end": total}]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import UserError
+from pipeline.storage import dtypes
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Precision:
 
     @property
     def dtype(self) -> torch.dtype | None:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.name)
+        return None if self.name == "fp32" else dtypes.BY_NAME[self.name]
 
     @property
     def needs_scaler(self) -> bool:
@@ -57,4 +58,4 @@ def weights_dtype(name: str, precision: Precision) -> torch.dtype:
         # Under autocast the frozen base can live in the compute dtype (half the
         # memory); on CPU everything stays fp32.
         return precision.dtype or torch.float32
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    return dtypes.BY_NAME[name]

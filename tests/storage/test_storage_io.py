@@ -1,4 +1,4 @@
-"""Streaming safetensors writer, output guards and shard planning."""
+"""Streaming safetensors writer, checked casts and shard planning."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from pipeline.errors import UserError
-from pipeline.export import hf_dir
-from pipeline.export.outputs import refuse_overlaps, staged_dir
-from pipeline.export.safetensors_stream import StreamingWriter, TensorSpec, read_specs
+from pipeline.storage import hf_dir
+from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_specs
 
 
 def _specs(tensors):
@@ -54,27 +53,6 @@ def test_streaming_writer_refuses_wrong_order_and_missing_tensors(tmp_path):
     with pytest.raises(ValueError, match="header says"):
         with StreamingWriter(path, _specs(tensors)) as writer:
             writer.write("a", tensors["a"].double())
-
-
-def test_refuse_overlaps(tmp_path):
-    base = tmp_path / "base"
-    base.mkdir()
-    refuse_overlaps({"--out": tmp_path / "out"}, {"--base": base})  # siblings are fine
-    refuse_overlaps({"--out": tmp_path / "base2"}, {"--base": base})  # a shared name prefix is not nesting
-    for out in (base, base / "x", base / "x" / "y", tmp_path):
-        with pytest.raises(UserError, match="overlaps --base"):
-            refuse_overlaps({"--out": out}, {"--base": base})
-    with pytest.raises(UserError, match="overlap; give separate dirs"):
-        refuse_overlaps({"--a": tmp_path / "o", "--b": tmp_path / "o" / "p"}, {"--base": base})
-
-
-def test_staged_dir_leaves_nothing_on_failure(tmp_path):
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError):
-        with staged_dir(out, overwrite=False) as stage:
-            (stage / "partial.safetensors").write_bytes(b"x")
-            raise RuntimeError("boom")
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_cast_checked_refuses_overflow_and_nan():

@@ -1,7 +1,8 @@
-"""Reading the trained weights of a final checkpoint, whatever format it was saved in.
+"""The one reader of checkpoints: restore, evaluation, the pilot gate and export all use it.
 
-A checkpoint dir `<ckpt>/` (see `pipeline.layout`) holds its weights in one of
-three formats, detected in this order (`--format` forces one):
+A checkpoint dir `<ckpt>/` (names in `pipeline.layout`, written by
+`pipeline.checkpoint.state`) holds its trained weights in one of two formats,
+detected in this order (`--format` forces one):
 
 hf
     `adapter/` (PEFT dir) in LoRA runs or `model/` (HF safetensors, single file
@@ -9,7 +10,7 @@ hf
     same format as the main weights.
 dcp
     `dcp/`, a `torch.distributed.checkpoint` dir written by an FSDP run with
-    `dcp.save({"model": {name: t}, "ema": {tag: {name: t}}}, checkpoint_id=<ckpt>/dcp)`.
+    `dcp.save({"model": {name: t}, "ema": {tag: {name: t}}, "optim": ...}, checkpoint_id=<ckpt>/dcp)`.
     DCP flattens this to the keys `model.<name>` and `ema.<tag>.<name>`
     (`layout.DCP_MODEL_PREFIX`, `layout.DCP_EMA_PREFIX`); a flat dict with
     those keys is equivalent. Values may be DTensors (FSDP2 shards) or plain
@@ -19,15 +20,17 @@ dcp
     `lora_A.default.weight` is also accepted and dropped) and the HF
     checkpoint key in full fine-tuning (`model.layers.0.mlp.up_proj.weight`).
     A LoRA run also writes its `adapter_config.json` into `dcp/`; its absence
-    means full fine-tuning.
-legacy
-    `<ckpt>/state_dict.pt` (`layout.LEGACY_STATE_FILE`), or a `.pt` file given
-    directly: `torch.save` of the same nested dict, or of a plain state dict of
-    the main weights only; a LoRA run puts `adapter_config.json` next to it.
+    means full fine-tuning. The trainer restores a dcp/ checkpoint shard by
+    shard into its live state (`Checkpoint.dcp_dir`); everyone else reads it
+    here, unsharded, a batch of tensors at a time.
+
+Besides the weights: `training_state(rank)` (optimizer, scheduler, scaler,
+progress, this rank's RNG), `progress` and the resolved trainer `config.yaml`.
 
 A checkpoint dir counts only when `MANIFEST.json` is present (the trainer
-writes it last). Tensors are loaded lazily, a batch at a time, so exporting
-a model costs about one output shard of memory, not the whole model.
+writes it last); `verify=True` also checks every file against its sha256.
+Tensors are loaded lazily, a batch at a time, so exporting a model costs
+about one output shard of memory, not the whole model.
 """
 
 from __future__ import annotations
@@ -36,16 +39,19 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
+import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from pipeline import layout
+from pipeline.checkpoint import io as ckpt_io
 from pipeline.errors import UserError
-from pipeline.export import hf_dir
-from pipeline.export.safetensors_stream import TensorSpec, read_specs, read_tensor
+from pipeline.storage import hf_dir
+from pipeline.storage.safetensors_stream import TensorSpec, read_specs, read_tensor
 
-FORMATS = ("auto", "hf", "dcp", "legacy")
+FORMATS = ("auto", "hf", "dcp")
 _DCP_BATCH_BYTES = 512 * 2**20  # one dcp.load call per ~512 MB: few calls, bounded memory
 _ADAPTER_NAME_SEGMENT = re.compile(r"\.(lora_A|lora_B)\.[^.]+\.weight$|\.(lora_embedding_[AB])\.[^.]+$")
 _EMA_KEY = re.compile(r"ema\.(?P<tag>\d+(?:\.\d+)?(?:e-?\d+)?)\.(?P<name>.+)")
@@ -69,46 +75,86 @@ class TrainedWeights:
             raise KeyError(f"{self.label} has no tensor {unknown[0]!r}")
         return self._loader(names)
 
+    def all(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the set (small sets: an adapter, a shadow of one)."""
+        return dict(self.fetch(sorted(self.specs)))
+
 
 @dataclass
 class Checkpoint:
-    """A final checkpoint: its format, run kind, PEFT config and weight sets."""
+    """A complete checkpoint: its format, run kind, PEFT config, weight sets and loop state."""
 
     path: Path
-    format: str  # "hf" | "dcp" | "legacy"
+    format: str  # "hf" | "dcp"
     kind: str  # "lora" | "full"
     peft_config: dict | None
     main: TrainedWeights
     ema: dict[str, TrainedWeights]  # tag -> weights
 
+    @property
+    def sharded(self) -> bool:
+        """Written by an FSDP run: weights, EMA shadows and optimizer state are DCP shards."""
+        return self.format == "dcp"
 
-def open_checkpoint(path: Path | str, fmt: str = "auto") -> Checkpoint:
-    """Detect the format of `path` and index its weights (headers / metadata only)."""
+    @property
+    def dcp_dir(self) -> Path:
+        return self.path / layout.DCP_DIR
+
+    @property
+    def config_path(self) -> Path:
+        """The resolved trainer config the run trained with."""
+        return self.path / layout.CONFIG_FILE
+
+    @property
+    def progress(self) -> dict:
+        """step, stage, samples and tokens seen, skip counters, the run's best evals."""
+        return json.loads((self.path / layout.TRAINING_STATE_DIR / layout.PROGRESS_FILE).read_text())
+
+    def training_state(self, rank: int) -> dict:
+        """training_state/, with this rank's RNG (None for a rank the run did not have).
+
+        The optimizer entries are None in a sharded checkpoint (its state is in dcp/).
+        """
+        state = self.path / layout.TRAINING_STATE_DIR
+        rng_rank = rank if (state / layout.RNG_META.format(rank=rank)).is_file() else None
+        unsharded = (state / layout.OPTIMIZER_TENSORS).is_file()
+        return {
+            "optimizer_tensors": load_file(str(state / layout.OPTIMIZER_TENSORS)) if unsharded else None,
+            "optimizer_meta": json.loads((state / layout.OPTIMIZER_META).read_text()) if unsharded else None,
+            "scheduler": json.loads((state / layout.SCHEDULER_FILE).read_text()),
+            "scaler": json.loads((state / layout.SCALER_FILE).read_text()),
+            "progress": self.progress,
+            "rng": _read_rng(state, rng_rank) if rng_rank is not None else None,
+        }
+
+
+def open_checkpoint(path: Path | str, fmt: str = "auto", *, verify: bool = False) -> Checkpoint:
+    """Detect the format of `path` and index its weights (headers / metadata only).
+
+    `verify`: also check every file against the MANIFEST's sha256 (reads them all).
+    """
     path = Path(path)
-    if path.is_file():
-        if fmt not in ("auto", "legacy") or path.suffix not in (".pt", ".pth"):
-            raise UserError(f"--checkpoint {path} is a file; only a legacy .pt state dict can be given as a file")
-        return _open_legacy(path, path.parent)
     if not path.is_dir():
-        raise UserError(f"--checkpoint {path} does not exist")
-    if not (path / layout.MANIFEST_FILE).is_file():
-        raise UserError(f"--checkpoint {path} has no {layout.MANIFEST_FILE}: incomplete or not a checkpoint")
+        raise UserError(f"checkpoint {path} does not exist")
+    if verify:
+        ok, reason = ckpt_io.verify(path)
+        if not ok:
+            raise UserError(f"checkpoint {path} is not usable: {reason}")
+    elif not (path / layout.MANIFEST_FILE).is_file():
+        raise UserError(f"checkpoint {path} has no {layout.MANIFEST_FILE}: incomplete or not a checkpoint")
     present = {
         "hf": (path / layout.ADAPTER_DIR).is_dir() or (path / layout.MODEL_DIR).is_dir(),
         "dcp": (path / layout.DCP_DIR / ".metadata").is_file(),
-        "legacy": (path / layout.LEGACY_STATE_FILE).is_file(),
     }
     if fmt == "auto":
         fmt = next((name for name, found in present.items() if found), "")
         if not fmt:
-            raise UserError(f"--checkpoint {path}: no {layout.ADAPTER_DIR}/, {layout.MODEL_DIR}/, "
-                            f"{layout.DCP_DIR}/ or {layout.LEGACY_STATE_FILE} found")
+            raise UserError(f"checkpoint {path}: no {layout.ADAPTER_DIR}/, {layout.MODEL_DIR}/ or {layout.DCP_DIR}/ found")
     elif fmt not in present:
         raise UserError(f"unknown checkpoint format {fmt!r}; choose one of {', '.join(FORMATS)}")
     elif not present[fmt]:
-        raise UserError(f"--checkpoint {path} has no weights in the {fmt} format")
-    opener = {"hf": _open_hf, "dcp": _open_dcp, "legacy": lambda p: _open_legacy(p / layout.LEGACY_STATE_FILE, p)}
-    return opener[fmt](path)
+        raise UserError(f"checkpoint {path} has no weights in the {fmt} format")
+    return {"hf": _open_hf, "dcp": _open_dcp}[fmt](path)
 
 
 # --- hf: adapter/ or model/, ema/<tag>/ -----------------------------------------------------
@@ -117,7 +163,7 @@ def open_checkpoint(path: Path | str, fmt: str = "auto") -> Checkpoint:
 def _open_hf(path: Path) -> Checkpoint:
     lora = (path / layout.ADAPTER_DIR).is_dir()
     if lora and (path / layout.MODEL_DIR).is_dir():
-        raise UserError(f"--checkpoint {path} has both {layout.ADAPTER_DIR}/ and {layout.MODEL_DIR}/")
+        raise UserError(f"checkpoint {path} has both {layout.ADAPTER_DIR}/ and {layout.MODEL_DIR}/")
     main_dir = path / (layout.ADAPTER_DIR if lora else layout.MODEL_DIR)
     read = _hf_adapter_weights if lora else _hf_model_weights
     ema = {}
@@ -215,34 +261,6 @@ def _read_dcp(root: Path, entries: dict[str, tuple[str, TensorSpec]], names: lis
             batch, size = [], 0
 
 
-# --- legacy: state_dict.pt ------------------------------------------------------------------
-
-
-def _open_legacy(file: Path, root: Path) -> Checkpoint:
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # old non-zip files cannot be memory-mapped
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict):
-        raise UserError(f"{file} does not hold a state dict")
-    if isinstance(state.get("model"), dict):
-        main, ema = state["model"], state.get("ema") or {}
-    elif all(isinstance(v, torch.Tensor) for v in state.values()):
-        main, ema = state, {}
-    else:
-        raise UserError(f"{file}: expected {{'model': ..., 'ema': {{tag: ...}}}} or a plain state dict")
-    config_path = root / layout.PEFT_CONFIG
-    config = _read_json(config_path) if config_path.is_file() else None
-
-    def weights(tensors: dict, label: str) -> TrainedWeights:
-        tensors = {_normalize_name(k): v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
-        specs = {k: TensorSpec(k, v.dtype, tuple(v.shape)) for k, v in tensors.items()}
-        return TrainedWeights(label, specs, lambda names: ((n, tensors[n]) for n in names))
-
-    return Checkpoint(file, "legacy", "lora" if config else "full", config, weights(main, "main weights"),
-                      {str(tag): weights(sd, f"ema {tag}") for tag, sd in sorted(ema.items())})
-
-
 # --- shared -----------------------------------------------------------------------------------
 
 
@@ -257,3 +275,20 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"cannot read {path}: {err}") from None
+
+
+def _read_rng(root: Path, rank: int) -> dict[str, Any]:
+    """Generator states of one rank, as `pipeline.checkpoint.state.capture_rng` returns them."""
+    tensors = load_file(str(root / layout.RNG_TENSORS.format(rank=rank)))
+    meta = json.loads((root / layout.RNG_META.format(rank=rank)).read_text())
+    version, internal, gauss = meta["python"]
+    kind, pos, has_gauss, cached = meta["numpy"]
+    keys = tensors["numpy_keys"].numpy().view(np.uint32)
+    state = {
+        "python": (version, tuple(internal), gauss),
+        "numpy": (kind, keys, pos, has_gauss, cached),
+        "torch_cpu": tensors["torch_cpu"],
+    }
+    if meta["cuda_devices"]:
+        state["torch_cuda"] = [tensors[f"torch_cuda_{i}"] for i in range(meta["cuda_devices"])]
+    return state

@@ -1,8 +1,10 @@
 """Dtype names as the export commands spell them, and what each implies.
 
-Three vocabularies meet here: the CLI (`bf16|fp16|fp32|auto`), safetensors
-headers (`BF16`, `F16`, ...) and Hugging Face `config.json` (`"bfloat16"`).
-Keeping the tables in one place keeps the three in step.
+Three vocabularies meet here: the short names of the configs and CLIs
+(`bf16|fp16|fp32`, plus `auto`), safetensors headers (`BF16`, `F16`, ...) and
+Hugging Face `config.json` (`"bfloat16"`). This is the one place that maps
+them (training precision, export and verification all read it), so the three
+stay in step.
 """
 
 from __future__ import annotations
@@ -11,9 +13,9 @@ import torch
 
 from pipeline.errors import UserError
 
-CLI_CHOICES = ("auto", "bf16", "fp16", "fp32")
-
-_CLI_TO_TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# short name -> torch dtype: precision.mode, model.dtype, --dtype, --compute-dtype
+BY_NAME = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CLI_CHOICES = ("auto", *BY_NAME)
 
 # safetensors dtype codes <-> torch dtypes (the subset a checkpoint realistically holds).
 _ST_TO_TORCH = {
@@ -44,7 +46,7 @@ def parse_cli(name: str) -> torch.dtype | None:
     if name == "auto":
         return None
     try:
-        return _CLI_TO_TORCH[name]
+        return BY_NAME[name]
     except KeyError:
         raise UserError(f"unknown dtype {name!r}; choose one of {', '.join(CLI_CHOICES)}") from None
 

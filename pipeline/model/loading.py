@@ -1,4 +1,4 @@
-"""Model setup for training and evaluation: base + LoRA, and weights <-> state dicts.
+"""The model for training and evaluation: base + LoRA, and trained weights <-> state dicts.
 
 The base model directory is only ever read. Under LoRA the trained weights are
 the PEFT adapter tensors (stored with PEFT's own key names, so a checkpoint's
@@ -13,6 +13,7 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.errors import UserError
+from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
@@ -62,14 +63,27 @@ def _linear_names(model) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def build(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
-    """The model as trained: base (frozen under LoRA) plus a fresh adapter."""
+def build(cfg: TrainConfig, precision: Precision, device: torch.device):
+    """The model as trained: base (frozen under LoRA) plus a fresh adapter.
+
+    Under LoRA the frozen base is loaded in `model.dtype` (auto: the autocast
+    dtype); full fine-tuning keeps fp32 weights, which the optimizer updates.
+    """
+    dtype = weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
     model = load_base(cfg, dtype, device)
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
     else:
         model.requires_grad_(True)
     return model
+
+
+def pad_token_id(model_path: str) -> int:
+    """The tokenizer's padding id (its end-of-sequence id when it has none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def trainable(model) -> list[tuple[str, torch.nn.Parameter]]:

@@ -1,4 +1,4 @@
-"""The pilot gate stops a pilot that does not learn; a loss spike triggers an alert checkpoint."""
+"""The pilot gate stops a pilot that does not learn, and lets a healthy one through."""
 
 from __future__ import annotations
 
@@ -36,17 +36,3 @@ def test_healthy_pilot_passes_the_gate(tiny, tmp_path):
     assert gate.main(["--pilot", str(run.stage_dir("pilot")), "--plan", str(run.plan), "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["passed"] and report["eta_seconds"] > 0
-
-
-def test_loss_spike_triggers_alert_eval_and_checkpoint(tiny, tmp_path):
-    run = make_run(tmp_path, tiny, total=16, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["checkpoint.save_every=0"])
-    proc = run.train("all", faults={"loss_spike_steps": [12], "fail_at_step": 14}, check=False)
-    assert proc.returncode == 1
-    assert "ALERT update 13: loss spike" in proc.stderr
-    assert "eval at update 13 (alert: loss spike" in proc.stderr
-    alert_ckpt = run.scratch("all") / "step_000013"
-    assert (alert_ckpt / "MANIFEST.json").is_file()  # with save_every=0, only the alert saved it
-    alerts = [json.loads(x) for x in (run.scratch("all") / "alerts.jsonl").read_text().splitlines()]
-    # (a throughput alert may follow: the alert's own save shares the CPU with the next update)
-    assert [a["step"] for a in alerts if a["alert"].startswith("loss spike")] == [13]

@@ -1,0 +1,237 @@
+"""A training stage's checkpoints: where it starts, what it saves, what it publishes.
+
+One object per stage owns all of it:
+
+* the start point: the newest valid checkpoint in the stage's scratch dir
+  written for the same computation (a resumed attempt), else the previous
+  stage's final checkpoint (`--init`), else nothing (a fresh adapter);
+* `restore`: weights, EMA shadows and optimizer through the parallelism
+  strategy, then scheduler, scaler, progress and this rank's RNG;
+* `save`: a snapshot of all loop state (CPU copies, taken on the training
+  thread) written by rank 0 on a background thread, atomically, MANIFEST last
+  (`pipeline.checkpoint.io`); periodic, on alerts, on preemption, at the end;
+* the run's best weights, written when an evaluation improves on them;
+* `publish`: the final checkpoint, the metrics and the best weights become the
+  stage's declared output dir in one rename; the scratch dir is then removed.
+
+The identity of a stage's computation is a fingerprint of (resolved config,
+plan, stage, input checkpoint's MANIFEST): a scratch checkpoint with another
+fingerprint (a changed hyperparameter, a retrained previous stage) is stale and
+never resumed. All methods are collective (every rank calls them) unless noted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline import layout
+from pipeline.checkpoint import io as ckpt_io
+from pipeline.checkpoint.reader import open_checkpoint
+from pipeline.checkpoint.state import Snapshot, capture_rng, write_snapshot, write_weights
+from pipeline.distributed import Dist, barrier, gather_objects, print0
+from pipeline.errors import UserError
+from pipeline.storage import publish
+
+log = logging.getLogger("pipeline.train")
+
+
+@dataclass
+class TrainingParts:
+    """Everything a checkpoint holds of the model side of a stage.
+
+    `model` is the unwrapped model (no DDP wrapper; FSDP shards it in place);
+    `named` its trained parameters in a fixed order, whose names key every
+    saved state.
+    """
+
+    model: torch.nn.Module
+    named: list[tuple[str, torch.nn.Parameter]]
+    ema: object  # pipeline.train.ema.EMA
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+    @property
+    def names(self) -> list[str]:
+        return [n for n, _ in self.named]
+
+    @property
+    def lora(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+
+def fingerprint(config_text: str, plan: dict, stage: str, init: Path | None) -> str:
+    """Identity of a stage's computation: scratch checkpoints of another one are stale."""
+    h = hashlib.sha256()
+    h.update(config_text.encode())
+    h.update(json.dumps(plan, sort_keys=True).encode())
+    h.update(stage.encode())
+    if init is not None:
+        h.update((init / layout.MANIFEST_FILE).read_bytes())
+    return h.hexdigest()
+
+
+class Checkpointer:
+    def __init__(self, parts: TrainingParts, strategy, d: Dist, *, scratch: Path, out: Path, stage: str,
+                 fingerprint: str, config_text: str, global_batch: int, cfg, hooks):
+        """`cfg`: the trainer's CheckpointConfig (save_every, keep_last, async_save)."""
+        self.parts, self.strategy, self.d = parts, strategy, d
+        self.scratch, self.out, self.stage = Path(scratch), Path(out), stage
+        self.fingerprint, self.config_text, self.cfg, self.hooks = fingerprint, config_text, cfg, hooks
+        self.global_batch = global_batch
+        self.writer = ckpt_io.AsyncWriter(enabled=cfg.async_save)
+        self.last_save = -1
+        # Names the FSDP staging dir, which every rank writes and rank 0 commits.
+        self._pid0 = gather_objects(d, os.getpid())[0]
+
+    # --- where the stage starts -------------------------------------------------------
+
+    def resume_point(self) -> Path | None:
+        """The newest valid scratch checkpoint of this very computation (not collective)."""
+        def accept(manifest: dict) -> str | None:
+            if manifest.get("fingerprint") != self.fingerprint:
+                return "written for another config, plan or input checkpoint"
+            return None
+
+        return ckpt_io.latest_valid(self.scratch, accept)
+
+    def restore(self, source: Path) -> tuple[dict, dict | None]:
+        """Load `source` into the parts; returns (its progress, this rank's RNG state or None)."""
+        ckpt = open_checkpoint(source)
+        if ckpt.sharded != self.strategy.sharded:
+            raise UserError(f"{source} was written {'with' if ckpt.sharded else 'without'} FSDP sharding; "
+                            f"this stage runs {'with' if self.strategy.sharded else 'without'} it "
+                            f"(distributed.strategy, world size {self.d.world_size})")
+        self.strategy.restore(self.parts, ckpt)
+        state = ckpt.training_state(self.d.rank)
+        self.parts.scheduler.load_state_dict(state["scheduler"])
+        if state["scaler"]:
+            self.parts.scaler.load_state_dict(state["scaler"])
+        return state["progress"], state["rng"]
+
+    # --- saving --------------------------------------------------------------------------
+
+    def save(self, state, *, wait: bool = False) -> None:
+        """Checkpoint the stage after update `state.step` (a `LoopState`); `wait`: until it is on disk."""
+        step = state.step
+        snap = self._snapshot(step, state.progress(stage=self.stage, samples_seen=step * self.global_batch,
+                                                   world_size=self.d.world_size))
+        if self.d.is_main:
+            self.writer.submit(lambda: self._write(snap))
+            if wait:
+                self.writer.wait()
+        if wait:
+            barrier(self.d)
+        self.last_save = step
+
+    def periodic_due(self, step: int, end: int) -> bool:
+        every = self.cfg.save_every
+        return bool(every) and step % every == 0 and step < end
+
+    def overlapped(self, step: int) -> bool:
+        """Did a checkpoint write compete with update `step` for the CPU and the disk?"""
+        return self.last_save == step - 1 or self.writer.busy
+
+    def save_preempted(self, state) -> int:
+        """The save a SIGTERM / SIGUSR1 asked for; returns the exit code that makes a retry resume."""
+        self.save(state, wait=True)
+        self.close()
+        print0(self.d, f"[{self.stage}] preempted at update {state.step}: checkpoint saved, exiting "
+                       f"with code {layout.EXIT_PREEMPTED} so a retry resumes")
+        return layout.EXIT_PREEMPTED
+
+    def save_best(self, kind: str, record: dict) -> None:
+        """Write the live trained weights (EMA ones: called with them swapped in) as the best `kind`."""
+        tensors = self.strategy.gather_trained(self.parts)  # collective under FSDP
+        if not self.d.is_main:
+            return
+        meta = {**record, "fingerprint": self.fingerprint}
+        with publish.staged_dir(layout.best_dir(self.scratch, kind, record["step"])) as tmp:
+            self._write_weights(tensors, tmp)
+            (tmp / layout.BEST_META).write_text(json.dumps(meta, indent=1) + "\n")
+
+    def close(self) -> None:
+        """Wait for the write in flight (re-raising its failure). Not collective."""
+        self.writer.wait()
+
+    # --- the stage's output -----------------------------------------------------------
+
+    def publish(self, step: int, best: dict) -> None:
+        """Rank 0: the final checkpoint, metrics and best weights become the output dir, at once."""
+        if not self.d.is_main:
+            return
+        final = layout.step_dir(self.scratch, step)
+        ok, reason = ckpt_io.verify(final)
+        if not ok:
+            raise RuntimeError(f"final checkpoint failed verification: {reason}")
+        with publish.staged_dir(self.out) as tmp:
+            shutil.copytree(final, tmp / layout.STAGE_CHECKPOINT)
+            for name in (layout.SCRATCH_METRICS, layout.ALERTS_FILE):
+                if (self.scratch / name).is_file():
+                    shutil.copy2(self.scratch / name, tmp / name)
+            if (self.scratch / layout.TENSORBOARD_DIR).is_dir():
+                shutil.copytree(self.scratch / layout.TENSORBOARD_DIR, tmp / layout.TENSORBOARD_DIR)
+            self._copy_best(tmp, best)
+        # The stage is complete: its scratch checkpoints are no longer needed.
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _snapshot(self, step: int, progress: dict) -> Snapshot:
+        """CPU copies of all loop state after `step` updates (all ranks call this)."""
+        rngs = gather_objects(self.d, capture_rng())
+        staging = None
+        if self.strategy.sharded:
+            self.writer.wait()  # a previous write of the same step may still be moving its staging dir
+            staging = ckpt_io.staging_dir(layout.step_dir(self.scratch, step), layout.DCP_DIR, self._pid0)
+        trained = self.strategy.capture(self.parts, staging)
+        parts = self.parts
+        return Snapshot(
+            step=step,
+            trained=trained,
+            peft_config=parts.model.peft_config["default"] if parts.lora else None,
+            model_config_json=None if parts.lora else parts.model.config.to_json_string(),
+            # the lambdas are code, rebuilt from the config; LambdaLR skips None entries on load
+            scheduler={**parts.scheduler.state_dict(), "lr_lambdas": [None] * len(parts.optimizer.param_groups)},
+            scaler=parts.scaler.state_dict() if parts.scaler.is_enabled() else {},
+            progress={**progress, **trained.progress},
+            rng=rngs,
+            config_yaml=self.config_text,
+            manifest_extra={"fingerprint": self.fingerprint, "stage": self.stage},
+        )
+
+    def _write(self, snap: Snapshot) -> None:
+        """On the writer thread (rank 0): the checkpoint dir, LATEST, pruning."""
+        target = layout.step_dir(self.scratch, snap.step)
+
+        def files(tmp: Path) -> None:
+            write_snapshot(snap, tmp)
+            self.hooks.checkpoint_written(snap.step)  # files written, MANIFEST not yet
+
+        ckpt_io.write_checkpoint(target, snap.step, files, snap.manifest_extra)
+        ckpt_io.update_latest(self.scratch, target)
+        ckpt_io.prune(self.scratch, self.cfg.keep_last)
+
+    def _write_weights(self, tensors: dict, root: Path) -> None:
+        model = self.parts.model
+        write_weights(root, tensors, model.peft_config["default"] if self.parts.lora else None,
+                      None if self.parts.lora else model.config.to_json_string())
+
+    def _copy_best(self, out: Path, best: dict) -> None:
+        """The best weights this stage found (if the run's record still names them)."""
+        for kind in layout.BEST_KINDS:
+            record = best.get(kind)
+            if not record or record["stage"] != self.stage:
+                continue
+            src = layout.best_dir(self.scratch, kind, record["step"])
+            if not (src / layout.BEST_META).is_file():
+                raise RuntimeError(f"{src} is missing: the best {kind} weights of update {record['step']} were not saved")
+            shutil.copytree(src, out / layout.BEST_DIR / kind)

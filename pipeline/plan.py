@@ -1,0 +1,94 @@
+"""The run's plan: its stages, its resolved trainer config, and the checks that span both configs.
+
+    python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
+        --train-config-dir config/train --train-config-name config --override optim.lr=2e-3 ... \\
+        --export-weights ema --export-ema-rate 0.98 --nproc auto \\
+        --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
+
+Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
+what to export, how many processes) and the trainer's (`config/train/` plus
+`train.overrides`, resolved by Hydra). Some rules tie them together and would
+otherwise fail only after all training (consolidate picking an EMA rate that
+was never kept); `cross_check` names both keys of every such problem at once.
+The workflow runs the same checks when it loads (`workflow/rules/common.smk`),
+so `snakemake` refuses such a config before any job starts.
+
+The identity of the trainer config is its resolved content (`config_id`): the
+workflow keys the plan on it, so a comment or an unused group file in
+`config/train/` changes nothing, and a changed resolved value retrains from the
+pilot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from pipeline import config as train_config
+from pipeline.errors import UserError
+from pipeline.layout import ema_tag
+from pipeline.schedule import plan_stages
+from pipeline.storage.publish import write_text
+
+
+def config_id(cfg: train_config.TrainConfig) -> str:
+    """sha256 of the resolved config as train_config.yaml holds it: what the trained stages depend on."""
+    return hashlib.sha256(train_config.to_yaml(cfg).encode()).hexdigest()
+
+
+def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_ema_rate: float | None,
+                nproc: int | str) -> list[str]:
+    """Problems between the workflow config and the resolved trainer config, each naming both keys."""
+    problems = []
+    rates = list(cfg.ema.rates)
+    shown = f"ema.rates={rates}"
+    if export_ema_rate is not None and ema_tag(export_ema_rate) not in {ema_tag(r) for r in rates}:
+        problems.append(f"export.ema_rate={export_ema_rate} is not one of the trainer's {shown}: "
+                        "choose a rate the run keeps, or add it to ema.rates (train.overrides)")
+    if export_weights == "ema" and not rates:
+        problems.append(f"export.weights=ema needs EMA weights, but the trainer keeps none ({shown}): "
+                        "set export.weights: raw, or give ema.rates")
+    if export_weights == "ema" and export_ema_rate is None and len(rates) > 1:
+        problems.append(f"export.weights=ema with several rates ({shown}): set export.ema_rate to the one to export")
+    if nproc != "auto":
+        per_update = cfg.optim.micro_batch * int(nproc)
+        if cfg.optim.global_batch % per_update:
+            problems.append(f"optim.global_batch={cfg.optim.global_batch} is not divisible by optim.micro_batch="
+                            f"{cfg.optim.micro_batch} x train.nproc={nproc} processes")
+    return problems
+
+
+def _rate(text: str) -> float | None:
+    return None if text in ("", "null", "None") else float(text)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline plan", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--total-updates", type=int, required=True)
+    ap.add_argument("--pilot-fraction", type=float, required=True)
+    ap.add_argument("--num-chunks", type=int, required=True)
+    ap.add_argument("--train-config-dir", type=Path, required=True)
+    ap.add_argument("--train-config-name", default="config")
+    ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
+    ap.add_argument("--export-weights", choices=("ema", "raw"), default="raw", help="workflow export.weights")
+    ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
+    ap.add_argument("--nproc", default="auto", help="workflow train.nproc")
+    ap.add_argument("--out-plan", type=Path, required=True)
+    ap.add_argument("--out-config", type=Path, required=True)
+    args = ap.parse_args(argv)
+
+    stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
+    cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
+    problems = cross_check(cfg, export_weights=args.export_weights, export_ema_rate=args.export_ema_rate,
+                           nproc=args.nproc)
+    if problems:
+        raise UserError("the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems))
+    plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
+    write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
+    write_text(args.out_config, train_config.to_yaml(cfg))
+    print(" + ".join(f"{s.name}:{s.updates}" for s in stages), f"= {args.total_updates} updates")
+    return 0

@@ -1,0 +1,9 @@
+"""File formats and file-system primitives shared by every stage of the pipeline.
+
+* `dtypes`             -- the one map between dtype names (configs, CLIs, safetensors, config.json)
+* `safetensors_stream` -- safetensors read and written one tensor at a time
+* `hf_dir`             -- Hugging Face model dirs: finding their weights, writing them in shards
+* `publish`            -- atomic publication of dirs and files (temp sibling + rename / exchange)
+
+Nothing here knows about training, checkpoints or the workflow; everything above uses it.
+"""

@@ -1,0 +1,59 @@
+"""`python -m pipeline plan`: the stages, the resolved config, and checks across the two configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import config as train_config
+from pipeline import plan
+from pipeline.errors import UserError
+
+CONF = Path(__file__).resolve().parents[1] / "config" / "train"
+BASE = ["model.path=/m", "data.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
+
+
+def _plan_args(tmp_path, *extra) -> list[str]:
+    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
+            "--train-config-dir", str(CONF), "--out-plan", str(tmp_path / "plan.json"),
+            "--out-config", str(tmp_path / "train_config.yaml")]
+    for override in BASE:
+        args += ["--override", override]
+    return args + list(extra)
+
+
+def test_plan_writes_the_stages_and_the_resolved_config(tmp_path):
+    assert plan.main(_plan_args(tmp_path, "--export-weights", "ema", "--export-ema-rate", "0.98")) == 0
+    stages = json.loads((tmp_path / "plan.json").read_text())["stages"]
+    assert [(s["name"], s["start"], s["end"]) for s in stages] == [("pilot", 0, 2), ("chunk01", 2, 11),
+                                                                  ("chunk02", 11, 20)]
+    cfg = train_config.load(tmp_path / "train_config.yaml")
+    assert cfg.ema.rates == [0.9, 0.98]
+    assert plan.config_id(cfg) == plan.config_id(train_config.resolve(CONF, "config", BASE))
+
+
+def test_export_rate_not_kept_by_the_trainer_fails_at_plan_naming_both_keys(tmp_path):
+    with pytest.raises(UserError) as err:
+        plan.main(_plan_args(tmp_path, "--export-weights", "ema", "--export-ema-rate", "0.5"))
+    assert "export.ema_rate=0.5" in str(err.value) and "ema.rates=[0.9, 0.98]" in str(err.value)
+    assert not (tmp_path / "plan.json").exists()  # nothing is planned from a config that cannot finish
+
+
+@pytest.mark.parametrize("overrides, workflow, keys", [
+    (["ema.rates=[]"], {"export_weights": "ema", "export_ema_rate": None}, ["export.weights=ema", "ema.rates=[]"]),
+    ([], {"export_weights": "ema", "export_ema_rate": None}, ["export.weights=ema", "export.ema_rate"]),
+    (["optim.global_batch=32", "optim.micro_batch=8"], {"export_weights": "raw", "export_ema_rate": None, "nproc": 3},
+     ["optim.global_batch=32", "optim.micro_batch=8", "train.nproc=3"]),
+])
+def test_every_cross_config_problem_names_its_keys(overrides, workflow, keys):
+    cfg = train_config.resolve(CONF, "config", BASE + overrides)
+    problems = plan.cross_check(cfg, **{"nproc": "auto", **workflow})
+    assert len(problems) == 1 and all(k in problems[0] for k in keys), problems
+
+
+def test_a_consistent_config_has_no_cross_config_problem():
+    cfg = train_config.resolve(CONF, "config", BASE)
+    assert plan.cross_check(cfg, export_weights="ema", export_ema_rate=0.98, nproc=2) == []
+    assert plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, nproc="auto") == []
