@@ -205,12 +205,6 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
 
-def delta_weight(target: LoraTarget, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """s * B @ A in fp32, laid out like the base weight."""
-    delta = (b.to(torch.float32) @ a.to(torch.float32)) * target.scaling
-    return delta.T if (target.kind == "embedding" or target.fan_in_fan_out) else delta
-
-
 def source_weight(target: LoraTarget, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor]):
     """The weight the delta is added to: the adapter's saved copy of the layer if any, else the base's."""
     return adapter[target.base_layer_key] if target.base_layer_key else base_weight
