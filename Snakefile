@@ -47,5 +47,5 @@ rule all:
         f"{R}/export/verification.json",
         f"{R}/export/smoke_test.json",
         # the run's best raw / EMA weights by validation loss (tracked only with a validation set)
-        [f"{R}/export/adapter_best", f"{R}/export/adapter_best_ema"] if data_file("val") else [],
+        best_exports(),
     default_target: True

@@ -6,6 +6,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from pipeline.errors import UserError
 from pipeline.schedule import PILOT, plan_stages
 
 
@@ -72,6 +73,36 @@ def train_overrides():
     return list(config["train"]["overrides"]) + own
 
 
+TRAIN_CONFIG_DIR = "config/train"
+
+
+def _resolve_train_config():
+    """The trainer config as every stage will train with it, checked against this workflow config.
+
+    Resolved when the workflow loads, so a bad key, a bad value or a mismatch
+    between the two configs stops `snakemake` before any job (the `plan` rule
+    runs the same checks). Its content is also the plan's cache key:
+    `TRAIN_CONFIG_ID` changes only when a resolved value does.
+    """
+    from pipeline import config as train_config
+    from pipeline.plan import config_id, cross_check
+
+    try:
+        cfg = train_config.resolve(TRAIN_CONFIG_DIR, config["train"]["config_name"], train_overrides())
+    except UserError as err:
+        raise WorkflowError(f"config: {err}") from None
+    problems = cross_check(cfg, export_weights=config["export"]["weights"],
+                           export_ema_rate=config["export"]["ema_rate"], nproc=config["train"]["nproc"])
+    if problems:
+        raise WorkflowError("config: the workflow config (config/config.yaml) and the trainer config "
+                            "(config/train/ + train.overrides) disagree:\n  " + "\n  ".join(problems))
+    return cfg, config_id(cfg)
+
+
+TRAIN_CFG, TRAIN_CONFIG_ID = _resolve_train_config()
+HAS_EMA = bool(TRAIN_CFG.ema.rates)
+
+
 def previous_stage(stage):
     i = STAGES.index(stage)
     return STAGES[i - 1] if i else None
@@ -123,6 +154,13 @@ def export_adapter():
 def ema_rate_flag():
     rate = config["export"]["ema_rate"]
     return f"--ema-rate {rate}" if rate is not None else ""
+
+
+def best_exports():
+    """The run's best raw (and EMA, when it keeps any) weights; tracked only with a validation set."""
+    if not data_file("val"):
+        return []
+    return [f"{R}/export/adapter_best"] + ([f"{R}/export/adapter_best_ema"] if HAS_EMA else [])
 
 
 def optional(flag, value):

@@ -8,18 +8,19 @@ rule consolidate:
         model=model_inputs(),
     output:
         adapter=directory(f"{R}/export/adapter_final"),
-        adapter_ema=directory(f"{R}/export/adapter_ema"),
+        # a run that keeps no EMA (ema.rates=[]) has none to export
+        adapter_ema=directory(f"{R}/export/adapter_ema") if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
         f"logs/consolidate/{RUN}.log",
     params:
         model=base_model,
-        ema_rate=ema_rate_flag(),
+        ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
+        if HAS_EMA else "--models main",
     shell:
         "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
-        "--out-adapter {output.adapter} --out-adapter-ema {output.adapter_ema} {params.ema_rate} "
-        "--models both > {log} 2>&1"
+        "--out-adapter {output.adapter} {params.ema} > {log} 2>&1"
 
 
 rule export_best:
@@ -28,7 +29,7 @@ rule export_best:
         stages=expand(f"{R}/stages/{{stage}}", stage=STAGES),
     output:
         best=directory(f"{R}/export/adapter_best"),
-        best_ema=directory(f"{R}/export/adapter_best_ema"),
+        best_ema=directory(f"{R}/export/adapter_best_ema") if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
@@ -36,9 +37,10 @@ rule export_best:
     params:
         stages=lambda wc, input: os.path.dirname(input.stages[0]),
         last=LAST_STAGE,
+        best_ema=lambda wc, output: f"--out-best-ema {output.best_ema}" if HAS_EMA else "",
     shell:
         "python -m pipeline export-best --stages {params.stages} --last {params.last} "
-        "--out-best {output.best} --out-best-ema {output.best_ema} > {log} 2>&1"
+        "--out-best {output.best} {params.best_ema} > {log} 2>&1"
 
 
 rule merge_lora:

@@ -2,10 +2,9 @@
 
 
 rule plan:
-    input:
-        # Trainer YAML files are inputs: editing one retrains (a changed hyperparameter must).
-        train_configs=sorted(str(p) for p in Path("config/train").rglob("*.yaml")),
-        main=f"config/train/{config['train']['config_name']}.yaml",
+    # No config file is an input: the trainer config is keyed on its resolved content
+    # (params.config_id), so a comment or an unused group file retrains nothing, and a
+    # changed resolved value re-plans and retrains every stage (--rerun-triggers params).
     output:
         plan=report(f"{R}/plan.json", caption="../report/plan.rst", category="Run"),
         config=f"{R}/train_config.yaml",
@@ -17,13 +16,18 @@ rule plan:
         total=config["schedule"]["total_updates"],
         fraction=config["schedule"]["pilot_fraction"],
         chunks=config["schedule"]["num_chunks"],
-        # params, not inputs: a changed override re-plans (and so retrains) via --rerun-triggers params
-        overrides=train_overrides(),
-        override_flags=lambda wc: " ".join(f"--override '{o}'" for o in train_overrides()),
+        config_id=TRAIN_CONFIG_ID,
+        config_dir=TRAIN_CONFIG_DIR,
+        config_name=config["train"]["config_name"],
+        override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
+        export_weights=config["export"]["weights"],
+        export_ema_rate=config["export"]["ema_rate"],
+        nproc=config["train"]["nproc"],
     shell:
         "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
-        "--num-chunks {params.chunks} --train-config-dir $(dirname {input.main}) --train-config-name $(basename {input.main} .yaml) "
-        "{params.override_flags} --out-plan {output.plan} --out-config {output.config} > {log} 2>&1"
+        "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
+        "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
+        "--nproc {params.nproc} --out-plan {output.plan} --out-config {output.config} > {log} 2>&1"
 
 
 rule train_stage:

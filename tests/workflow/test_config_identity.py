@@ -1,0 +1,41 @@
+"""The trainer config is cached by meaning: comments and unused groups retrain nothing, a changed
+value retrains every stage, and a config whose two layers disagree stops before any job."""
+
+from __future__ import annotations
+
+import pytest
+from runkit import copy_run, jobs_in_log
+
+pytestmark = pytest.mark.workflow
+
+
+def _planned(proc) -> list[tuple[str, str | None]]:
+    return jobs_in_log(proc.stdout + proc.stderr)  # snakemake lists jobs on stderr
+
+
+def test_comments_and_unused_groups_retrain_nothing_a_changed_value_retrains_all(done, run_snakemake, tmp_path):
+    run = copy_run(done, tmp_path / "run")
+    with open(run / "config/train/optim/adamw.yaml", "a") as f:
+        f.write("# a comment the resolved config does not see\n")
+    full = run / "config/train/lora/full.yaml"  # the run trains LoRA: this group is not used
+    full.write_text(full.read_text().replace("dropout: 0.0", "dropout: 0.3") + "# edited\n")
+    dry = run_snakemake(run, "-n", "--cores", "all")
+    assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr, (dry.stdout + dry.stderr)[-3000:]
+
+    config = run / "config/config.yaml"
+    config.write_text(config.read_text().replace("optim.lr=2e-3", "optim.lr=1e-3"))
+    dry = run_snakemake(run, "-n", "--cores", "all")
+    trained = sorted(stage for rule, stage in _planned(dry) if rule == "train_stage")
+    assert trained == ["chunk01", "chunk02", "pilot", "tail"], (dry.stdout + dry.stderr)[-3000:]
+
+
+def test_export_rate_the_trainer_does_not_keep_stops_snakemake_before_any_job(done, run_snakemake, tmp_path):
+    run = copy_run(done, tmp_path / "run")
+    config = run / "config/config.yaml"
+    config.write_text(config.read_text().replace("ema_rate: 0.98", "ema_rate: 0.5"))
+    for args in (["-n"], []):
+        proc = run_snakemake(run, *args, "--cores", "all")
+        err = proc.stdout + proc.stderr  # the terminal (snakemake prints load-time errors on stdout)
+        assert proc.returncode != 0
+        assert "export.ema_rate=0.5" in err and "ema.rates=[0.9, 0.98]" in err, err[-3000:]
+        assert _planned(proc) == []  # refused when the workflow loads: no job, no training
