@@ -17,11 +17,17 @@ file's directory. `parse_file` never raises on bad content: it returns the
 well-formed records and a `Problem` for every fault it finds, so validation can
 report all of them at once. `load_records` is the strict front door for the
 stages that only want clean data.
+
+Exact duplicates (same messages and images) are found by `duplicate_of`; what
+happens to them is the user's ``duplicates`` policy (`DUPLICATE_POLICIES`),
+applied by validation and, for ``drop``, by tokenization (`drop_duplicates`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -43,6 +49,10 @@ _SHAPES = {
     "conversations": ("conversations", "from", "value"),
     "messages": ("messages", "role", "content"),
 }
+
+# What to do with a conversation identical to an earlier one of the same file:
+# error (a problem), warn (kept, reported), drop (every copy after the first removed).
+DUPLICATE_POLICIES = ("error", "warn", "drop")
 
 _BOM = b"\xef\xbb\xbf"
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -199,6 +209,27 @@ def conversation_key(messages: list[dict[str, str]], *, loose: bool = False) -> 
     return hashlib.sha1(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
+def duplicate_of(records: list[Record]) -> dict[int, int]:
+    """{position of a record: position of the earlier record it exactly repeats} (messages and images).
+
+    Only copies appear as keys: the first occurrence of a conversation is not a duplicate.
+    """
+    first: dict[tuple, int] = {}
+    copies: dict[int, int] = {}
+    for position, record in enumerate(records):
+        key = (conversation_key(record.messages), tuple(record.images))
+        earlier = first.setdefault(key, position)
+        if earlier != position:
+            copies[position] = earlier
+    return copies
+
+
+def drop_duplicates(records: list[Record]) -> list[Record]:
+    """`records` without the exact duplicates, each conversation kept at its first occurrence."""
+    copies = duplicate_of(records)
+    return [r for position, r in enumerate(records) if position not in copies]
+
+
 # --- file layouts ---------------------------------------------------------------------------------
 
 
@@ -209,13 +240,8 @@ def _read_json_array(data: bytes, name: str, problems: list[Problem]) -> list[tu
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
-        hint = ""
-        if err.msg == "Extra data":
-            # The usual cause: JSON Lines content in a file named .json.
-            hint = " (several JSON values: if this is JSON Lines, name the file .jsonl)"
-        problems.append(Problem(
-            name, "invalid_json", f"{err.msg} at line {err.lineno} column {err.colno}{hint}", line=err.lineno,
-        ))
+        message = _extra_data_message(text, err) if err.msg == "Extra data" else _decode_error_text(err, err.lineno)
+        problems.append(Problem(name, "invalid_json", message, line=err.lineno))
         return []
     if not isinstance(doc, list):
         problems.append(Problem(
@@ -245,10 +271,50 @@ def _read_jsonl(data: bytes, name: str, problems: list[Problem]) -> list[tuple[i
             raws.append((lineno, json.loads(text)))
         except json.JSONDecodeError as err:
             problems.append(Problem(
-                name, "invalid_json", f"{err.msg} at line {lineno} column {err.colno}", index=len(raws), line=lineno,
+                name, "invalid_json", _decode_error_text(err, lineno), index=len(raws), line=lineno,
             ))
             raws.append((lineno, _UNREADABLE))
     return raws
+
+
+def _decode_error_text(err: json.JSONDecodeError, line: int) -> str:
+    """json's reason plus where, e.g. 'Unterminated string starting at line 2 column 9'.
+
+    Some of json's reasons already end in " at" ("Unterminated string starting
+    at", "Invalid control character at"): appending " at line ..." would say
+    "at at", so that trailing word is dropped first.
+    """
+    return f"{err.msg.removesuffix(' at')} at line {line} column {err.colno}"
+
+
+def _extra_data_message(text: str, err: json.JSONDecodeError) -> str:
+    """The text for a whole-file parse that found more after its first JSON value.
+
+    Only content that looks like JSON Lines gets the "name the file .jsonl"
+    hint; a complete array followed by anything else (a record pasted after
+    the closing bracket, a merge leftover) is reported as exactly that.
+    """
+    where = f"line {err.lineno} column {err.colno}"
+    if _looks_like_jsonl(text):
+        return (f"several JSON objects, one per line (the second starts at {where}): "
+                "this looks like JSON Lines; name the file .jsonl, or wrap the records in a JSON array")
+    start = len(text) - len(text.lstrip(" \t\n\r"))  # JSON's own whitespace, as json.loads skips it
+    first, _ = json.JSONDecoder().raw_decode(text, start)  # cannot fail: json.loads got past this value
+    return (f"extra data after the JSON {_json_type(first)} at {where}: "
+            "the file must hold exactly one JSON array of records")
+
+
+def _looks_like_jsonl(text: str) -> bool:
+    """True if the first two non-blank lines are each a complete JSON object (one record per line)."""
+    first_two = list(itertools.islice((line for line in io.StringIO(text) if line.strip()), 2))
+    return len(first_two) == 2 and all(_is_json_object(line) for line in first_two)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
 
 
 def _decode_whole(data: bytes, name: str, problems: list[Problem]) -> str | None:

@@ -15,13 +15,18 @@ property is an error naming the record: we cannot tell which tokens to learn.
 Work is batched (rendering, tokenizing, labelling with numpy), so the only
 per-record Python is the template rendering itself.
 
+With ``duplicates: drop`` the exact-duplicate conversations of a file (every
+occurrence after the first, see `formats.duplicate_of`) are removed before
+tokenizing, so the cache holds each conversation once; under ``error`` /
+``warn`` every record is kept (rejecting duplicates is validation's job).
+
 Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
-``{"tokenizer", "tokenizer_fingerprint", "max_length", "too_long",
+``{"tokenizer", "tokenizer_fingerprint", "max_length", "too_long", "duplicates",
 "splits": {"train": {...}, "val": {...}}}`` where each split has ``cache``,
-``source``, ``source_sha256``, ``records_in``, ``records``, ``turns``,
-``assistant_turns``, ``tokens``, ``supervised_tokens``, ``tokens_per_record``
+``source``, ``source_sha256``, ``records_in`` (records in the file), ``records``,
+``turns``, ``assistant_turns``, ``tokens``, ``supervised_tokens``, ``tokens_per_record``
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
-``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``.
+``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.cache import IGNORE_INDEX, write_cache
-from pipeline.data.formats import Record, load_records
+from pipeline.data.formats import DUPLICATE_POLICIES, Record, drop_duplicates, load_records
 from pipeline.errors import DataError, UserError
 
 TOO_LONG_POLICIES = ("error", "truncate", "drop")
@@ -352,15 +357,26 @@ def _percentiles(lengths: np.ndarray) -> dict:
 
 def tokenize_file(
     path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
+    duplicates: str = "error",
 ) -> dict:
-    """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata)."""
+    """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata).
+
+    ``duplicates="drop"`` removes exact-duplicate conversations first (counted
+    as ``duplicates_dropped``). Raises `DataError` if no record is left.
+    """
+    if duplicates not in DUPLICATE_POLICIES:
+        raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
     records = load_records(path)
-    encoded = encode_records(records, tokenizer, max_length=max_length, too_long=too_long, source=str(path))
+    kept = drop_duplicates(records) if duplicates == "drop" else records
+    encoded = encode_records(kept, tokenizer, max_length=max_length, too_long=too_long, source=str(path))
     if encoded.stats["records"] == 0:
-        raise DataError(f"{path}: no records left after applying too_long={too_long!r} at max_length={max_length}")
+        copies = f"dropping {len(records) - len(kept)} duplicate(s) and " if len(kept) < len(records) else ""
+        raise DataError(f"{path}: no records left after {copies}applying too_long={too_long!r} "
+                        f"at max_length={max_length}")
     source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats}
+    stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats,
+             "records_in": len(records), "duplicates_dropped": len(records) - len(kept)}
     write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets, metadata={
         "split": split,
         "source": str(path),
@@ -368,6 +384,7 @@ def tokenize_file(
         "tokenizer_fingerprint": fingerprint,
         "max_length": str(max_length),
         "too_long": too_long,
+        "duplicates": duplicates,
         "records": str(encoded.stats["records"]),
         "supervised_tokens": str(encoded.stats["supervised_tokens"]),
     })
@@ -384,6 +401,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, type=Path)
     p.add_argument("--max-length", required=True, type=int)
     p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
+    p.add_argument("--duplicates", default="error", choices=DUPLICATE_POLICIES,
+                   help="drop: cache each exact-duplicate conversation once; error / warn: keep every record "
+                        "(validation enforces error)")
     p.add_argument("--out-train", required=True, type=Path)
     p.add_argument("--out-val", type=Path)
     p.add_argument("--out-stats", required=True, type=Path)
@@ -402,14 +422,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.val is not None:
         splits["val"] = (args.val, args.out_val)
     report = {"tokenizer": str(args.tokenizer), "tokenizer_fingerprint": fingerprint,
-              "max_length": args.max_length, "too_long": args.too_long, "splits": {}}
+              "max_length": args.max_length, "too_long": args.too_long, "duplicates": args.duplicates, "splits": {}}
     for split, (source, out) in splits.items():
         stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
-                              too_long=args.too_long, fingerprint=fingerprint, split=split)
+                              too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates)
         report["splits"][split] = {"cache": str(out), **stats}
         print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
               f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "
-              f"dropped {stats['dropped'] + stats['dropped_unsupervised']} -> {out}")
+              f"dropped {stats['dropped'] + stats['dropped_unsupervised']}, "
+              f"duplicates dropped {stats['duplicates_dropped']} -> {out}")
     args.out_stats.parent.mkdir(parents=True, exist_ok=True)
     args.out_stats.write_text(json.dumps(report, indent=2) + "\n")
     return 0

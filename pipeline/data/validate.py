@@ -2,31 +2,49 @@
 
 Checks, per file: the layout and each record's structure (see `formats`),
 images (present and decodable), token length against ``max_length`` under the
-too-long policy, duplicate ids, exact-duplicate samples; across files: val or
+too-long policy, duplicate ids, exact-duplicate samples under the duplicates
+policy, and that at least one record is left to train on; across files: val or
 test conversations that also occur in train (and test in val).
 
 Always writes ``validation.json`` (ok flag, counts per reason, the problems,
-per-file stats) and ``validation.csv`` (one row per problem), then fails with a
-`DataError` summarizing the first 20 problems if there are any. With the
-``truncate`` / ``drop`` policies an over-long record is counted, not a problem.
+warnings, split-level notes, per-file stats) and ``validation.csv`` (one row per
+problem), atomically, then fails with a `DataError` summarizing the problems if
+there are any. With the ``truncate`` / ``drop`` too-long policies an over-long
+record is counted, not a problem; with ``duplicates: warn`` / ``drop`` an exact
+duplicate is counted (and, for ``drop``, left out of every later check, as
+tokenization leaves it out of the cache), not a problem. A repeated ``id`` is a
+problem under every policy.
+
+A failed run also writes both reports to ``--failed-report-dir``, which the
+workflow keeps out of Snakemake's declared outputs: Snakemake deletes the
+outputs of a failed job, and the reports are the evidence of why it failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.formats import ParsedFile, Problem, conversation_key, format_problems, parse_file
+from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, conversation_key, duplicate_of, parse_file
 from pipeline.data.tokenize import TOO_LONG_POLICIES
 from pipeline.errors import DataError, UserError
+from pipeline.storage import publish
 
 SPLITS = ("train", "val", "test")
 CSV_COLUMNS = ["split", "file", "index", "line", "id", "field", "reason", "message"]
+REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --failed-report-dir
+
+# Per-record overlap rows shown in the failure summary: the one line per pair of
+# splits already gives the count, and the rows must not crowd out other faults.
+OVERLAP_EXAMPLES = 3
 
 # Leading bytes of the image formats we accept when Pillow is not installed.
 _IMAGE_MAGIC = (
@@ -40,9 +58,18 @@ _IMAGE_MAGIC = (
 
 @dataclass
 class ValidationReport:
-    """The outcome of `validate_dataset`; `problems` are tagged with their split."""
+    """The outcome of `validate_dataset`; `problems` and `warnings` are tagged with their split.
+
+    `notes` are split-level findings, one line each, shown above the problems in
+    the failure summary: one per pair of splits that share conversations, and
+    one per split left with no usable record when every record has its own
+    problem (otherwise that is the `no_usable_records` problem itself).
+    `warnings` are faults the user chose to keep (``duplicates: warn``).
+    """
 
     problems: list[tuple[str, Problem]] = field(default_factory=list)
+    warnings: list[tuple[str, Problem]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     files: dict[str, dict] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
 
@@ -62,15 +89,33 @@ class ValidationReport:
             "num_problems": len(self.problems),
             "counts": self.counts(),
             "settings": self.settings,
+            "notes": self.notes,
             "files": self.files,
             "problems": [{"split": split, **p.to_dict()} for split, p in self.problems],
+            "warnings": [{"split": split, **p.to_dict()} for split, p in self.warnings],
         }
 
     def summary(self, limit: int = 20) -> str:
-        """The failure message: counts per reason, the first `limit` problems, the total."""
+        """The failure message: counts per reason, the notes, up to `limit` problems, the total.
+
+        Problems are listed file-level first, then by record, with at most
+        `OVERLAP_EXAMPLES` split-overlap rows at the end (the notes count them
+        per pair of splits), so a val that copies train cannot hide the rest.
+        """
         counts = ", ".join(f"{reason}: {n}" for reason, n in self.counts().items())
-        return format_problems([p for _, p in self.problems], header=f"dataset validation failed ({counts})",
-                               limit=limit)
+        lines = [f"dataset validation failed ({counts}): {len(self.problems)} problem(s)"]
+        lines += [f"  {note}" for note in self.notes]
+        shown = self._summary_problems(limit)
+        lines += [f"  {p.describe()}" for p in shown]
+        if len(self.problems) > len(shown):
+            lines.append(f"  ... and {len(self.problems) - len(shown)} more")
+        return "\n".join(lines)
+
+    def _summary_problems(self, limit: int) -> list[Problem]:
+        others = [p for _, p in self.problems if p.reason != "split_overlap"]
+        others.sort(key=lambda p: p.index is not None)  # stable: file-level faults of every split first
+        overlaps = [p for _, p in self.problems if p.reason == "split_overlap"]
+        return (others + overlaps[:OVERLAP_EXAMPLES])[:limit]
 
 
 def validate_dataset(
@@ -81,58 +126,111 @@ def validate_dataset(
     tokenizer_dir: str | Path,
     max_length: int,
     too_long: str,
+    duplicates: str = "error",
 ) -> ValidationReport:
-    """Run every check on the given files; never raises for data problems (they go in the report)."""
-    if too_long not in TOO_LONG_POLICIES:
-        raise UserError(f"too_long must be one of {', '.join(TOO_LONG_POLICIES)}, not {too_long!r}")
+    """Run every check on the given files; never raises for data problems (they go in the report).
+
+    Raises `UserError` for an unknown policy or a tokenizer that cannot be loaded.
+    """
+    _check_policy("too_long", too_long, TOO_LONG_POLICIES)
+    _check_policy("duplicates", duplicates, DUPLICATE_POLICIES)
     paths = {name: p for name, p in zip(SPLITS, (train, val, test)) if p is not None}
     report = ValidationReport(settings={
-        "tokenizer": str(tokenizer_dir), "max_length": max_length, "too_long": too_long,
+        "tokenizer": str(tokenizer_dir), "max_length": max_length, "too_long": too_long, "duplicates": duplicates,
         **{name: str(p) for name, p in paths.items()},
     })
     parsed = {name: parse_file(p) for name, p in paths.items()}
     found: dict[str, list[Problem]] = {name: list(pf.problems) for name, pf in parsed.items()}
 
+    copies: dict[str, list[Problem]] = {}
+    for name, pf in parsed.items():
+        found[name] += _duplicate_id_problems(pf)
+        copies[name] = _duplicate_sample_problems(pf)
+        if duplicates == "error":
+            found[name] += copies[name]
+        elif duplicates == "warn":
+            report.warnings += [(name, p) for p in copies[name]]
+        else:  # drop: check what tokenization will keep, so a dropped copy is neither measured nor an overlap
+            parsed[name] = _without_records(pf, {p.index for p in copies[name]})
+
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
     for name, pf in parsed.items():
         found[name] += _image_problems(pf, image_verdicts)
-        found[name] += _duplicate_problems(pf)
-    for name, extra in _overlap_problems(parsed).items():
-        found[name] += extra
+    overlaps = _overlap_problems(parsed)
+    for name, _, problem in overlaps:
+        found[name].append(problem)
+    report.notes += _overlap_notes(parsed, overlaps)
 
     lengths = _measure_lengths(parsed, tokenizer_dir)
     for name, pf in parsed.items():
-        stats = _file_stats(pf)
+        stats = {**_file_stats(pf), "duplicates": len(copies[name]),
+                 "duplicates_dropped": len(copies[name]) if duplicates == "drop" else 0,
+                 "overlaps": dict(Counter(other for split, other, _ in overlaps if split == name))}
+        dropped_long: set[int] = set()
         if name in lengths:
-            lens, errors = lengths[name]
-            found[name] += [_problem(pf, i, "template_error", msg) for i, msg in errors.items()]
-            stats.update(_length_stats(lens, max_length, too_long))
-            if too_long == "error":
-                found[name] += [
-                    _problem(pf, i, "too_long", f"{n} tokens > max_length {max_length}")
-                    for i, n in enumerate(lens) if n > max_length
-                ]
+            problems, length_stats, over_long = _length_check(pf, *lengths[name], max_length, too_long)
+            found[name] += problems
+            stats.update(length_stats)
+            dropped_long = over_long if too_long == "drop" else set()
+        stats["records_valid"] = pf.records_seen - len({p.index for p in found[name] if p.index is not None})
+        # A record also in another split is a leak, not unusable: the overlap notes speak for it.
+        broken = {p.index for p in found[name] if p.index is not None and p.reason != "split_overlap"}
+        dropped = {p.index for p in copies[name]} if duplicates == "drop" else set()
+        causes = _unusable_causes(broken, dropped, dropped_long)
+        stats["records_usable"] = pf.records_seen - sum(causes.values())
+        if pf.records_seen and not stats["records_usable"]:
+            why = f"no usable record is left: {_unusable_text(pf.records_seen, causes, max_length)}"
+            if len(broken) == pf.records_seen:
+                report.notes.append(f"{pf.path}: {why}")  # each record's own problem is listed already
+            else:
+                found[name].append(Problem(str(pf.path), "no_usable_records", why))
         # File-level problems first, then by record.
         found[name].sort(key=lambda p: -1 if p.index is None else p.index)
         stats["problems"] = len(found[name])
-        stats["records_valid"] = pf.records_seen - len({p.index for p in found[name] if p.index is not None})
         report.files[name] = stats
         report.problems += [(name, p) for p in found[name]]
     return report
 
 
 def write_report(report: ValidationReport, out_json: str | Path, out_csv: str | Path) -> None:
-    """Write both reports (also on failure: they are how the user finds every problem)."""
+    """Write both reports (also on failure: they are how the user finds every problem).
+
+    Each file is written to a temporary name and renamed into place, so a
+    reader never sees half a report, and a crash never leaves one.
+    """
     import pandas as pd
 
-    for path in (out_json, out_csv):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_json).write_text(json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
+    publish.write_text(out_json, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
     rows = [{"split": split, **p.to_dict()} for split, p in report.problems]
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
     for column in ("index", "line"):
         frame[column] = frame[column].astype("Int64")  # integers with blanks, not floats
-    frame.to_csv(out_csv, index=False)
+    publish.write_text(out_csv, frame.to_csv(index=False))
+
+
+def failed_report_paths(directory: str | Path) -> tuple[Path, Path]:
+    """Where a failed run leaves validation.json and validation.csv inside `directory`."""
+    return tuple(Path(directory) / name for name in REPORT_NAMES)
+
+
+def remove_failed_reports(directory: str | Path) -> None:
+    """Delete the reports an earlier failed attempt left in `directory`, then the directory if now empty.
+
+    Only our own two files are removed, never the directory's other content:
+    the directory is a command-line argument, and a mistyped one must not
+    cost the user anything.
+    """
+    for path in failed_report_paths(directory):
+        path.unlink(missing_ok=True)
+    try:
+        Path(directory).rmdir()
+    except OSError:  # absent, or holds something else: leave it
+        pass
+
+
+def _check_policy(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 # --- individual checks ----------------------------------------------------------------------------
@@ -184,51 +282,104 @@ def _image_problems(pf: ParsedFile, verdicts: dict) -> list[Problem]:
     return problems
 
 
-def _duplicate_problems(pf: ParsedFile) -> list[Problem]:
-    """Repeated ids, and records identical to an earlier one (same messages and images)."""
+def _duplicate_id_problems(pf: ParsedFile) -> list[Problem]:
+    """Every record whose id an earlier record already uses: an id is meant to be unique, whatever the policy."""
     problems = []
     first_id: dict[str, int] = {}
-    first_sample: dict[tuple, int] = {}
     for position, record in enumerate(pf.records):
-        if record.id is not None:
-            if record.id in first_id:
-                earlier = pf.records[first_id[record.id]]
-                problems.append(_problem(pf, position, "duplicate_id",
-                                         f"id {record.id!r} is also used by record {earlier.index}", "id"))
-            else:
-                first_id[record.id] = position
-        key = (conversation_key(record.messages), tuple(record.images))
-        if key in first_sample:
-            earlier = pf.records[first_sample[key]]
-            problems.append(_problem(pf, position, "duplicate_sample",
-                                     f"same conversation as record {earlier.index}"))
+        if record.id is None:
+            continue
+        if record.id in first_id:
+            earlier = pf.records[first_id[record.id]]
+            problems.append(_problem(pf, position, "duplicate_id",
+                                     f"id {record.id!r} is also used by record {earlier.index}", "id"))
         else:
-            first_sample[key] = position
+            first_id[record.id] = position
     return problems
 
 
-def _overlap_problems(parsed: dict[str, ParsedFile]) -> dict[str, list[Problem]]:
-    """Val / test conversations that also occur in train (and test in val), whitespace-insensitive."""
-    problems: dict[str, list[Problem]] = {}
+def _duplicate_sample_problems(pf: ParsedFile) -> list[Problem]:
+    """Every record identical to an earlier one (same messages and images); the duplicates policy decides their fate."""
+    return [_problem(pf, position, "duplicate_sample", f"same conversation as record {pf.records[earlier].index}")
+            for position, earlier in duplicate_of(pf.records).items()]
+
+
+def _without_records(pf: ParsedFile, indices: set[int]) -> ParsedFile:
+    """`pf` less the records at file indices `indices` (its problems and counts untouched)."""
+    return dataclasses.replace(pf, records=[r for r in pf.records if r.index not in indices])
+
+
+def _overlap_problems(parsed: dict[str, ParsedFile]) -> list[tuple[str, str, Problem]]:
+    """(split, earlier split, problem) per val / test record whose conversation occurs in train (for test: or val).
+
+    Whitespace-insensitive; a record is matched to the first split it occurs in.
+    """
+    found = []
     seen: dict[str, dict[str, int]] = {}
     for name in SPLITS:
         if name not in parsed:
             continue
         pf = parsed[name]
         keys = [conversation_key(r.messages, loose=True) for r in pf.records]
-        found = []
         for position, key in enumerate(keys):
-            for other, index_of in seen.items():
-                if key in index_of:
-                    earlier = parsed[other].records[index_of[key]]
-                    found.append(_problem(pf, position, "split_overlap",
-                                          f"same conversation as {other} record {earlier.index}"))
-                    break
-        problems[name] = found
+            other = next((o for o, index_of in seen.items() if key in index_of), None)
+            if other is not None:
+                earlier = parsed[other].records[seen[other][key]]
+                found.append((name, other, _problem(pf, position, "split_overlap",
+                                                    f"same conversation as {other} record {earlier.index}")))
         seen[name] = {}
         for position, key in enumerate(keys):
             seen[name].setdefault(key, position)
-    return problems
+    return found
+
+
+def _overlap_notes(parsed: dict[str, ParsedFile], overlaps: list[tuple[str, str, Problem]]) -> list[str]:
+    """One line per pair of splits that share conversations, e.g. 'val: 128 of 128 records also occur in train'.
+
+    Says so when both splits are the same file (same resolved path) or copies
+    of it (same sha256): the usual cause of a complete overlap.
+    """
+    notes = []
+    for (split, other), n in Counter((split, other) for split, other, _ in overlaps).items():
+        pf, source = parsed[split], parsed[other]
+        note = f"{split}: {n} of {pf.records_seen} records also occur in {other}"
+        if pf.path.resolve() == source.path.resolve():
+            note += f" (same file as {other}: {source.path})"
+        elif pf.sha256 == source.sha256:
+            note += f" ({split} is a copy of {other}: same content as {source.path})"
+        notes.append(note)
+    return notes
+
+
+# Why a record does not reach the token cache, as (one record, several records).
+_UNUSABLE_PHRASES = {
+    "problem": ("has a problem", "have problems"),
+    "duplicate": ("is a copy of an earlier record and duplicates=drop",
+                  "are copies of earlier records and duplicates=drop"),
+    "too_long": ("is over max_length {max_length} and too_long=drop",
+                 "are over max_length {max_length} and too_long=drop"),
+}
+
+
+def _unusable_causes(broken: set[int], dropped_copies: set[int], dropped_long: set[int]) -> dict[str, int]:
+    """Records that will not reach the cache, by first cause (the keys of `_UNUSABLE_PHRASES`); each counted once."""
+    return {
+        "problem": len(broken),
+        "duplicate": len(dropped_copies - broken),
+        "too_long": len(dropped_long - broken - dropped_copies),
+    }
+
+
+def _unusable_text(total: int, causes: dict[str, int], max_length: int) -> str:
+    """Why none of `total` records is usable, e.g. 'all 200 records are over max_length 128 and too_long=drop'."""
+    def phrase(cause: str, n: int) -> str:
+        return _UNUSABLE_PHRASES[cause][n != 1].format(max_length=max_length)
+
+    present = [(cause, n) for cause, n in causes.items() if n]
+    if len(present) == 1:
+        subject = "its only record" if total == 1 else f"all {total} records"
+        return f"{subject} {phrase(present[0][0], total)}"
+    return f"of its {total} records, " + ", ".join(f"{n} {phrase(cause, n)}" for cause, n in present)
 
 
 def _measure_lengths(parsed: dict[str, ParsedFile], tokenizer_dir) -> dict[str, tuple[np.ndarray, dict]]:
@@ -239,6 +390,18 @@ def _measure_lengths(parsed: dict[str, ParsedFile], tokenizer_dir) -> dict[str, 
 
     tokenizer = load_tokenizer(tokenizer_dir)
     return {name: sequence_lengths(tokenizer, pf.records) for name, pf in parsed.items()}
+
+
+def _length_check(
+    pf: ParsedFile, lengths: np.ndarray, errors: dict[int, str], max_length: int, too_long: str,
+) -> tuple[list[Problem], dict, set[int]]:
+    """(template failures and, under too_long=error, over-long records as problems; length stats;
+    the file indices of the records over `max_length`)."""
+    problems = [_problem(pf, i, "template_error", msg) for i, msg in errors.items()]
+    over = np.flatnonzero(lengths > max_length)
+    if too_long == "error":
+        problems += [_problem(pf, i, "too_long", f"{lengths[i]} tokens > max_length {max_length}") for i in over]
+    return problems, _length_stats(lengths, max_length, too_long), {pf.records[i].index for i in over}
 
 
 def _file_stats(pf: ParsedFile) -> dict:
@@ -270,21 +433,60 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, type=Path)
     p.add_argument("--max-length", required=True, type=int)
     p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
+    p.add_argument("--duplicates", default="error", choices=DUPLICATE_POLICIES,
+                   help="exact-duplicate conversations within a split (default: error)")
     p.add_argument("--out-json", required=True, type=Path)
     p.add_argument("--out-csv", required=True, type=Path)
+    p.add_argument("--failed-report-dir", type=Path,
+                   help="on failure, also write validation.json/.csv here (a path the workflow does not delete); "
+                        "on success, remove the ones an earlier failure left")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Validate, write the reports; raise `DataError` whose last line names the reports that survive."""
     args = _parser().parse_args(argv)
     if args.max_length <= 0:
         raise UserError(f"--max-length must be positive, got {args.max_length}")
+    if args.failed_report_dir is not None and _same_files(failed_report_paths(args.failed_report_dir),
+                                                          (args.out_json, args.out_csv)):
+        # A success clears the failed-report dir: it would delete this run's own reports.
+        raise UserError(f"--failed-report-dir {args.failed_report_dir} would hold the --out-json / --out-csv "
+                        "files themselves; give it a directory of its own")
     report = validate_dataset(args.train, val=args.val, test=args.test, tokenizer_dir=args.tokenizer,
-                              max_length=args.max_length, too_long=args.too_long)
+                              max_length=args.max_length, too_long=args.too_long, duplicates=args.duplicates)
     write_report(report, args.out_json, args.out_csv)
+    _print_warnings(report)
     if not report.ok:
-        raise DataError(f"{report.summary()}\nfull report: {args.out_json} and {args.out_csv}")
+        kept = (args.out_json, args.out_csv)
+        if args.failed_report_dir is not None:
+            kept = failed_report_paths(args.failed_report_dir)
+            write_report(report, *kept)
+        raise DataError(f"{report.summary()}\nfull report: {kept[0]} and {kept[1]}")
+    if args.failed_report_dir is not None:
+        remove_failed_reports(args.failed_report_dir)  # a stale failure must not be mistaken for this run's
     for name, stats in report.files.items():
-        extra = f", {stats['too_long']} over max_length ({args.too_long})" if stats.get("too_long") else ""
-        print(f"{name}: {stats['records']} records ok ({stats['path']}){extra}")
+        print(_ok_line(name, stats, args))
     return 0
+
+
+def _same_files(paths: tuple[Path, ...], others: tuple[Path, ...]) -> bool:
+    """True if any of `paths` is one of `others` (after resolving)."""
+    return bool({p.resolve() for p in paths} & {Path(o).resolve() for o in others})
+
+
+def _print_warnings(report: ValidationReport) -> None:
+    """One stderr line per split with kept duplicates, naming the first (validation.json lists them all)."""
+    by_split: dict[str, list[Problem]] = {}
+    for split, problem in report.warnings:
+        by_split.setdefault(split, []).append(problem)
+    for split, problems in by_split.items():
+        print(f"warning: {split}: {len(problems)} duplicate conversation(s) kept (duplicates=warn); "
+              f"first: {problems[0].describe()}", file=sys.stderr)
+
+
+def _ok_line(name: str, stats: dict, args: argparse.Namespace) -> str:
+    extra = f", {stats['too_long']} over max_length ({args.too_long})" if stats.get("too_long") else ""
+    if stats["duplicates"]:
+        extra += f", {stats['duplicates']} duplicate(s) {'dropped' if stats['duplicates_dropped'] else 'kept'}"
+    return f"{name}: {stats['records']} records ok ({stats['path']}){extra}"

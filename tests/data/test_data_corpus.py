@@ -3,10 +3,13 @@
 CASES is the index of the corpus (`tests/data/malformed/`): one fault per file.
 Each file is validated by `python -m pipeline validate` in its own process
 (the runs go in parallel to keep the suite fast); the exit code, the message,
-`validation.json` and `validation.csv` are then checked case by case. The
-record-level faults sit in one-record files so that those runs never have to
-load the tokenizer (the slow part of a run); `test_data_formats` re-checks the
-same records in the middle of clean files for the record/line locator.
+`validation.json` and `validation.csv`, and their copies in `--failed-report-dir`
+(what survives Snakemake deleting a failed job's outputs) are then checked case
+by case. A case that is a fault only under another setting (all records too long
+under too_long=drop) gets that flag from EXTRA_ARGS. The record-level faults sit
+in one-record files so that those runs never have to load the tokenizer (the
+slow part of a run); `test_data_formats` re-checks the same records in the
+middle of clean files for the record/line locator.
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ CASES = [
     ("blank_lines.jsonl", "train", "empty_file", ""),
     ("empty_array.json", "train", "no_records", ""),
     ("bad_json_array.json", "train", "invalid_json", " line 24"),
+    ("truncated_array.json", "train", "invalid_json", " line 33"),
+    ("array_trailing_garbage.json", "train", "invalid_json", " line 29"),
     ("jsonl_named_json.json", "train", "invalid_json", " line 2"),
     ("bad_utf8_array.json", "train", "invalid_utf8", " line 33"),
     ("top_level_object.json", "train", "wrong_top_level_type", ""),
     ("top_level_string.json", "train", "wrong_top_level_type", ""),
     # --- one line of a JSONL file (line 1 is blank: line numbers count it, record numbers do not)
     ("bad_json_line.jsonl", "train", "invalid_json", " record 0 (line 2)"),
+    ("unterminated_string.jsonl", "train", "invalid_json", " record 1 (line 2)"),
     ("bad_utf8.jsonl", "train", "invalid_utf8", " record 0 (line 2)"),
     # --- record structure
     ("record_not_object.jsonl", "train", "not_object", " record 0 (line 1)"),
@@ -66,21 +72,25 @@ CASES = [
     ("image_empty.jsonl", "train", "image_undecodable", " record 1 (line 2, id 'm-1') image[0]"),
     # --- length, duplicates, leakage between splits
     ("too_long.jsonl", "train", "too_long", " record 1 (line 2, id 'm-1')"),
+    ("all_too_long.jsonl", "train", "no_usable_records", ""),  # under too_long=drop (EXTRA_ARGS)
     ("duplicate_id.jsonl", "train", "duplicate_id", " record 1 (line 2, id 'm-0') id"),
     ("duplicate_sample.jsonl", "train", "duplicate_sample", " record 1 (line 2, id 'm-9')"),
     ("overlap_val.jsonl", "val", "split_overlap", " record 1 (line 2, id 'v-1')"),
     ("overlap_test.jsonl", "test", "split_overlap", " record 1 (line 2, id 't-1')"),
 ]
 GOOD_FILES = {"train": GOOD / "train.jsonl", "val": GOOD / "val.json", "test": GOOD / "test.jsonl"}
+# Cases that are faults only under a non-default setting: appended to the command (the last flag wins).
+EXTRA_ARGS = {"all_too_long.jsonl": ["--too-long", "drop"]}
 
 
-def _validate(run_pipeline, tokenizer_dir: Path, out: Path, files: dict[str, Path]):
+def _validate(run_pipeline, tokenizer_dir: Path, out: Path, files: dict[str, Path], extra=()):
     out.mkdir(parents=True, exist_ok=True)
     args = ["validate", "--tokenizer", tokenizer_dir, "--max-length", MAX_LENGTH, "--too-long", "error",
-            "--out-json", out / "validation.json", "--out-csv", out / "validation.csv"]
+            "--out-json", out / "validation.json", "--out-csv", out / "validation.csv",
+            "--failed-report-dir", out / "failed"]
     for slot, path in files.items():
         args += [f"--{slot}", path]
-    proc = run_pipeline(*args)
+    proc = run_pipeline(*args, *extra)
     report = json.loads((out / "validation.json").read_text()) if (out / "validation.json").exists() else None
     table = pd.read_csv(out / "validation.csv") if (out / "validation.csv").exists() else None
     return proc, report, table
@@ -96,9 +106,10 @@ def runs(run_pipeline, tokenizer_dir, tmp_path_factory):
         files[slot] = MALFORMED / name
         jobs[name] = files
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {name: pool.submit(_validate, run_pipeline, tokenizer_dir, root / name, files)
+        futures = {name: pool.submit(_validate, run_pipeline, tokenizer_dir, root / name, files,
+                                     EXTRA_ARGS.get(name, ()))
                    for name, files in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
+        return {name: f.result() for name, f in futures.items()}, root
 
 
 def test_corpus_index_lists_every_file():
@@ -110,7 +121,8 @@ def test_corpus_index_lists_every_file():
 
 
 def test_good_dataset_passes(runs):
-    proc, report, table = runs["good"]
+    results, root = runs
+    proc, report, table = results["good"]
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert report["ok"] is True and report["num_problems"] == 0
@@ -118,11 +130,13 @@ def test_good_dataset_passes(runs):
     assert report["files"]["train"]["records"] == 5
     assert report["files"]["train"]["images"] == 1
     assert len(table) == 0 and "reason" in table.columns
+    assert not (root / "good" / "failed").exists()
 
 
 @pytest.mark.parametrize(("name", "slot", "reason", "where"), CASES, ids=[c[0] for c in CASES])
 def test_malformed_file_is_rejected(runs, name, slot, reason, where):
-    proc, report, table = runs[name]
+    results, root = runs
+    proc, report, table = results[name]
     path = str(MALFORMED / name)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -136,3 +150,8 @@ def test_malformed_file_is_rejected(runs, name, slot, reason, where):
     (problem,) = report["problems"]
     assert problem["file"] == path and problem["split"] == slot
     assert table[["file", "reason", "split"]].values.tolist() == [[path, reason, slot]]
+    # The last line names the copies Snakemake does not delete with a failed job's outputs.
+    failed = root / name / "failed"
+    assert proc.stderr.splitlines()[-1] == f"full report: {failed / 'validation.json'} and {failed / 'validation.csv'}"
+    assert json.loads((failed / "validation.json").read_text()) == report
+    assert pd.read_csv(failed / "validation.csv").equals(table)

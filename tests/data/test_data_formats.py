@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.data.formats import load_records, parse_file, prompt_and_reference
+from pipeline.data.formats import drop_duplicates, duplicate_of, load_records, parse_file, prompt_and_reference
 from pipeline.errors import DataError
 
 MALFORMED = Path(__file__).resolve().parent / "malformed"
@@ -111,6 +111,64 @@ def test_jsonl_content_in_a_json_file_gets_a_hint(tmp_path):
     write(path, [sharegpt(0), sharegpt(1)], layout="jsonl")
     (problem,) = parse_file(path).problems
     assert problem.reason == "invalid_json" and ".jsonl" in problem.message
+
+
+# json's own reasons, completed with where: never "starting at at line".
+DECODE_MESSAGES = [
+    ("unterminated_string.jsonl", "Unterminated string starting at line 2 column 103"),
+    ("truncated_array.json", "Unterminated string starting at line 33 column 18"),
+    ("bad_json_array.json", "Expecting ',' delimiter at line 24 column 9"),
+    ("bad_json_line.jsonl", "Expecting ',' delimiter at line 2 column 72"),
+]
+
+
+@pytest.mark.parametrize(("name", "message"), DECODE_MESSAGES, ids=[n for n, _ in DECODE_MESSAGES])
+def test_json_decode_errors_read_naturally(name, message):
+    (problem,) = parse_file(MALFORMED / name).problems
+    assert (problem.reason, problem.message) == ("invalid_json", message)
+
+
+def test_control_character_in_a_string_reads_naturally(tmp_path):
+    path = tmp_path / "d.json"
+    path.write_text('[{"id": "a\tb"}]')  # a raw tab inside a string
+    (problem,) = parse_file(path).problems
+    assert problem.message == "Invalid control character at line 1 column 11"
+
+
+def test_jsonl_hint_names_the_second_line(tmp_path):
+    (problem,) = parse_file(MALFORMED / "jsonl_named_json.json").problems
+    assert problem.message == (
+        "several JSON objects, one per line (the second starts at line 2 column 1): this looks like JSON Lines; "
+        "name the file .jsonl, or wrap the records in a JSON array")
+
+
+def test_array_followed_by_more_is_extra_data_not_json_lines():
+    (problem,) = parse_file(MALFORMED / "array_trailing_garbage.json").problems
+    assert (problem.line, problem.message) == (
+        29, "extra data after the JSON array at line 29 column 1: the file must hold exactly one JSON array of records")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ('[{"id": "a"}] ]', "extra data after the JSON array at line 1 column 15"),
+    ('{"id": "a"}\n\n[1]\n', "extra data after the JSON object at line 3 column 1"),  # 2nd line not an object
+    ('{\n  "id": "a"\n}\n{\n  "id": "b"\n}\n', "extra data after the JSON object at line 4 column 1"),  # not 1 per line
+])
+def test_only_one_object_per_line_gets_the_jsonl_hint(tmp_path, content, message):
+    path = tmp_path / "d.json"
+    path.write_text(content)
+    (problem,) = parse_file(path).problems
+    assert problem.message.startswith(message + ": ")
+    assert ".jsonl" not in problem.message
+
+
+def test_duplicates_are_exact_copies_of_messages_and_images(tmp_path):
+    records = load_records(write(tmp_path / "d.jsonl", [
+        sharegpt(0), sharegpt(1, image="a.png"), sharegpt(2), sharegpt(3, image="a.png"), sharegpt(4, image="b.png"),
+        sharegpt(5),
+    ]))
+    # ids do not matter; images do
+    assert duplicate_of(records) == {2: 0, 3: 1, 5: 0}
+    assert [r.id for r in drop_duplicates(records)] == ["r0", "r1", "r4"]
 
 
 def test_unknown_suffix_is_sniffed(tmp_path):

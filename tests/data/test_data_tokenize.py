@@ -246,3 +246,22 @@ def test_token_cache_rejects_other_files(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\x01")
     with pytest.raises(DataError, match="not a safetensors file"):
         TokenCache(tmp_path / "junk.safetensors")
+
+
+@pytest.mark.parametrize(("policy", "cached"), [("drop", 2), ("error", 3), ("warn", 3)])
+def test_duplicates_drop_caches_each_conversation_once(tmp_path, tokenizer_dir, policy, cached):
+    raw = SAME_CONTENT["sharegpt"]
+    other = {**raw, "id": "y", "conversations": raw["conversations"][:2]}
+    src = tmp_path / "train.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in [raw, other, {**raw, "id": "z"}]))  # z repeats x
+    out = tmp_path / "train.safetensors"
+    assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
+                    "--too-long", "error", "--duplicates", policy, "--out-train", str(out),
+                    "--out-stats", str(tmp_path / "stats.json")]) == 0
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    split = stats["splits"]["train"]
+    assert stats["duplicates"] == policy
+    assert (split["records_in"], split["records"], split["duplicates_dropped"]) == (3, cached, 3 - cached)
+    cache = TokenCache(out)
+    assert len(cache) == cached and cache.metadata["duplicates"] == policy
+    assert len({tuple(cache[i][0].tolist()) for i in range(len(cache))}) == 2  # x and y, x once under drop

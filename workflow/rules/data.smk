@@ -1,5 +1,9 @@
 # The base model (embedded default only), dataset validation, tokenization cache.
 
+# Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so
+# `validate` also leaves its reports here when it fails (and clears them when it passes).
+VALIDATION_FAILED = f"{R}/data/validation_failed"
+
 
 rule prepare_base:
     output:
@@ -36,10 +40,13 @@ rule validate_dataset:
         model=base_model,
         max_length=config["data"]["max_length"],
         too_long=config["data"]["too_long"],
+        duplicates=config["data"]["duplicates"],
+        failed_reports=VALIDATION_FAILED,
     shell:
         "python -m pipeline validate --train {input.train} {params.val} {params.test} "
         "--tokenizer {params.model} --max-length {params.max_length} --too-long {params.too_long} "
-        "--out-json {output.json} --out-csv {output.csv} > {log} 2>&1"
+        "--duplicates {params.duplicates} --out-json {output.json} --out-csv {output.csv} "
+        "--failed-report-dir {params.failed_reports} > {log} 2>&1"
 
 
 rule tokenize:
@@ -60,7 +67,8 @@ rule tokenize:
         model=base_model,
         max_length=config["data"]["max_length"],
         too_long=config["data"]["too_long"],
+        duplicates=config["data"]["duplicates"],
     shell:
         "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {params.model} "
-        "--max-length {params.max_length} --too-long {params.too_long} "
+        "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
         "--out-train {output.train} --out-stats {output.stats} > {log} 2>&1"

@@ -1,0 +1,58 @@
+"""The data settings as the workflow sees them: the config schema and the commands the data rules run."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from runkit import copy_workflow, snakemake  # tests/runkit.py: the workflow tests' helpers
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _validated(config: dict) -> dict:
+    from snakemake.utils import validate
+
+    config = copy.deepcopy(config)
+    validate(config, str(SCHEMA))  # fills in defaults, as the Snakefile's validate() does
+    return config
+
+
+def test_duplicates_setting_defaults_to_error_and_takes_only_the_policies():
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    assert config["data"]["duplicates"] == "error"
+    del config["data"]["duplicates"]
+    assert _validated(config)["data"]["duplicates"] == "error"
+    for policy in ("warn", "drop"):
+        assert _validated({**config, "data": {**config["data"], "duplicates": policy}})["data"]["duplicates"] == policy
+    from snakemake.exceptions import WorkflowError
+
+    with pytest.raises(WorkflowError):
+        _validated({**config, "data": {**config["data"], "duplicates": "keep"}})
+
+
+def _shell_commands(text: str) -> dict[str, str]:
+    """`python -m pipeline <command> ...` lines of a dry run (-p), by command."""
+    found = {}
+    for line in text.splitlines():
+        if "python -m pipeline " in line:
+            command = line.split("python -m pipeline ", 1)[1]
+            found[command.split()[0]] = command
+    return found
+
+
+def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    (workdir / "extra.yaml").write_text("data:\n  duplicates: drop\n")
+    # Targets before --configfile, which takes several values.
+    proc = snakemake(workdir, "results/demo/data/stats.json", "-n", "-p", "--cores", "1",
+                     "--configfile", "extra.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    commands = _shell_commands(proc.stdout + proc.stderr)
+    assert "--duplicates drop " in commands["validate"]
+    # undeclared, so it outlives a failed job (whose declared outputs Snakemake deletes)
+    assert "--failed-report-dir results/demo/data/validation_failed " in commands["validate"]
+    assert "--duplicates drop " in commands["tokenize"]
