@@ -44,6 +44,9 @@ rule all:
         f"{R}/report/summary.html",
         f"{R}/report/plan.html",
         f"{R}/report/pilot_gate.html",
+        # the exported adapters (PeftModel.from_pretrained): a deleted one is made again
+        f"{R}/export/adapter_final",
+        [f"{R}/export/adapter_ema"] if HAS_EMA else [],
         f"{R}/export/verification.json",
         f"{R}/export/smoke_test.json",
         # the run's best raw / EMA weights by validation loss (tracked only with a validation set)

@@ -7,9 +7,10 @@ argparse parser; this file only dispatches, so importing it stays cheap.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from pipeline.errors import UserError
+from pipeline.errors import ERROR_FILE_ENV, UserError
 
 COMMANDS = {
     "prepare-base": ("pipeline.demo_cli", "embedded default: tiny base model, tokenizer, demo dataset"),
@@ -50,4 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         # Bad input is the user's to fix: one clear message, no traceback.
         print(f"error: {err}", file=sys.stderr)
+        _report(f"error: {err}")
         return err.exit_code
+    except Exception as err:
+        # Not the user's input: a bug or a broken environment. The traceback goes to the
+        # log as usual; the one-line cause also goes where the launcher shows it.
+        _report(f"{type(err).__name__}: {err} (an unexpected error: the traceback is in the log)")
+        raise
+
+
+def _report(message: str) -> None:
+    """Append a failure's message to the file `pipeline.launch` reads back (when it set one).
+
+    Every rank of a torchrun job appends its own; the launcher shows each distinct one once.
+    """
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(message.rstrip("\n") + "\n\x00\n")

@@ -24,7 +24,6 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.errors import UserError
 
 SCHEMA_NAME = "train_schema"
-LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -41,7 +40,8 @@ class LoraConfig:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: list(LLAMA_TARGETS))
+    # layer name suffixes, or [all-linear]: every Linear / Conv1D layer but the output head
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     use_rslora: bool = False
 
 

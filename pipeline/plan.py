@@ -13,6 +13,10 @@ was never kept); `cross_check` names both keys of every such problem at once.
 The workflow runs the same checks when it loads (`workflow/rules/common.smk`),
 so `snakemake` refuses such a config before any job starts.
 
+With the base model at hand (a local dir), `plan` also resolves the LoRA
+targets against the model's layers, so a `lora.target_modules` that matches
+nothing fails here, listing the layers it could adapt, not in the pilot.
+
 The identity of the trainer config is its resolved content (`config_id`): the
 workflow keys the plan on it, so a comment or an unused group file in
 `config/train/` changes nothing, and a changed resolved value retrains from the
@@ -87,6 +91,10 @@ def main(argv: list[str]) -> int:
                            nproc=args.nproc)
     if problems:
         raise UserError("the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems))
+    if cfg.lora.enabled and Path(cfg.model.path).is_dir():  # a hub id is checked when the pilot loads it
+        from pipeline.model.loading import check_lora_targets
+
+        check_lora_targets(cfg)
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
     write_text(args.out_config, train_config.to_yaml(cfg))

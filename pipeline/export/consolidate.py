@@ -81,7 +81,7 @@ def consolidate(
     refuse_overlaps(outputs, {"--base": base, "--checkpoint": checkpoint})
     if not base.is_dir():
         raise UserError(f"--base {base} is not a directory")
-    ckpt = open_checkpoint(checkpoint, fmt)
+    ckpt = open_checkpoint(checkpoint, fmt, verify=True)  # a damaged file is named, never exported
     jobs, all_ema = _plan_jobs(ckpt, outputs, models, ema_rate)
     for label, out, _ in jobs:
         check_replaceable(out, overwrite=overwrite, label=label)

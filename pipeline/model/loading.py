@@ -34,33 +34,69 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
     return model
 
 
+ALL_LINEAR = "all-linear"
+
+
+def adaptable_layers(model) -> list[str]:
+    """Name suffixes of the layers LoRA can adapt: Linear and GPT-2-style Conv1D, not the output head."""
+    from transformers.pytorch_utils import Conv1D
+
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+             if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head}
+    return sorted(names)
+
+
+def lora_targets(model, cfg: TrainConfig) -> list[str]:
+    """The layer name suffixes `lora.target_modules` selects in `model`; UserError if none.
+
+    `[all-linear]` (the default) selects every adaptable layer (`adaptable_layers`);
+    a list of names selects those present (the others are logged and ignored).
+    """
+    requested = list(cfg.lora.target_modules)
+    adaptable = adaptable_layers(model)
+    if requested == [ALL_LINEAR]:
+        chosen = adaptable
+    else:
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        chosen = [t for t in requested if t in present]
+        missing = [t for t in requested if t not in present]
+        if missing and chosen:
+            log.warning("lora.target_modules not found in the model (ignored): %s", missing)
+    if not chosen:
+        raise UserError(
+            f"lora.target_modules={requested} match no layer of {cfg.model.path}; the layers LoRA can adapt "
+            f"there (Linear / Conv1D, output head left out) are: {', '.join(adaptable) or 'none'}. "
+            f"Use lora.target_modules=[{ALL_LINEAR}] or some of these names."
+        )
+    return chosen
+
+
+def check_lora_targets(cfg: TrainConfig) -> None:
+    """At plan time: build the model's skeleton on the meta device (no weights read) and resolve
+    the LoRA targets against it, so a mismatch fails before any training. UserError if none match."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    lora_targets(model, cfg)
+
+
 def attach_lora(model, cfg: TrainConfig):
     """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG."""
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in cfg.lora.target_modules if t not in present]
-    if len(missing) == len(cfg.lora.target_modules):
-        raise UserError(
-            f"lora.target_modules={list(cfg.lora.target_modules)} match no module of {cfg.model.path}; "
-            f"linear layers there include {sorted(_linear_names(model))[:12]}"
-        )
-    if missing:
-        log.warning("lora.target_modules not found in the model (ignored): %s", missing)
     lora = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules=[t for t in cfg.lora.target_modules if t in present],
+        target_modules=lora_targets(model, cfg),
         use_rslora=cfg.lora.use_rslora,
         bias="none",
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, lora)
-
-
-def _linear_names(model) -> set[str]:
-    return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
 def build(cfg: TrainConfig, precision: Precision, device: torch.device):

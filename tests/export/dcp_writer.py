@@ -38,6 +38,8 @@ def _save(ckpt: Path, main: dict, rank: int) -> None:
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import save_file
 
+    from pipeline.checkpoint import io as ckpt_io
+
     # A made-up EMA shadow that differs from the main weights, still sharded (DTensor).
     ema = {name: tensor.detach() * 0.5 + 0.01 for name, tensor in main.items()}
     dcp.save({"model": main, "ema": {"0.999": ema}}, checkpoint_id=str(ckpt / "dcp"))
@@ -46,7 +48,7 @@ def _save(ckpt: Path, main: dict, rank: int) -> None:
     reference.update({f"ema.0.999.{k}": v.full_tensor() for k, v in ema.items()})
     if rank == 0:
         save_file({k: v.contiguous() for k, v in reference.items()}, str(ckpt / "reference.safetensors"))
-        (ckpt / "MANIFEST.json").write_text("{}\n")
+        ckpt_io.write_manifest(ckpt, step=1)
 
 
 def _run(rank: int, out: str, port: str) -> None:

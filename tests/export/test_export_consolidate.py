@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from export_helpers import SMALL_SHARD, load_dir_tensors, save_adapter, save_base, tree_digest
 from pipeline import cli, layout
+from pipeline.checkpoint import io as ckpt_io
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _finish(ckpt: Path) -> Path:
     (ckpt / layout.TRAINING_STATE_DIR).mkdir(exist_ok=True)
     (ckpt / layout.CONFIG_FILE).write_text("seed: 0\n")
-    (ckpt / layout.MANIFEST_FILE).write_text("{}\n")
+    ckpt_io.write_manifest(ckpt, step=1)  # as the trainer does: every file's sha256, written last
     return ckpt
 
 
@@ -178,6 +179,21 @@ def test_incomplete_checkpoint_is_refused(lora_run, tmp_path, capsys):
     assert cli.main(["consolidate", "--checkpoint", str(partial), "--base", str(base), "--models", "main",
                      "--out-adapter", str(tmp_path / "a")]) == 2
     assert layout.MANIFEST_FILE in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_refused_naming_the_file(lora_run, tmp_path, capsys):
+    base, ckpt, _, _ = lora_run
+    damaged = tmp_path / "damaged"
+    shutil.copytree(ckpt, damaged)
+    weights = damaged / layout.ADAPTER_DIR / layout.PEFT_WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # one flipped bit in the last tensor
+    weights.write_bytes(bytes(data))
+    assert cli.main(["consolidate", "--checkpoint", str(damaged), "--base", str(base), "--models", "main",
+                     "--out-adapter", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"{weights} does not match its sha256" in err
+    assert not (tmp_path / "a").exists()
 
 
 def test_full_hf_checkpoint_exports_ema_in_fp16(tmp_path):

@@ -10,7 +10,20 @@ from pipeline.errors import UserError
 from pipeline.schedule import PILOT, plan_stages
 
 
-validate(config, "../schemas/config.schema.yaml")
+def _check_config():
+    """Every problem of config/config.yaml at once, naming its key, before any job runs."""
+    from pipeline.workflow_config import path_problems, schema_problems
+
+    problems = schema_problems(config, Path(workflow.current_basedir) / "../schemas/config.schema.yaml")
+    if not problems:
+        validate(config, "../schemas/config.schema.yaml")  # fills in the defaults
+        problems = path_problems(config)
+    if problems:
+        raise WorkflowError("config: " + "\n  ".join(["problems in the workflow config (config/config.yaml):",
+                                                      *problems]))
+
+
+_check_config()
 
 RUN = config["run"]
 R = f"results/{RUN}"  # declared outputs of this run
@@ -141,10 +154,17 @@ def train_threads():
         return 1
 
 
-def nproc(wildcards, resources):
-    """Processes per training job: one per allocated GPU (1 on CPU), unless configured."""
-    n = config["train"]["nproc"]
-    return int(n) if n != "auto" else max(1, int(resources.get("gpu", 0)))
+TRAIN_GPUS = config["gpus"]["train"]
+EVAL_GPUS = config["gpus"]["evaluate"]
+
+
+def launch(*, gpus=0, train=False):
+    """The start of every rule's shell command: `pipeline.launch` sends the command's output to
+    the rule's log and, when it fails, the reason to the terminal; it hands the job GPUs of its
+    own (`gpus`: 0, a count or "all"), and runs a training stage as one process or under torchrun.
+    """
+    extra = f" --train --nproc {config['train']['nproc']}" if train else ""
+    return f"exec python -m pipeline.launch --log {{log}} --gpus {gpus}{extra} -- "
 
 
 def export_adapter():

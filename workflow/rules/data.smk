@@ -20,7 +20,7 @@ rule prepare_base:
     params:
         data_dir=lambda wc, output: os.path.dirname(output.train),
     shell:
-        "python -m pipeline prepare-base --model-dir {output.model} --data-dir {params.data_dir} > {log} 2>&1"
+        launch() + "python -m pipeline prepare-base --model-dir {output.model} --data-dir {params.data_dir}"
 
 
 rule validate_dataset:
@@ -43,10 +43,10 @@ rule validate_dataset:
         duplicates=config["data"]["duplicates"],
         failed_reports=VALIDATION_FAILED,
     shell:
-        "python -m pipeline validate --train {input.train} {params.val} {params.test} "
+        launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
         "--tokenizer {params.model} --max-length {params.max_length} --too-long {params.too_long} "
         "--duplicates {params.duplicates} --out-json {output.json} --out-csv {output.csv} "
-        "--failed-report-dir {params.failed_reports} > {log} 2>&1"
+        "--failed-report-dir {params.failed_reports}"
 
 
 rule tokenize:
@@ -69,6 +69,6 @@ rule tokenize:
         too_long=config["data"]["too_long"],
         duplicates=config["data"]["duplicates"],
     shell:
-        "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {params.model} "
+        launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {params.model} "
         "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-        "--out-train {output.train} --out-stats {output.stats} > {log} 2>&1"
+        "--out-train {output.train} --out-stats {output.stats}"

@@ -21,8 +21,8 @@ rule evaluate_base:
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
     shell:
-        "python -m pipeline evaluate --config {input.config} --stage base {params.test} {params.max_test} "
-        "--max-new-tokens {params.max_new_tokens} --out {output} > {log} 2>&1"
+        launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --config {input.config} --stage base {params.test} {params.max_test} "
+        "--max-new-tokens {params.max_new_tokens} --out {output}"
 
 
 rule evaluate_stage:
@@ -41,8 +41,8 @@ rule evaluate_stage:
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
     shell:
-        "python -m pipeline evaluate --checkpoint {input.stage}/checkpoint --stage {wildcards.stage} "
-        "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} --out {output} > {log} 2>&1"
+        launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {input.stage}/checkpoint --stage {wildcards.stage} "
+        "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} --out {output}"
 
 
 rule summarize:
@@ -68,7 +68,7 @@ rule summarize:
     params:
         run=RUN,
     shell:
-        "python -m pipeline summarize --eval {input.evals} --metrics {input.stages} --smoke {input.smoke} "
+        launch() + "python -m pipeline summarize --eval {input.evals} --metrics {input.stages} --smoke {input.smoke} "
         "--plan {input.plan} --gate {input.gate} --run {params.run} "
         "--out-csv {output.csv} --out-loss-plot {output.loss} --out-eval-plot {output.val} "
-        "--out-summary-html {output.html} --out-plan-html {output.plan} --out-gate-html {output.gate} > {log} 2>&1"
+        "--out-summary-html {output.html} --out-plan-html {output.plan} --out-gate-html {output.gate}"

@@ -19,8 +19,8 @@ rule consolidate:
         ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
         if HAS_EMA else "--models main",
     shell:
-        "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
-        "--out-adapter {output.adapter} {params.ema} > {log} 2>&1"
+        launch() + "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
+        "--out-adapter {output.adapter} {params.ema}"
 
 
 rule export_best:
@@ -39,8 +39,8 @@ rule export_best:
         last=LAST_STAGE,
         best_ema=lambda wc, output: f"--out-best-ema {output.best_ema}" if HAS_EMA else "",
     shell:
-        "python -m pipeline export-best --stages {params.stages} --last {params.last} "
-        "--out-best {output.best} {params.best_ema} > {log} 2>&1"
+        launch() + "python -m pipeline export-best --stages {params.stages} --last {params.last} "
+        "--out-best {output.best} {params.best_ema}"
 
 
 rule merge_lora:
@@ -59,8 +59,8 @@ rule merge_lora:
         model=base_model,
         dtype=config["export"]["dtype"],
     shell:
-        "python -m pipeline merge --base {params.model} --adapter {input.adapter} --out {output} "
-        "--dtype {params.dtype} > {log} 2>&1"
+        launch() + "python -m pipeline merge --base {params.model} --adapter {input.adapter} --out {output} "
+        "--dtype {params.dtype}"
 
 
 rule verify_merge:
@@ -77,8 +77,8 @@ rule verify_merge:
     params:
         model=base_model,
     shell:
-        "python -m pipeline verify-merge --base {params.model} --adapter {input.adapter} "
-        "--merged {input.merged} --out {output} > {log} 2>&1"
+        launch(gpus=EVAL_GPUS) + "python -m pipeline verify-merge --base {params.model} --adapter {input.adapter} "
+        "--merged {input.merged} --out {output}"
 
 
 rule smoke_test:
@@ -98,5 +98,5 @@ rule smoke_test:
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         min_em=optional("--min-exact-match", config["export"]["min_exact_match"]),
     shell:
-        "python -m pipeline smoke-test --model {input.merged} {params.test} {params.max_test} "
-        "--max-new-tokens {params.max_new_tokens} {params.min_em} --out {output} > {log} 2>&1"
+        launch(gpus=EVAL_GPUS) + "python -m pipeline smoke-test --model {input.merged} {params.test} {params.max_test} "
+        "--max-new-tokens {params.max_new_tokens} {params.min_em} --out {output}"

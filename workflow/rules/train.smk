@@ -5,6 +5,9 @@ rule plan:
     # No config file is an input: the trainer config is keyed on its resolved content
     # (params.config_id), so a comment or an unused group file retrains nothing, and a
     # changed resolved value re-plans and retrains every stage (--rerun-triggers params).
+    # The base model is: plan checks the LoRA targets against its layers.
+    input:
+        model=model_inputs(),
     output:
         plan=report(f"{R}/plan.json", caption="../report/plan.rst", category="Run"),
         config=f"{R}/train_config.yaml",
@@ -24,10 +27,10 @@ rule plan:
         export_ema_rate=config["export"]["ema_rate"],
         nproc=config["train"]["nproc"],
     shell:
-        "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
+        launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
         "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
         "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
-        "--nproc {params.nproc} --out-plan {output.plan} --out-config {output.config} > {log} 2>&1"
+        "--nproc {params.nproc} --out-plan {output.plan} --out-config {output.config}"
 
 
 rule train_stage:
@@ -44,15 +47,13 @@ rule train_stage:
     params:
         scratch=lambda wc: f"{WORK}/{wc.stage}",
         init=init_flag,
-        nproc=nproc,
     threads: train_threads()
     shell:
-        # --standalone: single-node rendezvous on a free port. Multi-node: see README.
-        # exec: SLURM / Snakemake signals (TERM, USR1) reach torchrun itself, which
-        # passes TERM on to the ranks; each saves at its next step boundary.
-        "exec torchrun --standalone --nproc-per-node {params.nproc} -m pipeline train "
+        # The launcher runs one process, or torchrun over the GPUs the job holds (train.nproc), and
+        # passes SIGTERM / SIGUSR1 to every rank, which saves at its next step boundary and exits 75.
+        launch(gpus=TRAIN_GPUS, train=True) + "-m pipeline train "
         "--plan {input.plan} --config {input.config} --stage {wildcards.stage} {params.init} "
-        "--scratch {params.scratch} --out {output} > {log} 2>&1"
+        "--scratch {params.scratch} --out {output}"
 
 
 rule pilot_gate:
@@ -68,5 +69,5 @@ rule pilot_gate:
     params:
         override="--override" if config["gate"]["override"] else "",
     shell:
-        "python -m pipeline pilot-gate --pilot {input.pilot} --plan {input.plan} --out {output} "
-        "{params.override} > {log} 2>&1"
+        launch() + "python -m pipeline pilot-gate --pilot {input.pilot} --plan {input.plan} --out {output} "
+        "{params.override}"

@@ -1,0 +1,161 @@
+"""Run one command with its output in the rule's log and the reason for a failure on the terminal.
+
+Snakemake shows only "Error in rule X ... check log file(s)" when a rule whose
+output goes to a log fails. So the command's stdout and stderr go to the log,
+and when it fails, its own error message (`pipeline.cli` writes it to the file
+named by `SFT_ERROR_FILE`) or, failing that, the last exception or error lines
+of the log, go to stderr too, with the log's path, and are appended to the log
+(under SLURM the terminal shows the rule's log: `show-failed-logs` in the
+cluster profile). Exit codes stay those of the command.
+
+Signals: Snakemake stops a job by sending SIGTERM to this process, SLURM's
+`--signal` sends SIGUSR1 before a time limit. Both are passed to the command and
+every process below it (all training ranks), as SIGUSR1 where the command is a
+training stage: the ranks then save a checkpoint at the next step boundary and
+exit with `layout.EXIT_PREEMPTED`, which this process returns so a retry resumes.
+torchrun is started with SIGUSR1 ignored, so it waits for its ranks to finish
+saving instead of tearing them down.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pipeline.errors import ERROR_FILE_ENV
+from pipeline.layout import EXIT_PREEMPTED
+
+_FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
+_PREEMPTED = "preempted at update"
+_MAX_LINES = 40
+
+
+def run(cmd: list[str], log: Path, *, env: dict, preemptible: bool) -> int:
+    """Run `cmd` (output appended to `log`); returns its exit code (128 + N if killed by signal N)."""
+    log = Path(log)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    errors = log.with_name(f".{log.name}.errors")
+    errors.unlink(missing_ok=True)
+    env = {**env, ERROR_FILE_ENV: str(errors)}
+
+    def in_child():  # after fork, before exec
+        _die_with_parent()
+        if preemptible:  # inherited by torchrun through exec; the ranks install their own handlers
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+    with open(log, "ab", buffering=0) as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=in_child)
+        stop_signal = signal.SIGUSR1 if preemptible else None
+
+        def forward(signum, frame):
+            _signal_tree(proc.pid, stop_signal or signum)
+
+        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
+        try:
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    code = 128 - code if code < 0 else code
+    if code:
+        code = _report_failure(cmd, log, errors, code, preemptible)
+    errors.unlink(missing_ok=True)
+    return code
+
+
+def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preemptible: bool) -> int:
+    """Tell the terminal (and the end of the log) why the command failed; returns the exit code."""
+    text = log.read_text(errors="replace")
+    if preemptible and _PREEMPTED in text:
+        code = EXIT_PREEMPTED  # every rank saved; torchrun itself reports its ranks' exit as a failure
+        reasons = [line for line in text.splitlines() if _PREEMPTED in line][-1:]
+    else:
+        reasons = _messages(errors) or _reasons_from_log(text, code)
+    shown = [line for reason in reasons for line in reason.splitlines()][:_MAX_LINES]
+    block = "\n".join([f"pipeline: {_name(cmd)} failed (exit {code}):", *(f"  {line}" for line in shown),
+                       f"  full log: {log}"])
+    print(block, file=sys.stderr, flush=True)
+    with open(log, "a") as f:
+        f.write(f"\n{block}\n")
+    return code
+
+
+def _messages(errors: Path) -> list[str]:
+    """The distinct messages the command's processes reported (every rank may report the same)."""
+    if not errors.is_file():
+        return []
+    seen: list[str] = []
+    for message in errors.read_text(errors="replace").split("\n\x00\n"):
+        if message.strip() and message.strip() not in seen:
+            seen.append(message.strip())
+    return seen
+
+
+def _reasons_from_log(text: str, code: int) -> list[str]:
+    """A failure that reported nothing itself: the last exception, else ERROR lines, else the tail."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    exceptions = [line for line in lines if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line]
+    if exceptions:
+        return exceptions[-1:]
+    logged = [line for line in lines if " ERROR " in line or line.startswith("ERROR")]
+    if logged:
+        return logged[-5:]
+    if code > 128:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = str(code - 128)
+        return [f"killed by signal {name} (out of memory? a time limit?)", *lines[-5:]]
+    return lines[-10:]
+
+
+def _signal_tree(pid: int, signum: int) -> None:
+    """Send `signum` to `pid` and every process below it (torchrun puts each rank in a session of
+    its own, so the process group of `pid` does not reach them)."""
+    for target in [pid, *_descendants(pid)]:
+        try:
+            os.kill(target, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (Linux); none elsewhere."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when the launcher dies (even by SIGKILL), so no orphan trains on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: an orphan is possible if the launcher is killed hard
+
+
+def _name(cmd: list[str]) -> str:
+    """`python -m pipeline validate ...` -> 'validate'."""
+    if "pipeline" in cmd:
+        i = cmd.index("pipeline")
+        if i + 1 < len(cmd):
+            return cmd[i + 1]
+    return Path(cmd[0]).name

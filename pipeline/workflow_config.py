@@ -1,0 +1,60 @@
+"""Checks of the workflow config (config/config.yaml) that run when the Snakefile loads.
+
+Each returns every problem it finds, each naming the config key (and the path
+or value at fault), so a user fixes them all in one go instead of meeting them
+one rule at a time (a missing data file used to surface as Snakemake's
+`MissingInputException` on a path, without the key that named it).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+EMBEDDED = "embedded"
+# A Hugging Face hub id: "name" or "org/name" (a local dir is checked as a path).
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def schema_problems(config: dict, schema_path: Path) -> list[str]:
+    """Every key of `config` the JSON schema rejects: unknown keys, wrong types, bad values."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = []
+    for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
+        key = ".".join(map(str, error.absolute_path))
+        if error.validator == "additionalProperties":
+            known = sorted(error.schema.get("properties", {}))
+            for name in sorted(set(error.instance) - set(known)):
+                problems.append(f"{key + '.' if key else ''}{name}: unknown key (known here: {', '.join(known)})")
+        else:
+            problems.append(f"{key or '(top level)'}: {error.message}")
+    return problems
+
+
+def path_problems(config: dict) -> list[str]:
+    """The model and dataset paths the config names: each must exist and be what it claims to be."""
+    problems = []
+    model = config.get("model", EMBEDDED)
+    if model != EMBEDDED:
+        path = Path(model).expanduser()
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                problems.append(f"model: {model} is a directory but not a Hugging Face model (no config.json)")
+        elif path.exists():
+            problems.append(f"model: {model} is a file; give a Hugging Face model directory or a hub id")
+        elif model.startswith((".", "/", "~")) or not _HUB_ID.match(model):
+            problems.append(f"model: {model} does not exist (and is not a hub id like org/name)")
+    for split in ("train", "val", "test"):
+        value = (config.get("data") or {}).get(split)
+        if value in (None, EMBEDDED):
+            continue
+        path = Path(value).expanduser()
+        if not path.exists():
+            problems.append(f"data.{split}: {value} does not exist")
+        elif not path.is_file():
+            problems.append(f"data.{split}: {value} is not a file (a JSON or JSONL dataset)")
+    return problems
