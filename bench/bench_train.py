@@ -126,7 +126,7 @@ def _child_trl(args) -> None:
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=list(cfg.lora.target_modules), use_rslora=cfg.lora.use_rslora,
                       bias="none", task_type="CAUSAL_LM")
-    accum = train_config.grad_accum_steps(cfg, 1)
+    _, accum = train_config.batch_split(cfg, 1)
     sft = SFTConfig(
         output_dir=str(Path(args.work) / "trl"), max_steps=total, seed=cfg.seed,
         per_device_train_batch_size=cfg.optim.micro_batch, gradient_accumulation_steps=accum,

@@ -61,7 +61,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
     grad_clip: float = 1.0  # 0 disables clipping
     global_batch: int = 32  # sequences per optimizer update, all ranks together
-    micro_batch: int = 8  # sequences per forward on one rank
+    micro_batch: int = 8  # at most this many sequences per forward on one rank (see batch_split)
 
 
 @dataclass
@@ -75,6 +75,8 @@ class DistributedConfig:
     backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     strategy: str = "ddp"  # ddp | fsdp
     timeout_s: int = 1800
+    hsdp: bool = False  # fsdp: replicate across nodes, shard within a node
+    meta_init: bool = True  # fsdp: each rank reads only its shards of the base (false: every rank loads it all)
 
 
 @dataclass
@@ -150,15 +152,24 @@ def _check(cfg: TrainConfig) -> None:
         raise UserError("invalid trainer config:\n  " + "\n  ".join(problems))
 
 
-def grad_accum_steps(cfg: TrainConfig, world_size: int) -> int:
-    """Micro-batches per rank per update, derived (never configured)."""
-    per_step = cfg.optim.micro_batch * world_size
-    if cfg.optim.global_batch % per_step:
+def batch_split(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(micro-batch, micro-batches per rank per update) for this world size, derived, never configured.
+
+    Every rank takes global_batch / world_size sequences of each update; they are
+    split into the largest micro-batch that divides that share and is at most
+    `optim.micro_batch`. So one config runs on 1, 2, 4, ... ranks (the micro-batch
+    shrinks where a rank's share is smaller); only a global batch the ranks cannot
+    share evenly is an error.
+    """
+    if cfg.optim.global_batch % world_size:
         raise UserError(
-            f"optim.global_batch={cfg.optim.global_batch} is not divisible by "
-            f"optim.micro_batch={cfg.optim.micro_batch} x world size {world_size}"
+            f"optim.global_batch={cfg.optim.global_batch} cannot be shared by {world_size} ranks: make it a "
+            f"multiple of the world size (train.nodes x processes per node), or change the world size "
+            f"(optim.micro_batch={cfg.optim.micro_batch} is only an upper bound per forward)"
         )
-    return cfg.optim.global_batch // per_step
+    share = cfg.optim.global_batch // world_size
+    micro = max(d for d in range(1, min(cfg.optim.micro_batch, share) + 1) if share % d == 0)
+    return micro, share // micro
 
 
 def resolve(config_dir: Path, name: str = "config", overrides: list[str] = ()) -> TrainConfig:

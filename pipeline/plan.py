@@ -2,7 +2,7 @@
 
     python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
         --train-config-dir config/train --train-config-name config --override optim.lr=2e-3 ... \\
-        --export-weights ema --export-ema-rate 0.98 --nproc auto \\
+        --export-weights ema --export-ema-rate 0.98 [--world-size 8] \\
         --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
 
 Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
@@ -43,8 +43,17 @@ def config_id(cfg: train_config.TrainConfig) -> str:
     return hashlib.sha256(train_config.to_yaml(cfg).encode()).hexdigest()
 
 
+def world_size(nodes: int, gpus_per_node: int | str, nproc: int | str) -> int | None:
+    """Ranks of a training stage when the workflow config fixes them (None: decided by the GPUs found)."""
+    if nproc != "auto":
+        return nodes * int(nproc)
+    if gpus_per_node != "auto":
+        return nodes * max(1, int(gpus_per_node))
+    return None
+
+
 def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_ema_rate: float | None,
-                nproc: int | str) -> list[str]:
+                world: int | None) -> list[str]:
     """Problems between the workflow config and the resolved trainer config, each naming both keys."""
     problems = []
     rates = list(cfg.ema.rates)
@@ -57,11 +66,11 @@ def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_em
                         "set export.weights: raw, or give ema.rates")
     if export_weights == "ema" and export_ema_rate is None and len(rates) > 1:
         problems.append(f"export.weights=ema with several rates ({shown}): set export.ema_rate to the one to export")
-    if nproc != "auto":
-        per_update = cfg.optim.micro_batch * int(nproc)
-        if cfg.optim.global_batch % per_update:
-            problems.append(f"optim.global_batch={cfg.optim.global_batch} is not divisible by optim.micro_batch="
-                            f"{cfg.optim.micro_batch} x train.nproc={nproc} processes")
+    if world is not None:
+        try:
+            train_config.batch_split(cfg, world)
+        except UserError as err:
+            problems.append(str(err))
     return problems
 
 
@@ -80,7 +89,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
     ap.add_argument("--export-weights", choices=("ema", "raw"), default="raw", help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
-    ap.add_argument("--nproc", default="auto", help="workflow train.nproc")
+    ap.add_argument("--world-size", type=int, default=None, help="ranks per stage, when the workflow fixes it")
     ap.add_argument("--out-plan", type=Path, required=True)
     ap.add_argument("--out-config", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -88,7 +97,7 @@ def main(argv: list[str]) -> int:
     stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
     cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
     problems = cross_check(cfg, export_weights=args.export_weights, export_ema_rate=args.export_ema_rate,
-                           nproc=args.nproc)
+                           world=args.world_size)
     if problems:
         raise UserError("the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems))
     if cfg.lora.enabled and Path(cfg.model.path).is_dir():  # a hub id is checked when the pilot loads it

@@ -25,11 +25,13 @@ def test_bad_keys_and_values_name_the_key(override, words):
         train_config.resolve(CONF, "config", BASE + [override])
 
 
-def test_grad_accumulation_is_derived_and_checked():
-    cfg = train_config.resolve(CONF, "config", BASE + ["optim.global_batch=32", "optim.micro_batch=4"])
-    assert train_config.grad_accum_steps(cfg, 2) == 4
-    with pytest.raises(UserError, match="not divisible"):
-        train_config.grad_accum_steps(cfg, 3)
+def test_micro_batches_are_derived_for_every_world_size():
+    cfg = train_config.resolve(CONF, "config", BASE + ["optim.global_batch=32", "optim.micro_batch=16"])
+    assert [train_config.batch_split(cfg, w) for w in (1, 2, 4, 8, 32)] == [(16, 2), (16, 1), (8, 1), (4, 1), (1, 1)]
+    cfg = train_config.resolve(CONF, "config", BASE + ["optim.global_batch=24", "optim.micro_batch=5"])
+    assert train_config.batch_split(cfg, 2) == (4, 3)  # the largest divisor of a rank's 12 that is <= 5
+    with pytest.raises(UserError, match=r"optim.global_batch=24 cannot be shared by 5 ranks.*optim.micro_batch=5"):
+        train_config.batch_split(cfg, 5)
 
 
 def test_resolved_config_round_trips(tmp_path):

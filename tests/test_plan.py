@@ -44,16 +44,22 @@ def test_export_rate_not_kept_by_the_trainer_fails_at_plan_naming_both_keys(tmp_
 @pytest.mark.parametrize("overrides, workflow, keys", [
     (["ema.rates=[]"], {"export_weights": "ema", "export_ema_rate": None}, ["export.weights=ema", "ema.rates=[]"]),
     ([], {"export_weights": "ema", "export_ema_rate": None}, ["export.weights=ema", "export.ema_rate"]),
-    (["optim.global_batch=32", "optim.micro_batch=8"], {"export_weights": "raw", "export_ema_rate": None, "nproc": 3},
-     ["optim.global_batch=32", "optim.micro_batch=8", "train.nproc=3"]),
+    (["optim.global_batch=32", "optim.micro_batch=8"], {"export_weights": "raw", "export_ema_rate": None, "world": 3},
+     ["optim.global_batch=32", "cannot be shared by 3 ranks", "optim.micro_batch=8"]),
 ])
 def test_every_cross_config_problem_names_its_keys(overrides, workflow, keys):
     cfg = train_config.resolve(CONF, "config", BASE + overrides)
-    problems = plan.cross_check(cfg, **{"nproc": "auto", **workflow})
+    problems = plan.cross_check(cfg, **{"world": None, **workflow})
     assert len(problems) == 1 and all(k in problems[0] for k in keys), problems
 
 
 def test_a_consistent_config_has_no_cross_config_problem():
     cfg = train_config.resolve(CONF, "config", BASE)
-    assert plan.cross_check(cfg, export_weights="ema", export_ema_rate=0.98, nproc=2) == []
-    assert plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, nproc="auto") == []
+    assert plan.cross_check(cfg, export_weights="ema", export_ema_rate=0.98, world=2) == []
+    assert plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=None) == []
+
+
+def test_world_size_is_known_when_the_workflow_fixes_it():
+    assert plan.world_size(1, "auto", "auto") is None  # one rank per GPU found at run time
+    assert plan.world_size(2, 8, "auto") == 16 and plan.world_size(2, "auto", 4) == 8
+    assert plan.world_size(1, 0, "auto") == 1  # a CPU node runs one process

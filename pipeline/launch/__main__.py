@@ -1,14 +1,17 @@
-"""`python -m pipeline.launch --log LOG [--gpus 0|N|all] [--train --nproc auto|N] -- CMD...`
+"""`python -m pipeline.launch --log LOG [--gpus 0|N|all] [--train --nodes M --nproc auto|N] -- CMD...`
 
-Runs CMD (with `--train`: `-m pipeline train ...`, started as one process or
-under torchrun) with its output in LOG, on GPUs of its own, and shows on stderr
-why it failed, if it does. See `pipeline.launch` for the parts.
+Runs CMD (with `--train`: `-m pipeline train ...`, started as one process, under
+torchrun, or as one torchrun per node) with its output in LOG, on GPUs of its
+own, and shows on stderr why it failed, if it does. `--print-command` prints
+what it would start instead (how a dry run shows the srun / torchrun flags).
+See `pipeline.launch` for the parts.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -26,20 +29,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", default="0", help="GPUs the job takes: 0, a count, or all (default 0)")
     ap.add_argument("--train", action="store_true", help="CMD is a training stage's `-m pipeline train ...`")
     ap.add_argument("--nproc", default="auto", help="training processes per node: auto (one per GPU) or N")
+    ap.add_argument("--nodes", type=int, default=1, help="training nodes (SLURM: one torchrun per node)")
+    ap.add_argument("--rdzv-endpoint", default=None, help="c10d rendezvous host:port (default: derived)")
+    ap.add_argument("--print-command", action="store_true", help="print the command line(s) and exit")
     args = ap.parse_args(argv[:split])
     cmd = argv[split + 1:]
 
     def note(message: str) -> None:
         print(f"pipeline.launch: {message}", file=sys.stderr, flush=True)
 
-    devices = gpus.acquire(args.gpus, wait_message=note)
+    devices = None if args.print_command else gpus.acquire(args.gpus, wait_message=note)
     env = dict(os.environ)
     if devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = devices.visible
+    cmds = [cmd]
     if args.train:
-        cmd = torchrun.command(cmd, torchrun.processes(args.nproc, devices.ids if devices else None))
+        nproc = torchrun.processes(args.nproc, devices.ids if devices else gpus.present())
+        cmds = torchrun.commands(cmd, torchrun.topology(args.nodes, nproc, args.rdzv_endpoint))
+    if args.print_command:
+        print("\n".join(shlex.join(c) for c in cmds))
+        return 0
     try:
-        return run.run(cmd, args.log, env=env, preemptible=args.train)
+        return run.run(cmds, args.log, env=env, preemptible=args.train)
     finally:
         if devices is not None:
             devices.release()

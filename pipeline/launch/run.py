@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,8 +36,12 @@ _PREEMPTED = "preempted at update"
 _MAX_LINES = 40
 
 
-def run(cmd: list[str], log: Path, *, env: dict, preemptible: bool) -> int:
-    """Run `cmd` (output appended to `log`); returns its exit code (128 + N if killed by signal N)."""
+def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> int:
+    """Run the commands side by side (output appended to `log`); returns the first non-zero exit code.
+
+    Several commands: the agents of one job on this machine (`pipeline.launch.torchrun`).
+    A command killed by signal N counts as exit code 128 + N.
+    """
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     errors = log.with_name(f".{log.name}.errors")
@@ -49,22 +54,25 @@ def run(cmd: list[str], log: Path, *, env: dict, preemptible: bool) -> int:
             signal.signal(signal.SIGUSR1, signal.SIG_IGN)
 
     with open(log, "ab", buffering=0) as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=in_child)
+        out.write("".join(f"pipeline.launch: {shlex.join(cmd)}\n" for cmd in cmds).encode())
+        procs = [subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                  preexec_fn=in_child) for cmd in cmds]
         stop_signal = signal.SIGUSR1 if preemptible else None
 
         def forward(signum, frame):
-            _signal_tree(proc.pid, stop_signal or signum)
+            for proc in procs:
+                _signal_tree(proc.pid, stop_signal or signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
         try:
-            code = proc.wait()
+            codes = [proc.wait() for proc in procs]
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    code = 128 - code if code < 0 else code
+    codes = [128 - c if c < 0 else c for c in codes]
+    code = next((c for c in codes if c), 0)
     if code:
-        code = _report_failure(cmd, log, errors, code, preemptible)
+        code = _report_failure(cmds[0], log, errors, code, preemptible)
     errors.unlink(missing_ok=True)
     return code
 

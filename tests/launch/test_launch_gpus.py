@@ -24,8 +24,13 @@ def _start(tmp_path, name: str, gpus: str, hold: float) -> tuple[subprocess.Pope
     return subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True), log
 
 
+def _output(log) -> list[str]:
+    """What the job printed (the launcher's own first line names the command it started)."""
+    return [line for line in log.read_text().splitlines() if not line.startswith("pipeline.launch: ")]
+
+
 def _devices(log) -> set[str]:
-    return set(log.read_text().split()[0].split(","))
+    return set(_output(log)[0].split(","))
 
 
 def test_two_concurrent_jobs_get_disjoint_devices(tmp_path):
@@ -58,4 +63,4 @@ def test_no_gpus_means_nothing_is_handed_out(tmp_path):
     env = pipeline_env({"SFT_GPUS": ""})
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--log", str(log), "--gpus", "all", "--",
                            sys.executable, "-c", _REPORT, "0"], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0 and log.read_text().split()[0] == "-"  # CUDA_VISIBLE_DEVICES untouched
+    assert proc.returncode == 0 and _output(log)[0] == "-"  # CUDA_VISIBLE_DEVICES untouched

@@ -25,7 +25,9 @@ def launch(tmp_path, *args, cmd, env=None, **kw) -> subprocess.CompletedProcess:
 def test_output_goes_to_the_log_and_success_is_quiet(tmp_path):
     proc = launch(tmp_path, cmd=[sys.executable, "-c", "print('hello'); import sys; print('warn', file=sys.stderr)"])
     assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == ""
-    assert (tmp_path / "logs/rule.log").read_text().split() == ["hello", "warn"]
+    first, *printed = (tmp_path / "logs/rule.log").read_text().splitlines()
+    assert first.startswith("pipeline.launch: ") and " -c " in first  # the command it ran, shell-quoted
+    assert printed == ["hello", "warn"]
 
 
 def test_a_user_error_is_shown_on_the_terminal_with_the_log_path_and_its_exit_code(tmp_path):

@@ -17,10 +17,12 @@ one CPU per job: a stage's evaluation runs beside the next stage's training, as
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,11 +40,14 @@ JOB_CPUS, JOB_MEM_MB = 1, 6000
 def _fit_workflow_profile(workdir: Path) -> None:
     """Cap the copied workflow profile's per-rule CPUs/memory to the test node, keep the rest.
 
-    (A `--set-resources` on the command line would replace the profile's whole
-    set-resources, GPU requests and runtimes included.)
+    The training rule derives its CPUs and memory from the model and the ranks
+    (train_resources); the cap goes into the profile's set-resources, which
+    override a rule's own. (A `--set-resources` on the command line would replace
+    the profile's whole set-resources, GPU requests and runtimes included.)
     """
     path = workdir / "profiles/default/config.yaml"
     profile = yaml.safe_load(path.read_text())
+    profile["set-resources"]["train_stage"].update(cpus_per_task=JOB_CPUS, mem_mb=JOB_MEM_MB)
     for resources in profile["set-resources"].values():
         if "cpus_per_task" in resources:
             resources["cpus_per_task"] = min(int(resources["cpus_per_task"]), JOB_CPUS)
@@ -220,3 +225,58 @@ def test_example_profile_installed_as_slurm_asks_gpus_for_training(slurm_cluster
     for stage, res in train.items():
         assert re.search(r"\bgpu=1\b", res), (stage, res)
     assert not re.search(r"\bgpu=", resources[("tokenize", None)])
+
+
+# --- multi-node as configuration (issue 14) ---------------------------------------------------------
+
+
+def _two_rank_pilot(workdir: Path, done: Path) -> Path:
+    """A copy of the workflow with the session run's base model and token caches, training on 2 ranks."""
+    for rel in ("results/embedded", "results/demo/data"):
+        shutil.copytree(done / rel, workdir / rel)
+    (workdir / "ranks.yaml").write_text(yaml.safe_dump({"train": {"nproc": 2, "gpus_per_node": 2}}))
+    return workdir
+
+
+def test_a_stage_through_srun_and_c10d_equals_the_local_run(slurm_cluster, local_default_run, tmp_path):
+    """train.nodes=1, 2 ranks: under SLURM the launcher meets its ranks through a c10d rendezvous on the
+    job's node (the multi-node path with one node); locally through --standalone. Same pilot."""
+    target = f"{RUN}/stages/pilot"
+    on_slurm = _two_rank_pilot(_slurm_workdir(tmp_path / "slurm"), local_default_run)
+    run = slurm_cluster.snakemake(on_slurm, target, "--workflow-profile", "profiles/default",
+                                  "--configfile", "ranks.yaml", timeout=900)
+    run.check()
+    local = _two_rank_pilot(copy_workflow(tmp_path / "local"), local_default_run)
+    proc = snakemake(local, target, "--cores", "all", "--configfile", "ranks.yaml")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (on_slurm / "logs/train_stage/demo/pilot.log").read_text()
+    assert "--rdzv-backend=c10d" in log and "--nproc-per-node=2" in log, log[:2000]
+    assert "--standalone" in (local / "logs/train_stage/demo/pilot.log").read_text()
+    adapter = "checkpoint/adapter/adapter_model.safetensors"
+    assert sha256(on_slurm / target / adapter) == sha256(local / target / adapter)
+
+
+def test_two_nodes_dry_run_asks_for_nodes_gpus_per_node_and_one_launcher_per_node(slurm_cluster, tmp_path):
+    workdir = _slurm_workdir(tmp_path / "wf")
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump({"train": {"nodes": 2, "gpus_per_node": 2}}))
+    dry = slurm_cluster.snakemake(workdir, f"{RUN}/stages/pilot", "-n", "-p", "--workflow-profile",
+                                  "profiles/default", "--configfile", "nodes.yaml")
+    dry.check()
+    block = dry.stdout[dry.stdout.index("rule train_stage"):]
+    resources = next(line for line in block.splitlines() if line.strip().startswith("resources:"))
+    for flag in ("nodes=2", "mpi=srun", "tasks=2", "gres=gpu:2"):
+        assert flag in resources, resources
+    launcher = next(line for line in block.splitlines() if "pipeline.launch" in line)
+    assert "--nodes 2" in launcher and "--train" in launcher
+    # What that launcher starts inside a 2-node allocation: one torchrun agent per node.
+    args = launcher.split("pipeline.launch", 1)[1].split()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))},
+           "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
+    printed = subprocess.run([sys.executable, "-m", "pipeline.launch", *args[:args.index("--")], "--print-command",
+                              "--rdzv-endpoint", "node1:24242", *args[args.index("--"):]],
+                             cwd=workdir, env=env, capture_output=True, text=True)
+    assert printed.returncode == 0, printed.stderr
+    command = printed.stdout.strip()
+    for flag in ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
+                 "--rdzv-endpoint=node1:24242"):
+        assert flag in command, command

@@ -7,6 +7,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline.errors import UserError
+from pipeline.plan import world_size as plan_world_size
 from pipeline.schedule import PILOT, plan_stages
 
 
@@ -89,6 +90,9 @@ def train_overrides():
 TRAIN_CONFIG_DIR = "config/train"
 
 
+WORLD_SIZE = plan_world_size(config["train"]["nodes"], config["train"]["gpus_per_node"], config["train"]["nproc"])
+
+
 def _resolve_train_config():
     """The trainer config as every stage will train with it, checked against this workflow config.
 
@@ -105,7 +109,7 @@ def _resolve_train_config():
     except UserError as err:
         raise WorkflowError(f"config: {err}") from None
     problems = cross_check(cfg, export_weights=config["export"]["weights"],
-                           export_ema_rate=config["export"]["ema_rate"], nproc=config["train"]["nproc"])
+                           export_ema_rate=config["export"]["ema_rate"], world=WORLD_SIZE)
     if problems:
         raise WorkflowError("config: the workflow config (config/config.yaml) and the trainer config "
                             "(config/train/ + train.overrides) disagree:\n  " + "\n  ".join(problems))
@@ -154,17 +158,52 @@ def train_threads():
         return 1
 
 
-TRAIN_GPUS = config["gpus"]["train"]
-EVAL_GPUS = config["gpus"]["evaluate"]
+TRAIN_NODES = config["train"]["nodes"]
+TRAIN_GPUS = "all" if config["train"]["gpus_per_node"] == "auto" else config["train"]["gpus_per_node"]
+EVAL_GPUS = config["evaluate"]["gpus"]
 
 
 def launch(*, gpus=0, train=False):
     """The start of every rule's shell command: `pipeline.launch` sends the command's output to
     the rule's log and, when it fails, the reason to the terminal; it hands the job GPUs of its
-    own (`gpus`: 0, a count or "all"), and runs a training stage as one process or under torchrun.
+    own (`gpus`: 0, a count or "all"), and runs a training stage as one process, under torchrun,
+    or as one torchrun per node.
     """
-    extra = f" --train --nproc {config['train']['nproc']}" if train else ""
+    extra = f" --train --nodes {TRAIN_NODES} --nproc {config['train']['nproc']}" if train else ""
     return f"exec python -m pipeline.launch --log {{log}} --gpus {gpus}{extra} -- "
+
+
+def _base_model_bytes():
+    """Bytes of the base model's weight files (0 when it is not a local dir yet)."""
+    root = Path(MODEL)
+    return sum(p.stat().st_size for p in root.glob("*.safetensors")) if root.is_dir() else 0
+
+
+def train_resources():
+    """What a training stage asks a cluster for, derived from train.nodes / gpus_per_node / nproc
+    and the model's size (the profiles' set-resources still override any of it).
+
+    One node: `gpu` GPUs (--gpus). More: one task per node (the launcher starts one torchrun per
+    node with srun), `gres: gpu:G` per node. Memory per node: about one copy of the base (a
+    sharded FSDP load maps it once per node) plus 6 GB per rank; 4 CPUs per rank.
+    """
+    per_node = config["train"]["gpus_per_node"]
+    gpus = 1 if per_node == "auto" else int(per_node)  # a cluster needs a number: set gpus_per_node there
+    nproc = config["train"]["nproc"]
+    ranks = int(nproc) if nproc != "auto" else max(1, gpus)
+    resources = {
+        "nodes": TRAIN_NODES,
+        "mem_mb": max(8000, int(_base_model_bytes() * 1.25 / 2**20) + 6000 * ranks),
+        "cpus_per_task": 4 * ranks,
+    }
+    if TRAIN_NODES > 1:
+        # mpi: snakemake runs the rule's command on the first node; the launcher's srun does the rest.
+        resources.update(mpi="srun", tasks=TRAIN_NODES, tasks_per_gpu=0)
+        if gpus:
+            resources["gres"] = f"gpu:{gpus}"
+    elif gpus:
+        resources["gpu"] = gpus
+    return resources
 
 
 def export_adapter():

@@ -25,12 +25,12 @@ rule plan:
         override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
         export_weights=config["export"]["weights"],
         export_ema_rate=config["export"]["ema_rate"],
-        nproc=config["train"]["nproc"],
+        world=f"--world-size {WORLD_SIZE}" if WORLD_SIZE else "",
     shell:
         launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
         "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
         "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
-        "--nproc {params.nproc} --out-plan {output.plan} --out-config {output.config}"
+        "{params.world} --out-plan {output.plan} --out-config {output.config}"
 
 
 rule train_stage:
@@ -48,9 +48,12 @@ rule train_stage:
         scratch=lambda wc: f"{WORK}/{wc.stage}",
         init=init_flag,
     threads: train_threads()
+    resources:
+        **train_resources(),
     shell:
-        # The launcher runs one process, or torchrun over the GPUs the job holds (train.nproc), and
-        # passes SIGTERM / SIGUSR1 to every rank, which saves at its next step boundary and exits 75.
+        # The launcher runs one process, torchrun over the GPUs the job holds (train.nproc), or one
+        # torchrun per node under srun (train.nodes), and passes SIGTERM / SIGUSR1 to every rank,
+        # which saves at its next step boundary and exits 75.
         launch(gpus=TRAIN_GPUS, train=True) + "-m pipeline train "
         "--plan {input.plan} --config {input.config} --stage {wildcards.stage} {params.init} "
         "--scratch {params.scratch} --out {output}"
