@@ -82,6 +82,15 @@ def gather_objects(d: Dist, obj):
     return out
 
 
+def broadcast_object(d: Dist, obj):
+    """Rank 0's `obj` on every rank (small objects: a path, a verdict)."""
+    if not d.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def check_consistent(d: Dist, params: list[torch.Tensor], what: str) -> None:
     """Fail if ranks hold different weights: a cheap float64 checksum per rank."""
     if not d.enabled:

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,11 +37,19 @@ from pipeline import layout
 from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.checkpoint.state import Snapshot, capture_rng, write_snapshot, write_weights
-from pipeline.distributed import Dist, barrier, gather_objects, print0
+from pipeline.distributed import Dist, barrier, broadcast_object, gather_objects, print0
 from pipeline.errors import UserError
 from pipeline.storage import publish
 
 log = logging.getLogger("pipeline.train")
+
+_HASHES = ".sha256-rank{rank:05d}.json"  # a rank's checksums of its DCP files, read by rank 0
+_HASH_WAIT_S = 1800.0
+
+
+def _rank_files(rank: int) -> str:
+    """The files DCP's FileSystemWriter writes for one rank."""
+    return f"__{rank}_*"
 
 
 @dataclass
@@ -95,13 +104,19 @@ class Checkpointer:
     # --- where the stage starts -------------------------------------------------------
 
     def resume_point(self) -> Path | None:
-        """The newest valid scratch checkpoint of this very computation (not collective)."""
+        """The newest valid scratch checkpoint of this very computation.
+
+        Rank 0 reads and checks the candidates (every file against its sha256) and
+        tells the others: all ranks resume from the same one, and a checkpoint is
+        hashed once, not once per rank.
+        """
         def accept(manifest: dict) -> str | None:
             if manifest.get("fingerprint") != self.fingerprint:
                 return "written for another config, plan or input checkpoint"
             return None
 
-        return ckpt_io.latest_valid(self.scratch, accept)
+        found = ckpt_io.latest_valid(self.scratch, accept) if self.d.is_main else None
+        return broadcast_object(self.d, found)
 
     def restore(self, source: Path) -> tuple[dict, dict | None]:
         """Load `source` into the parts; returns (its progress, this rank's RNG state or None)."""
@@ -120,15 +135,20 @@ class Checkpointer:
     # --- saving --------------------------------------------------------------------------
 
     def save(self, state, *, wait: bool = False) -> None:
-        """Checkpoint the stage after update `state.step` (a `LoopState`); `wait`: until it is on disk."""
+        """Checkpoint the stage after update `state.step` (a `LoopState`); `wait`: until it is on disk.
+
+        Rank 0 writes the checkpoint; under FSDP every rank writes its own shards
+        and, once they are on disk, their checksums for rank 0's MANIFEST.
+        """
         step = state.step
         snap = self._snapshot(step, state.progress(stage=self.stage, samples_seen=step * self.global_batch,
                                                    world_size=self.d.world_size))
         if self.d.is_main:
             self.writer.submit(lambda: self._write(snap))
-            if wait:
-                self.writer.wait()
+        elif snap.trained.sharded_dir is not None:
+            self.writer.submit(lambda: self._hash_own_shards(snap))
         if wait:
+            self.writer.wait()
             barrier(self.d)
         self.last_save = step
 
@@ -173,7 +193,8 @@ class Checkpointer:
         if not ok:
             raise RuntimeError(f"final checkpoint failed verification: {reason}")
         with publish.staged_dir(self.out) as tmp:
-            shutil.copytree(final, tmp / layout.STAGE_CHECKPOINT)
+            # Moved, not copied (a rename on one file system): a sharded checkpoint can be large.
+            shutil.move(final, tmp / layout.STAGE_CHECKPOINT)
             for name in (layout.SCRATCH_METRICS, layout.ALERTS_FILE):
                 if (self.scratch / name).is_file():
                     shutil.copy2(self.scratch / name, tmp / name)
@@ -211,14 +232,39 @@ class Checkpointer:
     def _write(self, snap: Snapshot) -> None:
         """On the writer thread (rank 0): the checkpoint dir, LATEST, pruning."""
         target = layout.step_dir(self.scratch, snap.step)
+        known = self._sharded_entries(snap) if snap.trained.sharded_dir is not None else None
 
         def files(tmp: Path) -> None:
             write_snapshot(snap, tmp)
             self.hooks.checkpoint_written(snap.step)  # files written, MANIFEST not yet
 
-        ckpt_io.write_checkpoint(target, snap.step, files, snap.manifest_extra)
+        ckpt_io.write_checkpoint(target, snap.step, files, snap.manifest_extra, known=known)
         ckpt_io.update_latest(self.scratch, target)
         ckpt_io.prune(self.scratch, self.cfg.keep_last)
+
+    def _hash_own_shards(self, snap: Snapshot) -> None:
+        """On the writer thread of a rank > 0: once its DCP files are written, their checksums."""
+        staging = snap.trained.sharded_dir
+        snap.trained.pending.result()
+        entries = ckpt_io.file_entries(sorted(staging.glob(_rank_files(self.d.rank))), staging)
+        publish.write_json(staging / _HASHES.format(rank=self.d.rank), entries)
+
+    def _sharded_entries(self, snap: Snapshot) -> dict[str, dict]:
+        """Rank 0: MANIFEST entries of the dcp/ files, each rank's hashed by that rank (waits for them)."""
+        staging = snap.trained.sharded_dir
+        snap.trained.pending.result()  # every rank's files and the .metadata are written
+        own = sorted(staging.glob(_rank_files(0))) + [staging / ".metadata"]
+        entries = ckpt_io.file_entries(own, staging)
+        deadline = time.monotonic() + _HASH_WAIT_S
+        for rank in range(1, self.d.world_size):
+            path = staging / _HASHES.format(rank=rank)
+            while not path.is_file():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {rank} never reported the checksums of its shards in {staging}")
+                time.sleep(0.05)
+            entries.update(json.loads(path.read_text()))
+            path.unlink()
+        return {f"{layout.DCP_DIR}/{rel}": entry for rel, entry in entries.items()}
 
     def _write_weights(self, tensors: dict, root: Path) -> None:
         model = self.parts.model

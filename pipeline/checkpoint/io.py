@@ -46,13 +46,23 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != layout.MANIFEST_FILE)
 
 
-def write_manifest(root: Path, step: int, extra: dict | None = None) -> dict:
-    """Checksum every file under `root`, fsync them, then write MANIFEST.json last."""
+def file_entries(paths: list[Path], root: Path) -> dict[str, dict]:
+    """{path relative to `root`: {"sha256", "bytes"}} of files, each fsynced first."""
     entries = {}
-    for path in _files(root):
+    for path in paths:
         with open(path, "rb") as f:
             os.fsync(f.fileno())
         entries[str(path.relative_to(root))] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return entries
+
+
+def write_manifest(root: Path, step: int, extra: dict | None = None, known: dict[str, dict] | None = None) -> dict:
+    """Checksum every file under `root`, fsync them, then write MANIFEST.json last.
+
+    `known`: entries already computed (by the ranks that wrote those files), not hashed again.
+    """
+    known = known or {}
+    entries = {**known, **file_entries([p for p in _files(root) if str(p.relative_to(root)) not in known], root)}
     manifest = {"step": step, "created": time.time(), "files": entries, **(extra or {})}
     tmp = root / (layout.MANIFEST_FILE + ".partial")
     with open(tmp, "w") as f:
@@ -89,15 +99,16 @@ def read_manifest(root: Path) -> dict:
     return json.loads((Path(root) / layout.MANIFEST_FILE).read_text())
 
 
-def write_checkpoint(final: Path, step: int, write_files: Callable[[Path], None], extra: dict | None = None) -> Path:
-    """Write a checkpoint atomically: `write_files(tmp_dir)`, MANIFEST, rename."""
+def write_checkpoint(final: Path, step: int, write_files: Callable[[Path], None], extra: dict | None = None,
+                     known: dict[str, dict] | None = None) -> Path:
+    """Write a checkpoint atomically: `write_files(tmp_dir)`, MANIFEST (`known` entries not re-hashed), rename."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f"{final.name}{_TMP_MARK}{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write_files(tmp)
-    write_manifest(tmp, step, extra)
+    write_manifest(tmp, step, extra, known)
     # Only an older attempt at the same step can already be at `final`: swapped out, no gap.
     publish.publish_dir(tmp, final)
     return final

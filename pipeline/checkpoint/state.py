@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,14 +143,16 @@ class TrainedState:
 
     Replicated runs: CPU copies of the weights, every EMA shadow and the
     optimizer state, for rank 0 to write (None on the other ranks). FSDP runs:
-    `sharded_dir`, a dir all ranks already wrote with DCP, moved into the
-    checkpoint as dcp/; `progress` adds what the restore checks it against.
+    `sharded_dir`, a dir all ranks write with DCP (in the background until
+    `pending` is done), moved into the checkpoint as dcp/; `progress` adds what
+    the restore checks it against.
     """
 
     weights: dict[str, torch.Tensor] | None = None  # PEFT-format adapter keys, or full model keys
     ema: dict[str, dict[str, torch.Tensor]] | None = None  # ema tag -> same keys as `weights`
     optimizer: tuple[dict, dict] | None = None  # `optimizer_state()`: (tensors, meta)
     sharded_dir: Path | None = None
+    pending: Future | None = None  # done when every rank's part of `sharded_dir` is written
     progress: dict = field(default_factory=dict)
 
 

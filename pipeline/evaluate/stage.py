@@ -65,7 +65,7 @@ def evaluate(args) -> dict:
         result["rows"].append({"weights": "base", **row})
     else:
         torch.manual_seed(cfg.seed)  # adapter init is overwritten below; seed only for tidiness
-        model = loading.build(cfg, precision, device)
+        model = loading.build(cfg, precision, device, evaluation=True)
         names = [n for n, _ in loading.trainable(model)]
         result["step"] = ckpt.progress["step"]
         sets = [("raw", ckpt.main)] + [(f"ema_{tag}", weights) for tag, weights in ckpt.ema.items()]

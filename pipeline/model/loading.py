@@ -8,6 +8,7 @@ adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 
 import torch
 
@@ -19,19 +20,66 @@ log = logging.getLogger(__name__)
 
 
 def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
+    """The base model with its weights, in `dtype`, on `device`."""
     from transformers import AutoModelForCausalLM
 
     try:
+        # Straight onto the device in `dtype`: no full CPU copy on the way.
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
+            cfg.model.path, dtype=dtype, device_map=str(device), trust_remote_code=cfg.model.trust_remote_code
         )
     except OSError as err:
         raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
-    model.to(device)
+    _for_training(model, cfg)
+    return model
+
+
+def empty_base(cfg: TrainConfig, dtype: torch.dtype):
+    """The base model's skeleton: parameters allocated on the CPU but never written, buffers real.
+
+    Nothing is read from the weight files and almost no memory is resident (the
+    kernel backs untouched pages with nothing), yet every parameter has a real
+    CPU tensor, so adapters attach and `fully_shard` cuts shards as from a loaded
+    model; the weights are then read into each rank's shards only
+    (`pipeline.train.sharded_load`). Creating it draws nothing from the RNG.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    with _parameters_on_meta():
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and param.device.type == "meta":
+                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
+                                                              requires_grad=param.requires_grad)
+    model.tie_weights()  # the replaced parameters broke the ties (lm_head to the embeddings)
+    _for_training(model, cfg)
+    return model
+
+
+@contextmanager
+def _parameters_on_meta():
+    """Parameters registered inside live on the meta device (no memory, no RNG draw for their
+    initialization); buffers are created as usual (rotary tables are computed, not loaded)."""
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(module, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
+def _for_training(model, cfg: TrainConfig) -> None:
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    return model
 
 
 ALL_LINEAR = "all-linear"
@@ -99,14 +147,23 @@ def attach_lora(model, cfg: TrainConfig):
     return get_peft_model(model, lora)
 
 
-def build(cfg: TrainConfig, precision: Precision, device: torch.device):
+def train_dtype(cfg: TrainConfig, precision: Precision) -> torch.dtype:
+    """The weights' dtype in training: under LoRA the frozen base is kept in `model.dtype` (auto:
+    the autocast dtype); full fine-tuning keeps fp32 weights, which the optimizer updates."""
+    return weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
+
+
+def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *, empty: bool = False,
+          evaluation: bool = False):
     """The model as trained: base (frozen under LoRA) plus a fresh adapter.
 
-    Under LoRA the frozen base is loaded in `model.dtype` (auto: the autocast
-    dtype); full fine-tuning keeps fp32 weights, which the optimizer updates.
+    `empty`: the base is only a skeleton (`empty_base`) whose weights the caller
+    loads; `device` is then unused (the skeleton is on the CPU). `evaluation`:
+    every weight in the compute dtype, full fine-tuning too (no fp32 master copy
+    to update).
     """
-    dtype = weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
-    model = load_base(cfg, dtype, device)
+    dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
+    model = empty_base(cfg, dtype) if empty else load_base(cfg, dtype, device)
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
     else:

@@ -40,32 +40,52 @@ def supervised_tokens(labels: torch.Tensor) -> torch.Tensor:
     return (labels[:, 1:] != IGNORE_INDEX).sum()
 
 
+def num_batches(cache, micro_batch: int, max_batches: int | None = None) -> int:
+    """Batches of `micro_batch` records the validation cache splits into (at most `max_batches`)."""
+    n = -(-len(cache) // micro_batch)
+    return n if max_batches is None else min(n, max_batches)
+
+
 @torch.no_grad()
-def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast, max_batches: int | None = None,
-                    should_stop=None) -> dict | None:
-    """Token-weighted mean loss over the cache (or its first `max_batches` batches).
+def batch_loss_sums(model, cache, batch_ids: list[int], *, pad_id: int, micro_batch: int, device, autocast,
+                    should_stop=None) -> list[tuple[float, int]] | None:
+    """(loss sum, supervised tokens) of each batch in `batch_ids`; batch b holds records
+    [b * micro_batch, (b + 1) * micro_batch) of the cache, padded as in training.
 
     Runs in eval mode (no dropout) and consumes no RNG, so evaluating inside a
-    stage does not change what training computes afterwards. `should_stop()`
-    is asked before each batch; when it says yes the evaluation is abandoned
-    and None returned (a preemption signal arrived meanwhile).
+    stage does not change what training computes afterwards. `should_stop()` is
+    asked before each batch; when it says yes the evaluation is abandoned and
+    None returned (a preemption signal arrived meanwhile).
     """
     was_training = model.training
     model.eval()
+    sums = []
+    try:
+        for b in batch_ids:
+            if should_stop is not None and should_stop():
+                return None
+            batch = collate(cache, list(range(b * micro_batch, min(len(cache), (b + 1) * micro_batch))), pad_id)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            with autocast():
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            sums.append((float(token_loss_sum(logits, batch["labels"])), int(supervised_tokens(batch["labels"]))))
+    finally:
+        model.train(was_training)
+    return sums
+
+
+def mean_loss(sums: list[tuple[float, int]]) -> dict:
+    """Token-weighted mean loss and perplexity of per-batch (loss sum, tokens), summed in batch order."""
     total, tokens = 0.0, 0
-    n = len(cache)
-    for b, start in enumerate(range(0, n, micro_batch)):
-        if max_batches is not None and b >= max_batches:
-            break
-        if should_stop is not None and should_stop():
-            model.train(was_training)
-            return None
-        batch = collate(cache, list(range(start, min(n, start + micro_batch))), pad_id)
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        total += float(token_loss_sum(logits, batch["labels"]))
-        tokens += int(supervised_tokens(batch["labels"]))
-    model.train(was_training)
+    for loss, n in sums:
+        total += loss
+        tokens += n
     loss = total / max(tokens, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
+
+
+def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast) -> dict:
+    """Token-weighted mean loss over the whole cache, in this process (see `batch_loss_sums`)."""
+    ids = list(range(num_batches(cache, micro_batch)))
+    return mean_loss(batch_loss_sums(model, cache, ids, pad_id=pad_id, micro_batch=micro_batch, device=device,
+                                     autocast=autocast))

@@ -26,9 +26,11 @@ evaluation (and no best) is lost.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import nullcontext
 
-from pipeline.model.loss import validation_loss
+from pipeline.distributed import gather_objects
+from pipeline.model.loss import batch_loss_sums, mean_loss, num_batches
 
 log = logging.getLogger("pipeline.train")
 
@@ -36,8 +38,9 @@ log = logging.getLogger("pipeline.train")
 class Evaluator:
     """Quick and full evaluations of the live model, and the run's best weights.
 
-    `stop` is the stage's `Preemption`: a signal that arrives meanwhile abandons
-    the evaluation, as soon as every evaluating rank agrees (`strategy.agree`).
+    Every rank evaluates its share of the validation batches (`_loss`). `stop` is
+    the stage's `Preemption`: a signal that arrives meanwhile abandons the
+    evaluation on every rank at the same batch (`strategy.agree`).
     """
 
     def __init__(self, cfg, val_cache, parts, strategy, precision, *, pad_id: int, monitor, checkpointer, stop,
@@ -60,37 +63,54 @@ class Evaluator:
         """Evaluate after update `state.step`; records a new best in `state.best`, or, when a
         preemption signal interrupted it, marks it pending in `state.eval_pending`."""
         self.hooks.eval_start(state.step, redo=state.eval_pending is not None)
+        started = time.perf_counter()
         results = self._losses(kind) if self.val is not None else {}
         if results is None:  # preempted: the checkpoint about to be written asks the next attempt to redo it
             state.eval_pending = [kind, reason]
             return
         state.eval_pending = None
-        if not results:  # no validation set, or not this rank's to evaluate
+        if not results:  # no validation set
             return
         if self.strategy.d.is_main:
             log.info("[%s] %s eval at update %d (%s): %s", self.stage, kind, state.step, reason,
                      ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
         self.monitor.event({"step": state.step, "event": "eval", "kind": kind, "reason": reason,
+                            "seconds": time.perf_counter() - started, "world_size": self.strategy.d.world_size,
                             **{f"val_{k}": v for k, v in results.items()}})
         if kind == "full":
             self._track_best(state, results)
 
     def _losses(self, kind: str) -> dict[str, float] | None:
         """Validation loss of every EMA rate, then the raw weights; None if preempted meanwhile."""
-        if not self.strategy.evaluates_here:
-            return {}
         ema = self.parts.ema
-        batches = self.cfg.quick_batches if kind == "quick" else None
         results: dict[str, float] = {}
         for rate, tag in [*zip(ema.rates, ema.tags), (None, None)]:
             with ema.swapped_in(rate) if rate is not None else nullcontext():
-                out = validation_loss(self.parts.model, self.val, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
-                                      device=self.strategy.d.device, autocast=self.precision.autocast,
-                                      max_batches=batches, should_stop=self._should_stop)
-            if out is None:
+                loss = self._loss(self.cfg.quick_batches if kind == "quick" else None)
+            if loss is None:
                 return None
-            results["raw" if rate is None else f"ema_{tag}"] = out["loss"]
+            results["raw" if rate is None else f"ema_{tag}"] = loss
         return results
+
+    def _loss(self, max_batches: int | None) -> float | None:
+        """Data-parallel validation loss: batch b on rank b % world, the sums gathered and added
+        in batch order, so every world size computes the same number, bit for bit.
+
+        Every rank runs the same number of forwards (a rank short of batches
+        repeats its first, unused): under FSDP each forward is collective.
+        """
+        d = self.strategy.d
+        n = num_batches(self.val, self.cfg.micro_batch, max_batches)
+        mine = list(range(d.rank, n, d.world_size))
+        rounds = -(-n // d.world_size)
+        padded = mine + [mine[0] if mine else 0] * (rounds - len(mine))
+        sums = batch_loss_sums(self.parts.model, self.val, padded, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
+                               device=d.device, autocast=self.precision.autocast, should_stop=self._should_stop)
+        if sums is None:
+            return None
+        everyone = gather_objects(d, list(zip(mine, sums[:len(mine)])))
+        by_batch = dict(pair for part in everyone for pair in part)
+        return mean_loss([by_batch[b] for b in range(n)])["loss"]
 
     def _should_stop(self) -> bool:
         return self.strategy.agree(self.stop.flagged)

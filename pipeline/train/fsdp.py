@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,6 +43,7 @@ import torch.distributed as dist
 
 from pipeline.errors import UserError
 from pipeline.model import loading
+from pipeline.train import sharded_load
 from pipeline.distributed import Dist, any_rank, barrier, check_consistent, plain
 from pipeline.checkpoint.state import TrainedState
 
@@ -59,27 +62,45 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in layers if id(m) not in inner]
 
 
-def _shard(model, d: Dist):
+def _mesh(d: Dist, hsdp: bool):
+    """A flat mesh over all ranks, or (HSDP) nodes x ranks-per-node: replicate across nodes, shard within.
+
+    With HSDP the all-gathers and reduce-scatters of the forward and backward stay
+    inside a node; only the gradient all-reduce of each shard crosses nodes.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not hsdp:
+        return init_device_mesh(d.device.type, (d.world_size,))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", d.world_size))
+    if d.world_size % per_node:
+        raise UserError(f"distributed.hsdp: {d.world_size} ranks do not split into nodes of {per_node}")
+    return init_device_mesh(d.device.type, (d.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+
+
+def _shard(model, mesh, compute_dtype: torch.dtype | None):
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head); returns the model.
 
     Per-layer units are what bound the memory: only one layer is unsharded at a
     time. The root unit owns what is left, tied embeddings included. Every unit
     reshards after its forward, so between forwards each rank holds its shards only.
+    With a half-precision `compute_dtype` (bf16/fp16 autocast), parameters are
+    all-gathered in that dtype and gradients reduced in fp32.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(d.device.type, (d.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else None
+    kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
     layers = _decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
+        fully_shard(layer, **kwargs)
     # The root too reshards after forward (FSDP2 keeps it unsharded until the backward by
     # default): an evaluation forward has no backward, and would leave unsharded copies
     # of the embeddings and head behind, which the next forward reuses as they are, blind
     # to an EMA swap or an optimizer step on the shards, and which DCP cannot save.
-    fully_shard(model, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, reshard_after_forward=True, **kwargs)
     return model
 
 
@@ -101,14 +122,27 @@ def _local_named(named: list[tuple[str, torch.nn.Parameter]]) -> list[tuple[str,
 
 @torch.no_grad()
 def _checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
-    """[sum, sum of |x|] of the full (unsharded) parameters, in float64, the same on every rank."""
+    """[sum, sum of |x|] of the full (unsharded) parameters, in float64, the same on every rank.
+
+    Summed over the shards of one copy: under HSDP each node-group holds a full copy.
+    """
     local = torch.zeros(2, dtype=torch.float64, device=d.device)  # on the device: NCCL reduces no CPU tensor
     for p in params:
         t = _local(p).detach().double()
         local[0] += t.sum()
         local[1] += t.abs().sum()
-    dist.all_reduce(local)
+    group = _shard_group(params[0]) if params else None
+    dist.all_reduce(local, group=group)
     return local.tolist()
+
+
+def _shard_group(p: torch.Tensor):
+    """The process group over which `p` is sharded (None: all ranks)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor) or p.device_mesh.ndim == 1:
+        return None
+    return p.device_mesh.get_group(p.device_mesh.ndim - 1)
 
 
 def _check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | None, source: Path) -> None:
@@ -124,6 +158,34 @@ def _check_restored(d: Dist, params: list[torch.Tensor], saved: list[float] | No
     if any(not math.isclose(a, b, rel_tol=0.0, abs_tol=tol) for a, b in zip(now, saved)):
         raise RuntimeError(f"weights restored from {source} do not match their saved checksum "
                            f"(now {now}, saved {saved}): the sharded load went wrong")
+
+
+@torch.no_grad()
+def _gather_to_main(d: Dist, p: torch.Tensor) -> torch.Tensor | None:
+    """The full tensor of a dim-0-sharded parameter on global rank 0 (on the CPU), None elsewhere.
+
+    Shards travel to rank 0 one parameter at a time (padded to the chunk size
+    for `gather`); only ranks of rank 0's replica take part under HSDP, and no
+    other rank ever holds the full tensor.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(p, DTensor):
+        return p.detach().to("cpu", copy=True) if d.is_main else None
+    mesh = p.device_mesh
+    if mesh.ndim > 1 and mesh.get_local_rank(0) != 0:
+        return None  # another replica: rank 0's replica has the same values
+    group = _shard_group(p)
+    size = mesh.size(mesh.ndim - 1)
+    chunk = -(-p.shape[0] // size)
+    local = p.to_local().detach()
+    padded = local.new_zeros((chunk, *p.shape[1:]))
+    padded[:local.shape[0]] = local
+    parts = [torch.empty_like(padded) for _ in range(size)] if d.is_main else None
+    dist.gather(padded, parts, dst=0, group=group)
+    if not d.is_main:
+        return None
+    return torch.cat(parts)[:p.shape[0]].to("cpu").contiguous()
 
 
 # ----------------------------------------------------------------------- checkpoints
@@ -157,16 +219,26 @@ def _dcp_state(model, names: list[str], ema, optimizer) -> dict:
     }
 
 
-def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path) -> None:
-    """All ranks: write the sharded state into `staging` (later moved to `<ckpt>/dcp/`). Collective."""
+def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path, group) -> Future:
+    """All ranks: write the sharded state into `staging` (later moved to `<ckpt>/dcp/`). Collective.
+
+    With `group` (a gloo group of its own), asynchronously: the state is copied to
+    CPU memory before this returns, and the files are written on a background
+    thread whose collectives use `group`, so they never interleave with the
+    training's. The future is done when every rank's files and rank 0's .metadata are.
+    """
     import torch.distributed.checkpoint as dcp
 
     if d.is_main:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
     barrier(d)
-    # Returns once every rank's shard files are written (and fsynced) and rank 0 wrote .metadata.
-    dcp.save(_dcp_state(model, names, ema, optimizer), checkpoint_id=str(staging))
+    state = _dcp_state(model, names, ema, optimizer)
+    if group is not None:
+        return dcp.async_save(state, checkpoint_id=str(staging), process_group=group)
+    future: Future = Future()
+    future.set_result(dcp.save(state, checkpoint_id=str(staging)))
+    return future
 
 
 def _load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
@@ -193,24 +265,41 @@ class FSDP:
     """Sharded data parallel: each rank holds 1/world of every weight, EMA shadow and optimizer state."""
 
     sharded = True
-    # Every rank holds a shard that the evaluation forward gathers: all of them evaluate.
-    evaluates_here = True
     consistency = "sharded (FSDP)"
 
-    def __init__(self, d: Dist):
-        self.d = d
+    def __init__(self, d: Dist, cfg):
+        """`cfg`: the trainer config (distributed.hsdp, distributed.meta_init, checkpoint.async_save)."""
+        self.d, self.cfg = d, cfg
+        self.full_ft = not cfg.lora.enabled
+        # Asynchronous saves run their collectives on a gloo group of their own (created by all ranks now).
+        self._save_group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
+
+    def build_model(self, cfg, precision):
+        """Build the skeleton, shard it, then read each rank's shards of the base weights.
+
+        The adapter (or, in full fine-tuning, nothing) is initialized before
+        sharding from the same seed on every rank; a model whose parameter names
+        the weight files do not all hold is loaded whole on every rank instead.
+        """
+        skeleton = loading.build(cfg, precision, None, empty=True) if cfg.distributed.meta_init else None
+        trained = {n for n, _ in loading.trainable(skeleton)} if skeleton is not None and cfg.lora.enabled else set()
+        if skeleton is not None and sharded_load.missing_keys(skeleton, cfg.model.path, trained):
+            log.warning("%s: some parameters are not in the weight files under their names; every rank loads "
+                        "the whole model instead of its shards", cfg.model.path)
+            skeleton = None
+        model = skeleton if skeleton is not None else loading.build(cfg, precision, torch.device("cpu"))
+        # Shards are cut from each rank's own copy: the weights it initialized itself (the
+        # adapter; everything when loaded whole) must agree before sharding. Weights read
+        # from the files after sharding are the files'.
+        initialized = [p for n, p in loading.trainable(model) if skeleton is None or n in trained]
+        check_consistent(self.d, initialized, "initial trained weights before sharding")
+        model = _shard(model, _mesh(self.d, cfg.distributed.hsdp), precision.dtype)
+        if skeleton is not None:
+            sharded_load.load_shards(model, cfg.model.path, skip=trained)
+        return model
 
     def agree(self, flag: bool) -> bool:
-        return any_rank(self.d, flag)  # every rank evaluates: all stop together or none does
-
-    def load_device(self) -> torch.device:
-        return torch.device("cpu")  # fully_shard moves each rank's shard to its device
-
-    def wrap(self, model):
-        # Shards are cut from each rank's own copy: those must agree before, as
-        # the optimizer and EMA must see the sharded (DTensor) parameters after.
-        check_consistent(self.d, [p for _, p in loading.trainable(model)], "initial trained weights before sharding")
-        return _shard(model, self.d)
+        return any_rank(self.d, flag)
 
     def unwrap(self, model):
         return model  # fully_shard keeps the module and its parameter names
@@ -220,15 +309,20 @@ class FSDP:
 
     @contextmanager
     def micro_batch(self, model, last: bool):
-        # FSDP2's no_sync: skip the reduce-scatter on every micro-batch but the last of an update.
-        model.set_requires_gradient_sync(last)
+        # LoRA: the adapter's unsharded gradients are small, so they accumulate and are
+        # reduce-scattered once, with the update's last micro-batch. Full fine-tuning:
+        # every micro-batch reduce-scatters, so a rank never holds full unsharded
+        # gradients (+1 model copy in fp32); the sharded gradients accumulate.
+        model.set_requires_gradient_sync(last or self.full_ft)
         yield
 
     def capture(self, parts, staging: Path) -> TrainedState:
         """All ranks write their shards of weights, EMA and optimizer into `staging` (DCP)."""
-        _save_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, staging)
+        pending = _save_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, staging,
+                                self._save_group)
         params = [p for _, p in loading.trainable(parts.model)]
-        return TrainedState(sharded_dir=staging, progress={"weights_checksum": _checksum(self.d, params)})
+        return TrainedState(sharded_dir=staging, pending=pending,
+                            progress={"weights_checksum": _checksum(self.d, params)})
 
     def restore(self, parts, ckpt) -> None:
         """Each rank loads its shards of a dcp/ checkpoint in place, then checks their sum."""
@@ -236,11 +330,11 @@ class FSDP:
         params = [p for _, p in loading.trainable(parts.model)]
         _check_restored(self.d, params, ckpt.progress.get("weights_checksum"), ckpt.path)
 
-    def gather_trained(self, parts) -> dict:
-        """Full CPU tensors of the trained weights, gathered from the shards (every rank gets them)."""
+    def gather_trained(self, parts) -> dict | None:
+        """Rank 0: full CPU tensors of the trained weights, gathered shard by shard; None elsewhere."""
         live = dict(parts.model.named_parameters())
-        return {key: plain(live[n].detach()).to("cpu", copy=True).contiguous()
-                for key, n in loading.saved_key_map(parts.model, parts.names).items()}
+        full = {key: _gather_to_main(self.d, live[n]) for key, n in loading.saved_key_map(parts.model, parts.names).items()}
+        return full if self.d.is_main else None
 
     def check_ranks(self, params, what: str) -> None:
         """Ranks hold different shards: nothing to compare (restores check their checksum instead)."""

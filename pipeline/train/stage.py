@@ -77,18 +77,18 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     total = plan["total_updates"]
     config_text = Path(args.config).read_text()
     init = Path(args.init) if args.init else None
-    if init is not None:
-        ok, reason = ckpt_io.verify(init)
+    if init is not None:  # checked once, by rank 0 (it hashes every file), for every rank
+        ok, reason = distributed.broadcast_object(d, ckpt_io.verify(init) if d.is_main else None)
         if not ok:
             raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
-    accum = train_config.grad_accum_steps(cfg, d.world_size)
+    micro, accum = train_config.batch_split(cfg, d.world_size)
     precision = prec.choose(cfg.precision.mode, d.device)
-    strategy = choose_strategy(cfg.distributed.strategy, d)
+    strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
-    model = strategy.wrap(loading.build(cfg, precision, strategy.load_device()))
+    model = strategy.build_model(cfg, precision)
     raw_model = strategy.unwrap(model)
     named = loading.trainable(raw_model)
     ema = EMA(strategy.ema_view(named), cfg.ema.rates, cfg.ema.every)
@@ -111,7 +111,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     source = resume or init
     distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
                           f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
-                          f"accum {accum}, precision {precision.name}")
+                          f"micro-batch {micro} x {accum}, precision {precision.name}")
     state, rng = LoopState(step=stage.start), None
     if source is not None:
         progress, rng = checkpointer.restore(source)
@@ -128,7 +128,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     # --- data, evaluation, reporting ------------------------------------------------
     pad_id = loading.pad_token_id(cfg.model.path)
     train = TrainBatches(TokenCache(cfg.data.train_cache), global_batch=cfg.optim.global_batch,
-                         micro_batch=cfg.optim.micro_batch, seed=cfg.seed, pad_id=pad_id,
+                         micro_batch=micro, seed=cfg.seed, pad_id=pad_id,
                          rank=d.rank, world=d.world_size)
     val = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,

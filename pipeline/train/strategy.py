@@ -4,16 +4,16 @@ DDP) here, sharded (FSDP2) in `pipeline.train.fsdp`.
 The stage loop holds a strategy and never asks which one it is. What differs
 between them is all in the two classes:
 
-    wrap(model)                      DDP wrapper / fully_shard / nothing; returns what the loop calls
+    build_model(cfg, precision)      base + adapter, loaded, on the device, wrapped: what the loop calls
+                                     (DDP wrapper / fully_shard of a skeleton read shard by shard / nothing)
     unwrap(model)                    the model the optimizer, EMA and checkpoints see
     ema_view(named)                  the tensors the EMA averages (this rank's shards under FSDP)
     micro_batch(model, last)         context for one micro-batch's backward: gradients are
                                      synchronized on the update's last micro-batch only
     capture(parts, staging)          the trained state for a checkpoint (`TrainedState`; collective)
     restore(parts, ckpt)             load a checkpoint's weights, EMA shadows, optimizer (collective)
-    gather_trained(parts)            full trained tensors for saving the best weights (collective)
-    evaluates_here                   whether this rank runs the in-stage evaluation
-    agree(flag)                      the evaluating ranks' common answer (a preemption during an eval)
+    gather_trained(parts)            full trained tensors on rank 0, for saving the best weights (collective)
+    agree(flag)                      every rank's common answer (a preemption during an evaluation)
     check_ranks(params, what)        fail if the ranks' weights disagree where they should agree
     consistency                      how that check is done, for the pilot gate's report
 
@@ -30,21 +30,22 @@ import torch
 from pipeline.checkpoint.state import TrainedState, load_optimizer_state, optimizer_state
 from pipeline.errors import UserError
 from pipeline.model import loading
-from pipeline.distributed import Dist, check_consistent
+from pipeline.distributed import Dist, any_rank, check_consistent
 
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("ddp", "fsdp")
 
 
-def choose(strategy: str, d: Dist):
+def choose(cfg, d: Dist):
     """The strategy for `distributed.strategy` on this world: FSDP needs more than one process."""
+    strategy = cfg.distributed.strategy
     if strategy not in STRATEGIES:
         raise UserError(f"distributed.strategy={strategy!r}: expected {' | '.join(STRATEGIES)}")
     if strategy == "fsdp" and d.enabled:
         from pipeline.train.fsdp import FSDP
 
-        return FSDP(d)
+        return FSDP(d, cfg)
     if strategy == "fsdp":
         log.warning("distributed.strategy=fsdp with one process: nothing to shard over, training unsharded")
     return Replicated(d)
@@ -63,23 +64,16 @@ class Replicated:
         self.d = d
         self.consistency = "weight checksums" if d.enabled else "single process"
 
-    @property
-    def evaluates_here(self) -> bool:
-        # Every rank has the same weights: rank 0 evaluates while the others wait at the next collective.
-        return self.d.is_main
-
-    def agree(self, flag: bool) -> bool:
-        return flag  # rank 0 evaluates alone: its own flag is the answer
-
-    def load_device(self) -> torch.device:
-        return self.d.device
-
-    def wrap(self, model):
+    def build_model(self, cfg, precision):
+        model = loading.build(cfg, precision, self.d.device)
         if not self.d.enabled:
             return model
         return torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[self.d.local_rank] if self.d.device.type == "cuda" else None
         )
+
+    def agree(self, flag: bool) -> bool:
+        return any_rank(self.d, flag)
 
     def unwrap(self, model):
         return model.module if self.d.enabled else model

@@ -209,3 +209,45 @@ def test_fsdp_checkpoint_of_another_lora_config_is_refused_by_name(tiny, tmp_pat
     assert proc.returncode != 0
     assert "does not match the model being trained" in proc.stderr
     assert "Size mismatch between saved torch.Size([4, 32]) and current: torch.Size([8, 32])" in proc.stderr
+
+
+def test_sharded_load_computes_what_loading_the_whole_model_does(tiny, tmp_path, lora_reference):
+    """Each rank reading only its shards of the base (the default) is the same model as every rank
+    loading all of it (distributed.meta_init=false): the run ends bit for bit the same."""
+    whole = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "distributed.meta_init=false"],
+                     single_stage=True)
+    whole.train("all", nproc=2)
+    assert_bitwise_equal(dcp_contents(_final(whole)), dcp_contents(_final(lora_reference)))
+    assert step_losses([whole.stage_dir("all")]) == step_losses([lora_reference.stage_dir("all")])
+
+
+def _launch_stage(run, stage: str, init: str | None, *, nodes: int, nproc: int) -> None:
+    """A stage started as the training rule starts it (`pipeline.launch --train`)."""
+    import subprocess
+    import sys
+
+    from trainkit import pipeline_env
+
+    log = run.root / f"{stage}.log"
+    args = ["--plan", run.plan, "--config", run.config, "--stage", stage, "--scratch", run.scratch(stage),
+            "--out", run.stage_dir(stage), *(["--init", run.stage_dir(init) / "checkpoint"] if init else [])]
+    cmd = [sys.executable, "-m", "pipeline.launch", "--log", str(log), "--train", "--nodes", str(nodes),
+           "--nproc", str(nproc), "--", "-m", "pipeline", "train", *map(str, args)]
+    proc = subprocess.run(cmd, env=pipeline_env(), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr + log.read_text()[-4000:]
+
+
+def test_hsdp_over_two_nodes_of_two_ranks_chunked_equals_one_run(tiny, tmp_path):
+    """distributed.hsdp: 2 "nodes" (agents on this host) x 2 ranks, shards replicated across nodes."""
+    hsdp = [*FSDP, "distributed.hsdp=true"]
+    chunked = make_run(tmp_path / "chunked", tiny, total=6, fraction=0.34, chunks=1, overrides=hsdp)
+    names = stage_names(chunked)
+    assert names == ["pilot", "chunk01"]
+    _launch_stage(chunked, "pilot", None, nodes=2, nproc=2)
+    _launch_stage(chunked, "chunk01", "pilot", nodes=2, nproc=2)
+    one = make_run(tmp_path / "one", tiny, total=6, fraction=0.34, chunks=1, overrides=hsdp, single_stage=True)
+    _launch_stage(one, "all", None, nodes=2, nproc=2)
+    got = dcp_contents(_final(chunked, "chunk01"))
+    assert_bitwise_equal(got, dcp_contents(_final(one)))
+    files = json.loads((_final(one) / layout.MANIFEST_FILE).read_text())["files"]
+    assert {f"dcp/__{r}_0.distcp" for r in range(4)} <= set(files)  # every rank wrote (and hashed) its part

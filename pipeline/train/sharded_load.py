@@ -1,0 +1,88 @@
+"""Reading a Hugging Face model's weights straight into FSDP shards: each rank reads only its rows.
+
+Loading the base into every rank before sharding costs one full copy of the
+model per rank in host memory (8 ranks x 16 GB for an 8B model). Instead the
+FSDP strategy builds an empty skeleton (`pipeline.model.loading.empty_base`),
+shards it, and then each rank reads, for every parameter, only the rows of its
+own shard (FSDP2 shards dim 0 in `torch.chunk` order) from the safetensors
+files. The files are memory-mapped and each tensor's handle closed after use,
+so a rank's resident memory holds its shards, and a node reads each byte of the
+model about once, whatever the number of ranks.
+
+Parameter names map to checkpoint keys as stored by `save_pretrained`; under
+LoRA the adapter's own parameters (already initialized) are skipped and peft's
+wrapping (`base_model.model.` prefix, `.base_layer` infix) is removed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from pipeline.storage import hf_dir
+
+_PEFT_PREFIX = "base_model.model."
+_PEFT_BASE_LAYER = ".base_layer."
+
+
+def checkpoint_key(name: str) -> str:
+    """The key a parameter of the (possibly peft-wrapped) model has in the base model's files."""
+    return name.removeprefix(_PEFT_PREFIX).replace(_PEFT_BASE_LAYER, ".")
+
+
+def missing_keys(model, model_dir: str | Path, skip: set[str]) -> list[str]:
+    """Parameters (other than `skip`) whose key the weight files do not hold: nothing to load them from."""
+    stored = set(hf_dir.find_weights(model_dir, "model").all_specs)
+    return [name for name, _ in model.named_parameters() if name not in skip and checkpoint_key(name) not in stored]
+
+
+@torch.no_grad()
+def load_shards(model, model_dir: str | Path, skip: set[str]) -> int:
+    """Fill every parameter but `skip` with this rank's rows of it; returns the bytes read.
+
+    Parameters may be DTensors sharded on dim 0 (FSDP, HSDP) or plain tensors
+    (read whole). Persistent buffers that the files hold are read whole.
+    """
+    weights = hf_dir.find_weights(model_dir, "model")
+    where = {spec.name: weights.root / file for file, specs in weights.specs.items() for spec in specs}
+    read = 0
+    for name, param in model.named_parameters():
+        if name in skip:
+            continue
+        local, offset = _local_rows(param)
+        if local.numel():
+            read += _read_rows(where[checkpoint_key(name)], checkpoint_key(name), offset, local)
+    for name, buffer in model.named_buffers():
+        key = checkpoint_key(name)
+        if key in where:
+            read += _read_rows(where[key], key, 0, buffer)
+    return read
+
+
+def _local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """This rank's part of a parameter and the global index of its first row."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return param, 0
+    local, offset = param.to_local(), 0
+    for mesh_dim, placement in enumerate(param.placements):
+        if placement.is_shard():
+            if placement.dim != 0:
+                raise NotImplementedError(f"sharded load of a tensor sharded on dim {placement.dim}")
+            chunk = -(-param.shape[0] // param.device_mesh.size(mesh_dim))  # torch.chunk's size
+            offset = min(param.device_mesh.get_local_rank(mesh_dim) * chunk, param.shape[0])
+    return local, offset
+
+
+def _read_rows(file: Path, key: str, offset: int, out: torch.Tensor) -> int:
+    # One handle per tensor: its memory map (and the pages it touched) go away with it.
+    with safe_open(str(file), framework="pt") as f:
+        rows = f.get_slice(key)[offset:offset + out.shape[0]] if out.dim() else f.get_tensor(key)
+    if tuple(rows.shape) != tuple(out.shape):
+        raise ValueError(f"{file}: {key} rows {offset}.. have shape {tuple(rows.shape)}, the model expects "
+                         f"{tuple(out.shape)}")
+    out.copy_(rows.to(out.dtype))
+    return rows.numel() * rows.element_size()
