@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from trainkit import make_run
+
 from pipeline.config import AlertConfig
 from pipeline.train.monitor import Alerts
 
