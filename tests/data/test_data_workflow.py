@@ -52,7 +52,7 @@ def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
                      "--configfile", "extra.yaml", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     commands = _shell_commands(proc.stdout + proc.stderr)
-    assert "--duplicates drop " in commands["validate"]
+    validate, tokenize = (commands[name].split(" --") for name in ("validate", "tokenize"))  # "option value"
+    assert "duplicates drop" in validate and "duplicates drop" in tokenize
     # undeclared, so it outlives a failed job (whose declared outputs Snakemake deletes)
-    assert "--failed-report-dir results/demo/data/validation_failed " in commands["validate"]
-    assert "--duplicates drop " in commands["tokenize"]
+    assert "failed-report-dir results/demo/data/validation_failed" in validate
