@@ -18,20 +18,41 @@ from pipeline.model.precision import Precision, weights_dtype
 log = logging.getLogger(__name__)
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
+    """The base model from `model.path`, in `dtype`, read straight onto `device`.
+
+    `checkpointing`: recompute each decoder layer's activations in the
+    backward (non-reentrant `torch.utils.checkpoint`, which replays the
+    layer's dropout masks, so the gradients do not change).
+    """
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
+            cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
+            attn_implementation=cfg.model.attn_implementation,
+            # One device: transformers reads each tensor straight onto it (no full CPU copy first).
+            device_map=None if device.type == "cpu" else {"": device},
         )
-    except OSError as err:
+    except (OSError, ImportError) as err:  # ImportError: an attention implementation that is not installed
         raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
-    model.to(device)
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated blocks of an HF model (its `_no_split_modules` classes), outermost first.
+
+    What FSDP shards one by one and `model.compile` compiles one by one. `model`
+    may wrap the HF model (PEFT, `pipeline.model.loss.TokenLoss`): the classes
+    come from whichever submodules declare them.
+    """
+    kinds = {k for m in model.modules() for k in (getattr(m, "_no_split_modules", None) or [])}
+    layers = [m for m in model.modules() if type(m).__name__ in kinds]
+    # A no-split class nested inside another one goes with its parent.
+    inner = {id(c) for m in layers for c in m.modules() if c is not m}
+    return [m for m in layers if id(m) not in inner]
 
 
 def attach_lora(model, cfg: TrainConfig):
@@ -63,19 +84,53 @@ def _linear_names(model) -> set[str]:
     return {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-def build(cfg: TrainConfig, precision: Precision, device: torch.device):
+def build(cfg: TrainConfig, precision: Precision, device: torch.device, *, checkpointing: bool = False):
     """The model as trained: base (frozen under LoRA) plus a fresh adapter.
 
     Under LoRA the frozen base is loaded in `model.dtype` (auto: the autocast
     dtype); full fine-tuning keeps fp32 weights, which the optimizer updates.
+    The LoRA weights stay fp32 (the optimizer's precision); under autocast
+    their inputs are not cast up to fp32 (see `_no_input_casts`).
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
-    model = load_base(cfg, dtype, device)
+    model = load_base(cfg, dtype, device, checkpointing=checkpointing)
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
+        if precision.dtype is not None:
+            _no_input_casts(model)
     else:
         model.requires_grad_(True)
+    if cfg.model.compile:
+        for layer in decoder_layers(model):
+            layer.compile()
     return model
+
+
+def _no_input_casts(model) -> None:
+    """Keep LoRA inputs in the compute dtype under autocast.
+
+    peft casts each LoRA layer's input to the adapter's dtype (fp32) and
+    applies dropout there: for seven targets about as much memory traffic as
+    the base matmuls. Under autocast the LoRA matmuls run in the autocast dtype
+    anyway, so the cast buys nothing; without autocast it is needed (fp32
+    weights, half-precision input) and stays.
+    """
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
+
+
+def packing(cfg: TrainConfig) -> bool:
+    """`data.packing` resolved: auto packs where the attention kernel keeps packed sequences
+    apart by itself (flash-attention's varlen path, from the position ids).
+
+    SDPA and eager also respect packed position ids, through a block-diagonal
+    mask over the whole packed row: correct, but that mask costs (tokens)^2
+    and leaves SDPA's flash kernel, so auto does not pack for them.
+    """
+    if cfg.data.packing == "auto":
+        return cfg.model.attn_implementation.startswith("flash_attention")
+    return cfg.data.packing == "on"
 
 
 def pad_token_id(model_path: str) -> int:

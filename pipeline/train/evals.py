@@ -36,13 +36,16 @@ log = logging.getLogger("pipeline.train")
 class Evaluator:
     """Quick and full evaluations of the live model, and the run's best weights.
 
+    `loss_model` is the stage's `TokenLoss` without a DDP wrapper (one rank
+    evaluates alone; under FSDP it is the sharded root every rank calls).
     `stop` is the stage's `Preemption`: a signal that arrives meanwhile abandons
     the evaluation, as soon as every evaluating rank agrees (`strategy.agree`).
     """
 
-    def __init__(self, cfg, val_cache, parts, strategy, precision, *, pad_id: int, monitor, checkpointer, stop,
-                 hooks, stage: str):
+    def __init__(self, cfg, val_cache, loss_model, parts, strategy, precision, *, pad_id: int, monitor, checkpointer,
+                 stop, hooks, stage: str):
         self.cfg, self.val, self.parts, self.strategy = cfg, val_cache, parts, strategy
+        self.loss_model = loss_model
         self.precision, self.pad_id, self.monitor, self.checkpointer = precision, pad_id, monitor, checkpointer
         self.stop, self.hooks, self.stage = stop, hooks, stage
 
@@ -84,7 +87,7 @@ class Evaluator:
         results: dict[str, float] = {}
         for rate, tag in [*zip(ema.rates, ema.tags), (None, None)]:
             with ema.swapped_in(rate) if rate is not None else nullcontext():
-                out = validation_loss(self.parts.model, self.val, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
+                out = validation_loss(self.loss_model, self.val, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
                                       device=self.strategy.d.device, autocast=self.precision.autocast,
                                       max_batches=batches, should_stop=self._should_stop)
             if out is None:

@@ -5,11 +5,13 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 `FSDP` class implements the interface of `pipeline.train.strategy`.
 
 - Every rank builds the same model from the same seed on the CPU, then
-  `wrap()` applies `fully_shard` to each decoder layer and to the root: each
-  parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
-  device) only its shard, plus one unsharded layer at a time during forward and
-  backward. The parameter names do not change, so the optimizer state, the EMA
-  and the checkpoint are keyed as in a DDP run.
+  `wrap()` applies `fully_shard` to each decoder layer and to the root (the
+  `TokenLoss` around the model, so the loss's LM head runs inside the root's
+  forward, where its weight is gathered): each parameter becomes a DTensor
+  sharded on dim 0, and each rank holds (on its device) only its shard, plus
+  one unsharded layer at a time during forward and backward. The model's
+  parameter names do not change, so the optimizer state, the EMA and the
+  checkpoint are keyed as in a DDP run.
 - The EMA keeps fp32 shadows of this rank's local shards (`ema_view`), so
   its one fused `_foreach_lerp_` per rate touches plain tensors and no
   communication; `_dcp_state` wraps the shadows back into DTensors for saving.
@@ -49,16 +51,6 @@ log = logging.getLogger(__name__)
 _OPTIM_KEY = "optim"  # top-level DCP entry of the optimizer state (not read by the export side)
 
 
-def _decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated blocks of an HF model (its `_no_split_modules` classes), outermost first."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kinds = set(getattr(base, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in kinds]
-    # A no-split class nested inside another one is sharded with its parent.
-    inner = {id(c) for m in layers for c in m.modules() if c is not m}
-    return [m for m in layers if id(m) not in inner]
-
-
 def _shard(model, d: Dist):
     """`fully_shard` each decoder layer, then the root (embeddings, final norm, head); returns the model.
 
@@ -70,7 +62,7 @@ def _shard(model, d: Dist):
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh(d.device.type, (d.world_size,))
-    layers = _decoder_layers(model)
+    layers = loading.decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
     for layer in layers:

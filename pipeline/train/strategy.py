@@ -5,7 +5,9 @@ The stage loop holds a strategy and never asks which one it is. What differs
 between them is all in the two classes:
 
     wrap(model)                      DDP wrapper / fully_shard / nothing; returns what the loop calls
-    unwrap(model)                    the model the optimizer, EMA and checkpoints see
+                                     (`model` is a `pipeline.model.loss.TokenLoss`)
+    unwrap(model)                    the same without a DDP wrapper: what one rank may call alone
+                                     (its `.lm` is what the optimizer, EMA and checkpoints see)
     ema_view(named)                  the tensors the EMA averages (this rank's shards under FSDP)
     micro_batch(model, last)         context for one micro-batch's backward: gradients are
                                      synchronized on the update's last micro-batch only
