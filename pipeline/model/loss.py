@@ -26,6 +26,7 @@ Two layouts of a micro-batch (`collate`):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -185,11 +186,14 @@ def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tens
 def _check_head(hf) -> None:
     was_training = hf.training
     hf.eval()
+    weight = hf.get_output_embeddings().weight
+    # Half-precision weights train under autocast (LoRA inputs are then left uncast): probe likewise.
+    half = weight.dtype in (torch.float16, torch.bfloat16)
     try:
-        device = next(hf.parameters()).device
-        ids = torch.arange(8, device=device).remainder(hf.get_output_embeddings().weight.shape[0]).unsqueeze(0)
-        logits = hf(input_ids=ids, use_cache=False).logits.float()
-        ours = hf.get_output_embeddings()(hf.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
+        ids = torch.arange(8, device=weight.device).remainder(weight.shape[0]).unsqueeze(0)
+        with torch.autocast(weight.device.type, dtype=weight.dtype) if half else contextlib.nullcontext():
+            logits = hf(input_ids=ids, use_cache=False).logits.float()
+            ours = hf.get_output_embeddings()(hf.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
     finally:
         hf.train(was_training)
     if not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3):
