@@ -138,9 +138,12 @@ class Estimate:
         return sum(self.parts.values())
 
     def table(self) -> str:
-        rows = [f"  {name:<34} {b / GiB:9.2f} GiB" for name, b in self.parts.items()]
-        return "\n".join([f"memory per GPU ({self.run.describe()}):", *rows,
-                          f"  {'total':<34} {self.total / GiB:9.2f} GiB"])
+        rows = [f"  {name:<34} {_size(b)}" for name, b in [*self.parts.items(), ("total", self.total)]]
+        return "\n".join([f"memory per GPU ({self.run.describe()}):", *rows])
+
+
+def _size(b: int) -> str:
+    return f"{b / GiB:9.2f} GiB" if b >= GiB // 100 else f"{b / 2**20:9.2f} MiB"
 
 
 def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
@@ -202,13 +205,15 @@ def gpu_precision(mode: str) -> str:
 
 
 def checkpointing_needed(cfg: TrainConfig, shapes: Shapes | None, run: Run, budget: int | None) -> bool:
-    """`model.activation_checkpointing` for this run: auto = on when the estimate without it exceeds `budget`."""
+    """`model.activation_checkpointing` for this run: auto = on when the estimate without it exceeds
+    `budget` and checkpointing lowers it (with very few layers it does not)."""
     switch = cfg.model.activation_checkpointing
     if switch != "auto":
         return switch == "on"
     if budget is None or shapes is None:
         return False
-    return estimate(cfg, shapes, replace(run, checkpointing=False)).total > budget
+    off = estimate(cfg, shapes, replace(run, checkpointing=False)).total
+    return off > budget and estimate(cfg, shapes, replace(run, checkpointing=True)).total < off
 
 
 def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
