@@ -120,6 +120,7 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     seed: int = 0
+    deterministic: bool = False  # deterministic GPU kernels (bitwise-reproducible across processes); slower
     log_every: int = 1
     tensorboard: bool = False  # also write the metrics as TensorBoard scalars (needs `pip install tensorboard`)
     model: ModelConfig = field(default_factory=ModelConfig)

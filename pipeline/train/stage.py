@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 import time
@@ -61,6 +62,8 @@ log = logging.getLogger("pipeline.train")
 
 def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
+    if cfg.deterministic:
+        _deterministic()
     d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
     try:
         return run(args, cfg, d)
@@ -186,6 +189,15 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _deterministic() -> None:
+    # GPU kernels that accumulate with atomics (scatter-adds in backward passes) sum in
+    # whatever order the threads finish: two processes then differ in the last bits, and
+    # a resumed run drifts from the uninterrupted one. cuBLAS reads its workspace setting
+    # when its handle is created, before the first matmul.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def _adamw_kernel(device: torch.device) -> dict:
