@@ -150,7 +150,8 @@ def _check(cfg: TrainConfig) -> None:
         if value not in SWITCHES:
             problems.append(f"{key}={value!r}: expected {' | '.join(SWITCHES)}")
     if cfg.model.attn_implementation not in ATTENTION:
-        problems.append(f"model.attn_implementation={cfg.model.attn_implementation!r}: expected {' | '.join(ATTENTION)}")
+        problems.append(f"model.attn_implementation={cfg.model.attn_implementation!r}: "
+                        f"expected {' | '.join(ATTENTION)}")
     if cfg.model.gpu_memory_gb is not None and cfg.model.gpu_memory_gb <= 0:
         problems.append("model.gpu_memory_gb must be positive (or null)")
     if cfg.precision.init_scale <= 0:

@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
     ap.add_argument("--nproc", default="auto", help="workflow train.nproc")
     ap.add_argument("--max-length", type=int, default=None,
-                    help="workflow data.max_length, for the memory estimate (default: the train cache's longest record)")
+                    help="workflow data.max_length, for the memory estimate (default: the train cache's longest)")
     ap.add_argument("--out-plan", type=Path, required=True)
     ap.add_argument("--out-config", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -130,9 +130,8 @@ def main(argv: list[str]) -> int:
                            nproc=args.nproc)
     too_big = memory_check(cfg, nproc=args.nproc, max_length=args.max_length)
     if problems or too_big:
-        text = [("the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems)) if problems else "",
-                too_big or ""]
-        raise UserError("\n".join(t for t in text if t))
+        text = ["the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems)] if problems else []
+        raise UserError("\n".join([*text, *([too_big] if too_big else [])]))
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
     write_text(args.out_config, train_config.to_yaml(cfg))

@@ -35,9 +35,10 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeline.data.cache import IGNORE_INDEX
 
-# Logits elements per chunk of the loss (2**26 fp32 = 256 MiB): ~520 tokens at a 128k
-# vocabulary, enough rows to keep the head matmul efficient on a GPU.
-CHUNK_LOGITS = 2**26
+# Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
+# four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
+# efficient on a GPU; ~1,000 at 32k.
+CHUNK_LOGITS = 2**25
 
 
 @dataclass(frozen=True)

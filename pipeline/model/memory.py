@@ -107,7 +107,8 @@ def read_shapes(model_path: str, trust_remote_code: bool = False) -> Shapes | No
         config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
         return Shapes.from_config(config)
     except (OSError, ValueError, KeyError) as err:
-        log.warning("no memory estimate: cannot read the config of %s (%s)", model_path, str(err).splitlines()[0])
+        where = str(err).splitlines()[0] if Path(model_path).is_dir() else "not a model dir (yet), nor a hub id in reach"
+        log.warning("no memory estimate: cannot read the config of %s (%s)", model_path, where)
         return None
 
 

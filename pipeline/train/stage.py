@@ -20,10 +20,12 @@ when an attempt fails.
 
 Reading order: `train_stage` sets up the process group; `run` builds the parts
 in a fixed order (the model and adapter draw from the seeded RNG), restores
-them, and runs the update loop. The parts: `strategy` (how the model is spread
-over ranks), `Checkpointer` (start point, saves, output), `Updater` (one
-optimizer update), `Evaluator` (in-stage evals, best weights), `Monitor`
-(metrics, alerts, progress).
+them, and runs the update loop. The parts: `TokenLoss` (the model as the loop
+calls it: a batch in, the summed loss out), `strategy` (how it is spread over
+ranks), `Checkpointer` (start point, saves, output), `Updater` (one optimizer
+update), `Evaluator` (in-stage evals, best weights), `Monitor` (metrics,
+alerts, progress). Activation checkpointing is decided before the model is
+built, from the memory estimate (`pipeline.model.memory`).
 """
 
 from __future__ import annotations
@@ -95,10 +97,11 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
-    # The loop calls a TokenLoss (batch in, summed loss out); DDP wraps it, FSDP shards it.
-    model = strategy.wrap(TokenLoss(loading.build(cfg, precision, strategy.load_device(), checkpointing=checkpointing)))
+    raw_model = loading.build(cfg, precision, strategy.load_device(), checkpointing=checkpointing)
+    # The loop calls a TokenLoss (batch in, summed loss out): DDP wraps it, FSDP shards it (in
+    # place: raw_model is what the optimizer, the EMA and the checkpoints see, sharded or not).
+    model = strategy.wrap(TokenLoss(raw_model))
     loss_model = strategy.unwrap(model)  # without DDP's wrapper: what a single rank evaluates
-    raw_model = loss_model.lm  # what the optimizer, the EMA and the checkpoints see
     named = loading.trainable(raw_model)
     ema = EMA(strategy.ema_view(named), cfg.ema.rates, cfg.ema.every)
     optimizer = torch.optim.AdamW(

@@ -23,11 +23,13 @@ rule plan:
         export_weights=config["export"]["weights"],
         export_ema_rate=config["export"]["ema_rate"],
         nproc=config["train"]["nproc"],
+        max_length=config["data"]["max_length"],  # the memory estimate's longest sequence
     shell:
         "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
         "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
         "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
-        "--nproc {params.nproc} --out-plan {output.plan} --out-config {output.config} > {log} 2>&1"
+        "--nproc {params.nproc} --max-length {params.max_length} --out-plan {output.plan} --out-config {output.config} "
+        "> {log} 2>&1"
 
 
 rule train_stage:
