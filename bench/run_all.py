@@ -214,6 +214,10 @@ def build_results() -> str:
         "each `EMA.update` call timed inside the runs that give our tokens/s.",
         "- Merge and data figures were measured earlier by bench_merge.py and bench_data.py and are copied from "
         "their result files (date = last commit of the file).",
+        "- The train, checkpoint and stages figures were measured with the trainer before issue 13 (the commits "
+        "they name); [memory] compares that trainer (0603ead) with the current one on one update, and its RSS "
+        "figures move between rounds by up to a third (the allocator keeps or returns freed memory): its table "
+        "gives every round.",
     ]
     return "\n".join(lines) + "\n"
 

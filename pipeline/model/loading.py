@@ -31,10 +31,11 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
         model = AutoModelForCausalLM.from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=cfg.model.attn_implementation,
-            # One device: transformers reads each tensor straight onto it (no full CPU copy first).
+            # One device: transformers reads each tensor straight onto it (no full CPU copy first;
+            # a device_map needs accelerate, a dependency for that reason).
             device_map=None if device.type == "cpu" else {"": device},
         )
-    except (OSError, ImportError) as err:  # ImportError: an attention implementation that is not installed
+    except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
