@@ -46,13 +46,13 @@ class Batch:
     """One micro-batch, as `TokenLoss` takes it.
 
     `inputs`: the model's keyword inputs (input_ids; attention_mask when padded
-    with padding present; position_ids when packed). `loss_index`: flat
+    with padding present; position_ids and the sequence boundaries when packed). `loss_index`: flat
     positions (into rows x width) whose next token carries a loss, and
     `targets` that next token. `tokens` (non-padding tokens) and `supervised`
     are plain ints, known without looking at a device.
     """
 
-    inputs: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor | int]
     loss_index: torch.Tensor
     targets: torch.Tensor
     tokens: int
@@ -67,7 +67,9 @@ class Batch:
             return self
         cuda = device.type == "cuda"
 
-        def move(t: torch.Tensor) -> torch.Tensor:
+        def move(t):
+            if not isinstance(t, torch.Tensor):
+                return t  # a plain number (the longest packed sequence)
             return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
 
         return replace(self, inputs={k: move(v) for k, v in self.inputs.items()},
@@ -100,14 +102,21 @@ def _padded(items, pad_id: int) -> Batch:
 def _packed(items) -> Batch:
     input_ids = torch.cat([ids for ids, _ in items]).unsqueeze(0)
     position_ids = torch.cat([torch.arange(len(ids)) for ids, _ in items]).unsqueeze(0)
+    lengths = torch.tensor([len(ids) for ids, _ in items])
+    # Flash-attention's varlen kernel takes the sequence boundaries as given; from position ids alone
+    # transformers would work them out on the device and read them back (a host sync per layer).
+    # Other attention implementations ignore these.
+    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    varlen = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
     index, targets, offset = [], [], 0
     for ids, lab in items:
         pos, tgt = _supervised(lab)  # within one sequence: no target crosses into the next one
         index.append(pos + offset)
         targets.append(tgt)
         offset += len(ids)
-    return Batch({"input_ids": input_ids, "position_ids": position_ids}, torch.cat(index), torch.cat(targets),
-                 tokens=offset)
+    return Batch({"input_ids": input_ids, "position_ids": position_ids, **varlen}, torch.cat(index),
+                 torch.cat(targets), tokens=offset)
 
 
 def _supervised(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

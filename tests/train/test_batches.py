@@ -65,6 +65,9 @@ def test_packed_row_positions_restart_and_targets_stay_within_each_sequence(cach
     assert not ends & set(packed.loss_index.tolist())
     assert torch.equal(packed.targets, ids[packed.loss_index + 1])
     assert packed.supervised == sum(int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in idx)
+    # flash-attention's varlen boundaries, given rather than found on the device
+    assert packed.inputs["cu_seq_lens_q"].tolist() == [*starts, offset]
+    assert packed.inputs["max_length_q"] == max(len(cache[i][0]) for i in idx)
 
 
 def test_a_micro_batch_without_padding_has_no_attention_mask(cache):
