@@ -36,7 +36,9 @@ def _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precis
         row.update(validation_loss(TokenLoss(model), val_cache, pad_id=tokenizer.pad_token_id,
                                    micro_batch=cfg.eval.micro_batch, device=device, autocast=precision.autocast))
     if examples:
-        em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
+        # Under autocast, as in training: a LoRA model built for half precision leaves its inputs uncast.
+        with precision.autocast():
+            em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
         row.update({"exact_match": em["exact_match"], "n_test": em["n"], "samples": em["samples"]})
     return row
 

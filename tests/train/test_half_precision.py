@@ -97,3 +97,11 @@ def test_bf16_autocast_on_cpu_trains(tiny, tmp_path):
     # the same computation, rounded to bf16 inside: close to fp32, not equal
     assert [r["loss"] for r in bf16] == pytest.approx([r["loss"] for r in fp32], rel=1e-2)
     assert [r["loss"] for r in bf16] != [r["loss"] for r in fp32]
+    # The evaluate rule reads the bf16 run's checkpoint: validation loss and greedy decoding under autocast.
+    from pipeline import cli
+
+    out = tmp_path / "eval.json"
+    assert cli.main(["evaluate", "--checkpoint", str(runs["bf16"].stage_dir("all") / layout.STAGE_CHECKPOINT),
+                     "--stage", "all", "--test", str(tiny["test"]), "--max-test", "2", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows[0]["n_test"] == 2 and all(0 < r["loss"] < 20 for r in rows)
