@@ -52,3 +52,14 @@ def test_fp16_grad_scaler_chunked_equals_one_run_on_the_gpu(tiny, tmp_path):
 def test_bf16_lora_chunked_equals_one_run_with_deterministic_kernels(tiny, tmp_path):
     _chunked_equals_one_run(tiny, tmp_path, ["precision.mode=bf16", "deterministic=true",
                                              "model.activation_checkpointing=on"])
+
+
+def test_compiled_decoder_layers_train_like_the_eager_ones(tiny, tmp_path):
+    # (On a CPU this works too, but compiling takes minutes there: a GPU test.)
+    losses = {}
+    for compiled in (False, True):
+        run = make_run(tmp_path / str(compiled), tiny, total=4, single_stage=True,
+                       overrides=["precision.mode=bf16", f"model.compile={str(compiled).lower()}"])
+        run.train("all", timeout=900)
+        losses[compiled] = [r["loss"] for r in _rows(run.stage_dir("all"))]
+    assert losses[True] == pytest.approx(losses[False], rel=2e-2)
