@@ -201,12 +201,12 @@ def child_env() -> dict:
 # --- result files ---------------------------------------------------------------------------------
 
 
-def run_child(cmd: list[str], work: Path, threads: int, label: str) -> list[float] | None:
+def run_child(cmd: list[str], work: Path, threads: int, label: str, extra_env: dict | None = None) -> list[float] | None:
     """Run one benchmark child with `threads` torch threads, its output in work/log.txt.
 
     Exits with the log's tail if it fails; returns the load average at its start.
     """
-    env = {**child_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**child_env(), "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(extra_env or {})}
     load = load_average()
     with open(work / "log.txt", "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=1800)

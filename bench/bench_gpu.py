@@ -1,7 +1,8 @@
-"""GPU benchmark: tokens/s and MFU of our trainer, LoRA bf16 on a ~0.4B Llama-style model.
+"""GPU benchmark: tokens/s, peak memory and MFU of our trainer, LoRA bf16 on a Llama-3.2-1B-shaped model.
 
-    python bench/bench_gpu.py                          # on a machine with a CUDA GPU
-    python bench/bench_gpu.py --preset qwen2-0.5b --seq-len 2048 --micro-batch 8
+    python bench/bench_gpu.py                          # on a machine with a CUDA GPU (defaults: the 1B preset,
+                                                       # length 2048, a length mix, micro-batch 8)
+    python bench/bench_gpu.py --override model.attn_implementation=flash_attention_2 --override data.packing=on
     python bench/bench_gpu.py --cpu-smoke              # check the script's code path on a CPU (no figures)
 
 Without a CUDA GPU it prints "not measured: no GPU", records that in
@@ -10,33 +11,40 @@ bench/results/gpu.json (unless a real measurement is already there) and exits 0.
 What runs is our trainer itself, as the workflow launches a stage:
 `torchrun --standalone --nproc-per-node 1 -m pipeline train` on a plan of one
 stage, with the default trainer config (config/train: LoRA r=16, alpha=32 on
-all seven Llama projections, EMA with 2 rates, AdamW, grad clip) plus
+all seven Llama projections, EMA with 2 rates, AdamW (fused on CUDA), grad
+clip, length-grouped micro-batches, activation checkpointing auto) plus
 precision.mode=bf16 (bf16 autocast, frozen base weights in bf16, LoRA and EMA
-in fp32). tokens/s is read from the stage's own metrics.jsonl (non-pad tokens
-per update / update time), median over the updates after `--warmup`.
+in fp32). tokens/s is read from the stage's own metrics.jsonl (tokens per
+update, padding not counted / update time), median over the updates after
+`--warmup`; peak memory is torch.cuda.max_memory_allocated, shown beside the
+plan's estimate for the same run (`pipeline.model.memory`).
 
 The model is random-init (throughput does not depend on the weights), built
-from a config and saved as a Hugging Face dir; the data is a token cache of
-random token ids, `--seq-len` tokens per record (no padding), the first
-quarter of each record unsupervised (a prompt), as `pipeline tokenize` writes
-it. The demo char tokenizer is saved with the model: the trainer only reads
-its pad id.
+from a config and saved as a Hugging Face dir. Preset `llama-3.2-1b`:
+Llama-3.2-1B's shapes (hidden 2048, 16 layers, 32 query / 8 key-value heads,
+MLP 8192, 128,256-token vocabulary, tied embeddings). The data is a token
+cache of random token ids with a length mix (`--lengths mix`): each record's
+length uniform in [max/16, max] (mean about half the maximum), its first
+10-50% unsupervised (a prompt), as `pipeline tokenize` writes it. The demo
+char tokenizer is saved with the model: the trainer only reads its pad id.
 
-MFU (model FLOPs utilization), documented formula:
+Two FLOP counts per token, side by side (each record of length T, S of its
+positions supervised; L layers, d hidden, V vocabulary):
 
-    flops per token = 6 * N + 12 * L * d * T
-    MFU = tokens/s * flops per token / peak bf16 dense FLOP/s of the GPU
+    6N convention   6 (N_layers + N_head + N_lora) T + 12 L d T^2   per record
+    LoRA actual     (4 N_layers + 6 N_lora) T + 4 V d S + 12 L d T^2
 
-N = parameters of every matmul the model runs per token (all Linear weights:
-attention, MLP, LM head, and the LoRA A/B matrices; the embedding lookup is not
-a matmul), L = layers, d = hidden size, T = sequence length; 12*L*d*T is the
-attention score/value matmuls (PaLM appendix B; nanoGPT's estimate_mfu). 6N is
-the usual forward (2N) + backward (4N: activation gradients 2N and weight
-gradients 2N) convention. Under LoRA the frozen base weights get no weight
-gradients, so the hardware executes about 4N + 12*L*d*T per token; that
-"hardware FLOPs utilization" (HFU, 4N) is reported too, and is 2/3 of MFU's
-model term. Peak: H100 SXM / H200 989 TFLOP/s, H100 PCIe 756, A100 312
-(dense bf16; override with --peak-tflops).
+N_layers = the decoder layers' matmul weights, N_head = V d (counted whether
+or not it is tied to the embeddings: the matmul runs), N_lora = the LoRA A/B
+matrices. 6N is the usual convention (forward 2N + backward 4N), the one MFU
+figures are quoted in (PaLM appendix B, nanoGPT's estimate_mfu, torchtitan);
+12LdT^2 the attention score/value matmuls over the whole (non-causal) square.
+"LoRA actual" is the useful work this trainer does: the frozen weights get no
+weight gradients (2N of 6N), and the LM head runs at supervised positions only
+(forward + gradient to the hidden state). Recomputation (activation
+checkpointing, the loss's chunk recompute) is not useful work and is in
+neither count. MFU = FLOP/s / peak dense bf16 FLOP/s: H100 SXM / H200 989
+TFLOP/s, H100 PCIe 756, A100 312 (override with --peak-tflops).
 """
 
 from __future__ import annotations
@@ -53,6 +61,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 PRESETS = {
+    # Llama-3.2-1B's shapes: GQA 32/8 heads of 64, 128,256 vocab, tied embeddings.
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+                         tie_word_embeddings=True, rope_theta=500000.0),
     # Llama-style, ~0.4B: TinyLlama-like width/depth with full multi-head attention.
     "llama-0.4b": dict(model_type="llama", hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                        num_key_value_heads=16, intermediate_size=2816, vocab_size=32000, tie_word_embeddings=False),
@@ -61,11 +73,12 @@ PRESETS = {
                        num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
     # For --cpu-smoke only.
     "tiny": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=4, intermediate_size=128, vocab_size=512, tie_word_embeddings=False),
+                 num_key_value_heads=2, intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
 }
 PEAK_TFLOPS = [("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("GH200", 989.4), ("A100", 312.0),
                ("L40S", 362.0), ("A10G", 125.0)]
 NOT_MEASURED = "not measured: no GPU"
+MFU_GOAL = 0.45  # issue 13: >= 45% by the 6N convention, Llama-3.2-1B LoRA bf16 at length 2048 on an H100
 
 
 def peak_tflops(name: str) -> float | None:
@@ -93,8 +106,9 @@ def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    info = {"params_total": sum(p.numel() for p in model.parameters()), "params_matmul": linear,
+    in_layers = sum(m.weight.numel() for n, m in model.named_modules()
+                    if isinstance(m, torch.nn.Linear) and ".layers." in n)
+    info = {"params_total": sum(p.numel() for p in model.parameters()), "params_layers_matmul": in_layers,
             "layers": config.num_hidden_layers, "hidden": config.hidden_size, "vocab": config.vocab_size}
     del model
     if torch.cuda.is_available():
@@ -102,24 +116,53 @@ def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
     return info
 
 
-def build_cache(path: Path, *, records: int, seq_len: int, vocab: int) -> None:
+def record_lengths(records: int, seq_len: int, mix: bool) -> "list[tuple[int, int]]":
+    """(length, prompt tokens) per record: uniform in [seq_len/16, seq_len] with a 10-50% prompt, or all full."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    if not mix:
+        return [(seq_len, seq_len // 4)] * records
+    lengths = rng.integers(max(2, seq_len // 16), seq_len + 1, size=records)
+    return [(int(n), int(n * f)) for n, f in zip(lengths, rng.uniform(0.1, 0.5, size=records))]
+
+
+def build_cache(path: Path, *, records: int, seq_len: int, vocab: int, mix: bool = False) -> list[tuple[int, int]]:
+    """A token cache of random ids (`record_lengths`); returns the (length, prompt) of each record."""
     import numpy as np
 
     from pipeline.data.cache import IGNORE_INDEX, write_cache
 
     rng = np.random.default_rng(0)
-    ids = rng.integers(10, vocab, size=(records, seq_len), dtype=np.int32)
+    shape = record_lengths(records, seq_len, mix)
+    ids = rng.integers(10, vocab, size=sum(n for n, _ in shape), dtype=np.int32)
     labels = ids.copy()
-    labels[:, : seq_len // 4] = IGNORE_INDEX
-    write_cache(path, input_ids=ids.ravel(), labels=labels.ravel(),
-                offsets=np.arange(records + 1, dtype=np.int64) * seq_len, metadata={"split": "train"})
+    offsets = np.cumsum([0] + [n for n, _ in shape]).astype(np.int64)
+    for (n, prompt), start in zip(shape, offsets):
+        labels[start:start + prompt] = IGNORE_INDEX
+    write_cache(path, input_ids=ids, labels=labels, offsets=offsets, metadata={"split": "train"})
+    return shape
+
+
+def flops_per_token(info: dict, n_lora: int, shape: list[tuple[int, int]]) -> dict:
+    """Mean FLOPs per (non-padding) token by both counts of the module docstring, over the records."""
+    layers, d, v = info["layers"], info["hidden"], info["vocab"]
+    n_layers, n_head = info["params_layers_matmul"], v * d
+    tokens = sum(n for n, _ in shape)
+    supervised = sum(n - p - 1 for n, p in shape)
+    attention = sum(12 * layers * d * n * n for n, _ in shape)
+    six_n = 6 * (n_layers + n_head + n_lora) * tokens + attention
+    actual = (4 * n_layers + 6 * n_lora) * tokens + 4 * v * d * supervised + attention
+    return {"6n": six_n / tokens, "lora_actual": actual / tokens, "mean_length": tokens / len(shape),
+            "supervised_fraction": supervised / tokens}
 
 
 def lora_params(info: dict, preset: dict, r: int) -> int:
     """A and B matrices of rank r on the seven Llama projections, every layer."""
     d, i = preset["hidden_size"], preset["intermediate_size"]
-    kv = d * preset["num_key_value_heads"] // preset["num_attention_heads"]
-    shapes = [(d, d), (d, kv), (d, kv), (d, d), (d, i), (d, i), (i, d)]
+    head_dim = preset.get("head_dim") or d // preset["num_attention_heads"]
+    q, kv = preset["num_attention_heads"] * head_dim, preset["num_key_value_heads"] * head_dim
+    shapes = [(d, q), (d, kv), (d, kv), (q, d), (d, i), (d, i), (i, d)]
     return info["layers"] * sum(r * (a + b) for a, b in shapes)
 
 
@@ -131,7 +174,7 @@ def _not_measured(out_dir: Path, command: str, machine: dict) -> None:
         return
     data = {"name": "gpu", "status": NOT_MEASURED, "command": command, "date": C.today(), "machine": machine,
             "versions": C.versions("torch", "transformers", "peft")}
-    C.write_results("gpu", ["# GPU throughput and MFU (LoRA, bf16, ~0.4B Llama-style model)", "",
+    C.write_results("gpu", ["# GPU throughput, memory and MFU (LoRA, bf16, Llama-3.2-1B-shaped model)", "",
                             f"{NOT_MEASURED} (last tried {C.today()} on: {C.machine_text(machine)}).", "",
                             f"Command: `{command}` on a machine with a CUDA GPU."], data, out_dir)
 
@@ -139,8 +182,10 @@ def _not_measured(out_dir: Path, command: str, machine: dict) -> None:
 def main() -> None:
     machine = C.machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], default="llama-0.4b")
-    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], default="llama-3.2-1b")
+    ap.add_argument("--seq-len", type=int, default=2048, help="the longest record (data.max_length)")
+    ap.add_argument("--lengths", choices=("mix", "fixed"), default="mix",
+                    help="mix: uniform in [max/16, max]; fixed: every record --seq-len long")
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--global-batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=30)
@@ -164,20 +209,21 @@ def main() -> None:
     if peak is None and not args.cpu_smoke:
         sys.exit(f"unknown peak FLOP/s for {gpu_name!r}: pass --peak-tflops")
 
+    from pipeline import config as train_config
+    from pipeline.model import memory
+
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         tmp = Path(tmp)
         info = build_model_dir(tmp / "model", preset, args.seq_len)
         records = args.steps * args.global_batch
-        build_cache(tmp / "train.safetensors", records=records, seq_len=args.seq_len, vocab=info["vocab"])
+        shape = build_cache(tmp / "train.safetensors", records=records, seq_len=args.seq_len, vocab=info["vocab"],
+                            mix=args.lengths == "mix")
         default = {"model": tmp / "model", "train": tmp / "train.safetensors", "val": "null"}  # no val set
         overrides = [f"optim.global_batch={args.global_batch}", f"optim.micro_batch={args.micro_batch}",
                      "checkpoint.save_every=0", *(["precision.mode=bf16"] if not args.cpu_smoke else []),
                      *args.override]
-        from pipeline import config as train_config
-
-        run = C.plan_run(tmp / "run", default, total=args.steps, overrides=overrides,
-                         single_stage=True)
+        run = C.plan_run(tmp / "run", default, total=args.steps, overrides=overrides, single_stage=True)
         cfg = train_config.load(run["config"])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                "-m", "pipeline", "train", "--plan", str(run["plan"]), "--config", str(run["config"]),
@@ -185,52 +231,61 @@ def main() -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=C.child_env(), timeout=3600)
         if proc.returncode != 0:
             sys.exit(f"training failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        checkpointing = "activation checkpointing on" in proc.stdout
         rows = [json.loads(x) for x in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
         rows = [r for r in rows if "loss" in r][args.warmup:]
+        shapes = memory.read_shapes(str(tmp / "model"))
 
     tps = C.median(r["tokens_per_s"] for r in rows)
     n_lora = lora_params(info, preset, cfg.lora.r)
-    n = info["params_matmul"] + n_lora
-    attention = 12 * info["layers"] * info["hidden"] * args.seq_len
-    mfu_flops, hfu_flops = 6 * n + attention, 4 * info["params_matmul"] + 6 * n_lora + attention
-    mfu = tps * mfu_flops / (peak * 1e12) if peak else None
-    hfu = tps * hfu_flops / (peak * 1e12) if peak else None
-    figures = {"tokens_per_s": tps, "mfu": mfu, "hfu": hfu, "peak_tflops": peak, "gpu": gpu_name,
-               "step_s": C.median(r["step_time_s"] for r in rows), "mem_mb": max(r["mem_mb"] for r in rows),
-               "flops_per_token_6n": mfu_flops, "flops_per_token_4n": hfu_flops, "final_loss": rows[-1]["loss"]}
+    per_token = flops_per_token(info, n_lora, shape)
+    mfu = {k: tps * v / (peak * 1e12) if peak else None for k, v in per_token.items() if k in ("6n", "lora_actual")}
+    estimate = memory.estimate(cfg, shapes, memory.Run(
+        micro_batch=args.micro_batch, length=max(n for n, _ in shape), world=1, sharded=False,
+        checkpointing=checkpointing, precision="bf16" if not args.cpu_smoke else "fp32"))
+    figures = {"tokens_per_s": tps, "mfu_6n": mfu["6n"], "mfu_lora_actual": mfu["lora_actual"], "peak_tflops": peak,
+               "gpu": gpu_name, "step_s": C.median(r["step_time_s"] for r in rows),
+               "mem_mb": max(r["mem_mb"] for r in rows), "estimate_mb": estimate.total / 2**20,
+               "activation_checkpointing": checkpointing, "flops_per_token_6n": per_token["6n"],
+               "flops_per_token_lora_actual": per_token["lora_actual"], "mean_length": per_token["mean_length"],
+               "supervised_fraction": per_token["supervised_fraction"], "final_loss": rows[-1]["loss"]}
     print(json.dumps({**figures, **info, "lora_params": n_lora}, indent=1))
     if args.cpu_smoke:
         print("cpu smoke run: the code path works; nothing recorded")
         return
-    versions = C.versions("torch", "transformers", "peft")
+    versions = C.versions("torch", "transformers", "peft", "flash_attn")
     data = {"name": "gpu", "status": "measured", "command": command, "date": C.today(), "machine": machine,
             "versions": versions, "trainer_commit": C.git_commit(), "wall_s": time.time() - started,
             "settings": {**vars(args), "out_dir": str(args.out_dir), "model": {**preset, **info},
                          "lora": {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "params": n_lora},
                          "ema_rates": list(cfg.ema.rates)},
             "figures": figures}
+    met = "met" if mfu["6n"] >= MFU_GOAL else "NOT met"
     lines = [
-        "# GPU throughput and MFU (LoRA, bf16)",
+        "# GPU throughput, memory and MFU (LoRA, bf16)",
         "",
         f"Command: `{command}` (from the repository root); {C.today()}.",
         "",
         f"Machine: {C.machine_text(machine)}. Versions: {C.versions_text(versions)}; "
         f"trainer at commit {data['trainer_commit']}.",
         "",
-        f"Model: {args.preset}, random init, {info['params_total'] / 1e6:.0f}M parameters "
-        f"({info['params_matmul'] / 1e6:.0f}M in matmuls), bf16 weights + bf16 autocast; LoRA r={cfg.lora.r} "
-        f"alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)} ({n_lora / 1e6:.1f}M parameters, fp32), "
-        f"EMA {list(cfg.ema.rates)}. Batch {args.global_batch} x {args.seq_len} tokens per update "
-        f"(micro-batch {args.micro_batch}); {args.steps} updates, the first {args.warmup} excluded.",
+        f"Model: {args.preset}, random init, {info['params_total'] / 1e6:.0f}M parameters, bf16 weights + bf16 "
+        f"autocast; LoRA r={cfg.lora.r} alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)} "
+        f"({n_lora / 1e6:.1f}M parameters, fp32), EMA {list(cfg.ema.rates)}, attention {cfg.model.attn_implementation}, "
+        f"activation checkpointing {'on' if checkpointing else 'off'}. Batch {args.global_batch} records per update "
+        f"(micro-batch {args.micro_batch}), lengths {args.lengths} up to {args.seq_len} (mean "
+        f"{per_token['mean_length']:.0f}, {100 * per_token['supervised_fraction']:.0f}% of tokens supervised); "
+        f"{args.steps} updates, the first {args.warmup} excluded. FLOP counts: see bench/bench_gpu.py's docstring.",
         "",
         "| figure | value | goal |",
         "|---|---:|---|",
-        f"| tokens/s (median) | {tps:,.0f} | |",
-        f"| MFU (6N + 12LdT per token, peak {peak:.0f} TFLOP/s) | {100 * mfu:.1f}% | >= 40% on H100: "
-        f"{'met' if mfu >= 0.4 else 'NOT met'} |",
-        f"| HFU (4N + 12LdT: LoRA's frozen weights get no weight gradients) | {100 * hfu:.1f}% | |",
+        f"| tokens/s (median; padding not counted) | {tps:,.0f} | |",
+        f"| MFU, 6N convention ({per_token['6n'] / 1e9:.2f} GFLOP/token, peak {peak:.0f} TFLOP/s) | "
+        f"{100 * mfu['6n']:.1f}% | >= {100 * MFU_GOAL:.0f}% on H100: {met} |",
+        f"| MFU, LoRA actual ({per_token['lora_actual'] / 1e9:.2f} GFLOP/token) | {100 * mfu['lora_actual']:.1f}% | |",
         f"| step time | {figures['step_s']:.3f} s | |",
-        f"| peak memory (torch.cuda.max_memory_allocated) | {figures['mem_mb'] / 1024:.1f} GiB | |",
+        f"| peak memory (torch.cuda.max_memory_allocated) / plan's estimate | {figures['mem_mb'] / 1024:.1f} GiB / "
+        f"{figures['estimate_mb'] / 1024:.1f} GiB | |",
     ]
     C.write_results("gpu", lines, data, args.out_dir)
 

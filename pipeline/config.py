@@ -24,13 +24,21 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.errors import UserError
 
 SCHEMA_NAME = "train_schema"
+ALL_LINEAR = "all-linear"  # lora.target_modules=[all-linear]: every Linear / Conv1D layer but the output head
+
+
+SWITCHES = ("auto", "on", "off")
+ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 
 
 @dataclass
 class ModelConfig:
     path: str = MISSING  # local Hugging Face dir or hub id
     dtype: str = "auto"  # weights dtype when loading: auto | fp32 | bf16 | fp16
-    gradient_checkpointing: bool = False
+    activation_checkpointing: str = "auto"  # per decoder layer: auto (when the memory estimate needs it) | on | off
+    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flash_attention_3 | flex_attention
+    compile: bool = False  # torch.compile each decoder layer
+    gpu_memory_gb: float | None = None  # memory per GPU to plan for (GiB); null: what the GPUs have
     trust_remote_code: bool = False
 
 
@@ -41,7 +49,7 @@ class LoraConfig:
     alpha: int = 32
     dropout: float = 0.05
     # layer name suffixes, or [all-linear]: every Linear / Conv1D layer but the output head
-    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
     use_rslora: bool = False
 
 
@@ -68,6 +76,7 @@ class OptimConfig:
 class PrecisionConfig:
     mode: str = "auto"  # auto | bf16 | fp16 | fp32 (auto: bf16 if supported, else fp16; fp32 on CPU)
     max_consecutive_nonfinite: int = 8  # abort (after a checkpoint) when this many updates in a row are skipped
+    init_scale: float = 65536.0  # fp16: the GradScaler's first loss scale
 
 
 @dataclass
@@ -107,11 +116,14 @@ class DataConfig:
     # workflow's own `data.train` / `data.val` are the dataset files they are made from.)
     train_cache: str = MISSING
     val_cache: str | None = None
+    group_by_length: bool = True  # micro-batches of similar lengths within each update's batch
+    packing: str = "auto"  # sequences back to back in one row: auto (with flash attention) | on | off
 
 
 @dataclass
 class TrainConfig:
     seed: int = 0
+    deterministic: bool = False  # deterministic GPU kernels (bitwise-reproducible across processes); slower
     log_every: int = 1
     tensorboard: bool = False  # also write the metrics as TensorBoard scalars (needs `pip install tensorboard`)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -126,9 +138,27 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
 
+def _switch(value) -> str:
+    # YAML reads a bare on/off as a boolean, which a str field then holds as "True"/"False".
+    return {"true": "on", "false": "off"}.get(str(value).lower(), str(value))
+
+
 def _check(cfg: TrainConfig) -> None:
-    """Cross-field checks, all collected before raising."""
+    """Cross-field checks, all collected before raising (normalizes on/off switches in place)."""
     problems = []
+    cfg.model.activation_checkpointing = _switch(cfg.model.activation_checkpointing)
+    cfg.data.packing = _switch(cfg.data.packing)
+    for key, value in (("model.activation_checkpointing", cfg.model.activation_checkpointing),
+                       ("data.packing", cfg.data.packing)):
+        if value not in SWITCHES:
+            problems.append(f"{key}={value!r}: expected {' | '.join(SWITCHES)}")
+    if cfg.model.attn_implementation not in ATTENTION:
+        problems.append(f"model.attn_implementation={cfg.model.attn_implementation!r}: "
+                        f"expected {' | '.join(ATTENTION)}")
+    if cfg.model.gpu_memory_gb is not None and cfg.model.gpu_memory_gb <= 0:
+        problems.append("model.gpu_memory_gb must be positive (or null)")
+    if cfg.precision.init_scale <= 0:
+        problems.append("precision.init_scale must be positive")
     if cfg.optim.global_batch <= 0 or cfg.optim.micro_batch <= 0:
         problems.append("optim.global_batch and optim.micro_batch must be positive")
     if cfg.precision.mode not in ("auto", "bf16", "fp16", "fp32"):

@@ -2,7 +2,7 @@
 
     python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
         --train-config-dir config/train --train-config-name config --override optim.lr=2e-3 ... \\
-        --export-weights ema --export-ema-rate 0.98 [--world-size 8] \\
+        --export-weights ema --export-ema-rate 0.98 [--world-size 8] --max-length 2048 \\
         --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
 
 Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
@@ -17,6 +17,14 @@ With the base model at hand (a local dir), `plan` also resolves the LoRA
 targets against the model's layers, so a `lora.target_modules` that matches
 nothing fails here, listing the layers it could adapt, not in the pilot.
 
+Memory: from the model's config.json alone (`pipeline.model.memory`), the
+plan estimates what one GPU holds during training (weights, gradients,
+optimizer, EMA shadows, activations of the largest micro-batch, the loss's
+logits) and fails, before any GPU work, when that exceeds `model.gpu_memory_gb`
+or, when that is not set, the memory of the GPUs it finds; the error shows the
+estimate and what each knob (activation checkpointing, micro-batch, FSDP)
+would make of it. Without either (a CPU run) the estimate is only printed.
+
 The identity of the trainer config is its resolved content (`config_id`): the
 workflow keys the plan on it, so a comment or an unused group file in
 `config/train/` changes nothing, and a changed resolved value retrains from the
@@ -28,12 +36,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.layout import ema_tag
+from pipeline.model import memory
 from pipeline.schedule import plan_stages
 from pipeline.storage.publish import write_text
 
@@ -74,6 +83,38 @@ def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_em
     return problems
 
 
+def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length: int | None) -> str | None:
+    """Print the memory estimate; return why the run cannot fit its GPUs, or None.
+
+    GPUs: `world` of them (None: as many as this process sees), each with
+    `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
+    """
+    shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
+    length = max_length or memory.longest_record(cfg.data.train_cache)
+    if shapes is None or length is None:
+        print("memory: no estimate (" + ("no model config" if shapes is None else "no data.max_length") + ")")
+        return None
+    count, found = memory.gpus_found()
+    world = world or max(count, 1)
+    run = memory.Run(micro_batch=train_config.batch_split(cfg, world)[0], length=length, world=world,
+                     sharded=cfg.distributed.strategy == "fsdp" and world > 1,
+                     checkpointing=cfg.model.activation_checkpointing == "on",
+                     precision=memory.gpu_precision(cfg.precision.mode))
+    if cfg.model.gpu_memory_gb is not None:
+        budget, where = int(cfg.model.gpu_memory_gb * memory.GiB), f"in model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}"
+    elif found is not None:
+        budget, where = found, f"on the smallest of the {count} GPUs found"
+    else:
+        print(memory.estimate(cfg, shapes, run).table())
+        print("memory: no GPU found and no model.gpu_memory_gb: not checked")
+        return None
+    if memory.checkpointing_needed(cfg, shapes, run, budget) and not run.checkpointing:
+        print("memory: model.activation_checkpointing=auto turns it on (the run does not fit without)")
+        run = replace(run, checkpointing=True)
+    print(memory.estimate(cfg, shapes, run).table())
+    return memory.does_not_fit(cfg, shapes, run, budget, where)
+
+
 def _rate(text: str) -> float | None:
     return None if text in ("", "null", "None") else float(text)
 
@@ -90,6 +131,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--export-weights", choices=("ema", "raw"), default="raw", help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
     ap.add_argument("--world-size", type=int, default=None, help="ranks per stage, when the workflow fixes it")
+    ap.add_argument("--max-length", type=int, default=None,
+                    help="workflow data.max_length, for the memory estimate (default: the train cache's longest)")
     ap.add_argument("--out-plan", type=Path, required=True)
     ap.add_argument("--out-config", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -104,6 +147,9 @@ def main(argv: list[str]) -> int:
         from pipeline.model.loading import check_lora_targets
 
         check_lora_targets(cfg)
+    too_big = memory_check(cfg, world=args.world_size, max_length=args.max_length)
+    if too_big:
+        raise UserError(too_big)
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
     write_text(args.out_config, train_config.to_yaml(cfg))

@@ -19,6 +19,10 @@ def test_overrides_apply_and_groups_compose():
     ("optim.lr=fast", "optim.lr"),
     ("precision.mode=fp8", "precision.mode"),
     ("ema.rates=[1.5]", "ema.rates"),
+    ("model.activation_checkpointing=sometimes", "model.activation_checkpointing"),
+    ("data.packing=maybe", "data.packing"),
+    ("model.attn_implementation=flash", "model.attn_implementation"),
+    ("model.gpu_memory_gb=-1", "model.gpu_memory_gb"),
 ])
 def test_bad_keys_and_values_name_the_key(override, words):
     with pytest.raises(UserError, match=words.replace(".", r"\.")):
@@ -38,3 +42,15 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = train_config.resolve(CONF, "config", BASE)
     (tmp_path / "c.yaml").write_text(train_config.to_yaml(cfg))
     assert train_config.load(tmp_path / "c.yaml") == cfg
+
+
+@pytest.mark.parametrize("value, expected", [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"),
+                                             ("auto", "auto")])
+def test_on_off_switches_survive_yaml_booleans(tmp_path, value, expected):
+    # YAML reads a bare on/off as a boolean: the switch must still mean what was written, and round-trip.
+    cfg = train_config.resolve(CONF, "config", BASE + [f"model.activation_checkpointing={value}"])
+    assert cfg.model.activation_checkpointing == expected
+    (tmp_path / "c.yaml").write_text(train_config.to_yaml(cfg))
+    assert train_config.load(tmp_path / "c.yaml") == cfg
+    (tmp_path / "d.yaml").write_text(train_config.to_yaml(cfg).replace(f"packing: {cfg.data.packing}", "packing: on"))
+    assert train_config.load(tmp_path / "d.yaml").data.packing == "on"

@@ -63,3 +63,54 @@ def test_world_size_is_known_when_the_workflow_fixes_it():
     assert plan.world_size(1, "auto", "auto") is None  # one rank per GPU found at run time
     assert plan.world_size(2, 8, "auto") == 16 and plan.world_size(2, "auto", 4) == 8
     assert plan.world_size(1, 0, "auto") == 1  # a CPU node runs one process
+
+
+LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False,
+            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5}
+LLAMA_1B = {**LLAMA_8B, "hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
+            "head_dim": 64, "tie_word_embeddings": True}
+
+
+def _model_dir(tmp_path, config: dict):
+    """A model dir with its config.json only: the estimate reads nothing else (no weights)."""
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_a_run_that_cannot_fit_its_gpus_fails_at_plan_with_the_estimate_and_the_knobs(tmp_path, capsys):
+    model = _model_dir(tmp_path, LLAMA_8B)
+    args = _plan_args(tmp_path, "--override", f"model.path={model}", "--override", "model.gpu_memory_gb=24",
+                      "--override", "optim.micro_batch=8", "--override", "model.activation_checkpointing=off",
+                      "--max-length", "2048")
+    with pytest.raises(UserError) as err:
+        plan.main(args)
+    text = str(err.value)
+    assert "the run does not fit" in text and "24.0 GiB in model.gpu_memory_gb=24" in text
+    for part in ("weights (bf16)", "LoRA weights", "gradients", "optimizer", "EMA shadows", "activations",
+                 "loss (one chunk of logits)", "micro-batch 8 x 2048 tokens, activation checkpointing off"):
+        assert part in text, part
+    for knob in ("model.activation_checkpointing=on", "optim.micro_batch=", "distributed=fsdp"):
+        assert knob in text, knob
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_auto_checkpointing_is_what_lets_a_run_fit(tmp_path, capsys):
+    model = _model_dir(tmp_path, LLAMA_1B)
+    base = ["--override", f"model.path={model}", "--override", "model.gpu_memory_gb=24",
+            "--override", "optim.micro_batch=8", "--max-length", "2048"]
+    assert plan.main(_plan_args(tmp_path, *base)) == 0  # auto: ~45 GiB without, ~11 GiB with
+    out = capsys.readouterr().out
+    assert "activation_checkpointing=auto turns it on" in out and "activation checkpointing on" in out
+    with pytest.raises(UserError, match="does not fit"):
+        plan.main(_plan_args(tmp_path, *base, "--override", "model.activation_checkpointing=off"))
+
+
+def test_without_a_gpu_or_a_size_the_estimate_is_only_printed(tmp_path, capsys):
+    model = _model_dir(tmp_path, LLAMA_8B)
+    assert plan.main(_plan_args(tmp_path, "--override", f"model.path={model}", "--max-length", "4096")) == 0
+    out = capsys.readouterr().out
+    assert "memory per GPU" in out and "not checked" in out

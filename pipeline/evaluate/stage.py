@@ -25,7 +25,7 @@ from pipeline import config as train_config
 from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
 from pipeline.model import loading, precision as prec
-from pipeline.model.loss import validation_loss
+from pipeline.model.loss import TokenLoss, validation_loss
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 def _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, max_new_tokens) -> dict:
     row: dict = {}
     if val_cache is not None:
-        row.update(validation_loss(model, val_cache, pad_id=tokenizer.pad_token_id, micro_batch=cfg.eval.micro_batch,
-                                   device=device, autocast=precision.autocast))
+        row.update(validation_loss(TokenLoss(model), val_cache, pad_id=tokenizer.pad_token_id,
+                                   micro_batch=cfg.eval.micro_batch, device=device, autocast=precision.autocast))
     if examples:
-        em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
+        # Under autocast, as in training: a LoRA model built for half precision leaves its inputs uncast.
+        with precision.autocast():
+            em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
         row.update({"exact_match": em["exact_match"], "n_test": em["n"], "samples": em["samples"]})
     return row
 
@@ -50,7 +52,7 @@ def evaluate(args) -> dict:
     ckpt = open_checkpoint(args.checkpoint, verify=True) if args.checkpoint is not None else None
     cfg = train_config.load(ckpt.config_path if ckpt is not None else args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    precision = prec.choose(cfg.precision.mode, device)
+    precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -12,29 +12,37 @@ from contextlib import contextmanager
 
 import torch
 
-from pipeline.config import TrainConfig
+from pipeline.config import ALL_LINEAR, TrainConfig
 from pipeline.errors import UserError
 from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
-    """The base model with its weights, in `dtype`, on `device`."""
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
+    """The base model from `model.path`, in `dtype`, read straight onto `device`.
+
+    `checkpointing`: recompute each decoder layer's activations in the
+    backward (non-reentrant `torch.utils.checkpoint`, which replays the
+    layer's dropout masks, so the gradients do not change).
+    """
     from transformers import AutoModelForCausalLM
 
     try:
-        # Straight onto the device in `dtype`: no full CPU copy on the way.
         model = AutoModelForCausalLM.from_pretrained(
-            cfg.model.path, dtype=dtype, device_map=str(device), trust_remote_code=cfg.model.trust_remote_code
+            cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
+            attn_implementation=cfg.model.attn_implementation,
+            # One device: transformers reads each tensor straight onto it (no full CPU copy first;
+            # a device_map needs accelerate, a dependency for that reason).
+            device_map=None if device.type == "cpu" else {"": device},
         )
-    except OSError as err:
+    except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
-    _for_training(model, cfg)
+    _for_training(model, checkpointing)
     return model
 
 
-def empty_base(cfg: TrainConfig, dtype: torch.dtype):
+def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = False):
     """The base model's skeleton: parameters allocated on the CPU but never written, buffers real.
 
     Nothing is read from the weight files and almost no memory is resident (the
@@ -47,14 +55,15 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype):
 
     config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
     with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
+                                                 attn_implementation=cfg.model.attn_implementation)
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.device.type == "meta":
                 module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
                                                               requires_grad=param.requires_grad)
     model.tie_weights()  # the replaced parameters broke the ties (lm_head to the embeddings)
-    _for_training(model, cfg)
+    _for_training(model, checkpointing)
     return model
 
 
@@ -76,13 +85,23 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def _for_training(model, cfg: TrainConfig) -> None:
-    if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+def _for_training(model, checkpointing: bool) -> None:
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
-ALL_LINEAR = "all-linear"
+def decoder_layers(model) -> list[torch.nn.Module]:
+    """The repeated blocks of an HF model (its `_no_split_modules` classes), outermost first.
+
+    What FSDP shards one by one and `model.compile` compiles one by one. `model`
+    may wrap the HF model (PEFT, `pipeline.model.loss.TokenLoss`): the classes
+    come from whichever submodules declare them.
+    """
+    kinds = {k for m in model.modules() for k in (getattr(m, "_no_split_modules", None) or [])}
+    layers = [m for m in model.modules() if type(m).__name__ in kinds]
+    # A no-split class nested inside another one goes with its parent.
+    inner = {id(c) for m in layers for c in m.modules() if c is not m}
+    return [m for m in layers if id(m) not in inner]
 
 
 def adaptable_layers(model) -> list[str]:
@@ -154,21 +173,55 @@ def train_dtype(cfg: TrainConfig, precision: Precision) -> torch.dtype:
 
 
 def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *, empty: bool = False,
-          evaluation: bool = False):
+          evaluation: bool = False, checkpointing: bool = False):
     """The model as trained: base (frozen under LoRA) plus a fresh adapter.
 
     `empty`: the base is only a skeleton (`empty_base`) whose weights the caller
     loads; `device` is then unused (the skeleton is on the CPU). `evaluation`:
     every weight in the compute dtype, full fine-tuning too (no fp32 master copy
-    to update).
+    to update). The LoRA weights stay fp32 (the optimizer's precision); under
+    autocast their inputs are not cast up to fp32 (see `_no_input_casts`).
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
-    model = empty_base(cfg, dtype) if empty else load_base(cfg, dtype, device)
+    model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
+             else load_base(cfg, dtype, device, checkpointing=checkpointing))
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
+        if precision.dtype is not None:
+            _no_input_casts(model)
     else:
         model.requires_grad_(True)
+    if cfg.model.compile:
+        for layer in decoder_layers(model):
+            layer.compile()
     return model
+
+
+def _no_input_casts(model) -> None:
+    """Keep LoRA inputs in the compute dtype under autocast.
+
+    peft casts each LoRA layer's input to the adapter's dtype (fp32) and
+    applies dropout there: for seven targets about as much memory traffic as
+    the base matmuls. Under autocast the LoRA matmuls run in the autocast dtype
+    anyway, so the cast buys nothing; without autocast it is needed (fp32
+    weights, half-precision input) and stays.
+    """
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
+
+
+def packing(cfg: TrainConfig) -> bool:
+    """`data.packing` resolved: auto packs where the attention kernel keeps packed sequences
+    apart by itself (flash-attention's varlen path, from the position ids).
+
+    SDPA and eager also respect packed position ids, through a block-diagonal
+    mask over the whole packed row: correct, but that mask costs (tokens)^2
+    and leaves SDPA's flash kernel, so auto does not pack for them.
+    """
+    if cfg.data.packing == "auto":
+        return cfg.model.attn_implementation.startswith("flash_attention")
+    return cfg.data.packing == "on"
 
 
 def pad_token_id(model_path: str) -> int:

@@ -3,41 +3,238 @@
 Shared by training (`pipeline.train`) and evaluation (`pipeline.evaluate`), so
 both compute the loss the same way. Labels carry `IGNORE_INDEX` on every
 position that is not supervised (prompts, padding).
+
+The loss never builds a (tokens x vocab) tensor. `TokenLoss` runs the model's
+decoder for hidden states only, picks the positions whose next token is
+supervised (their indices are computed on the CPU when the batch is collated,
+so picking them costs no host sync), and runs the LM head and the
+cross-entropy over those rows in chunks of `chunk_tokens`: each chunk's logits
+are recomputed in the backward (`torch.utils.checkpoint`), so at most one
+chunk's logits exist at a time. The numbers are those of a full-vocabulary fp32
+cross-entropy over the whole batch, up to the order of the sums.
+
+Two layouts of a micro-batch (`collate`):
+  padded  one row per sequence, right-padded to the longest (an attention mask
+          only when there is padding: without one, SDPA can take its causal
+          fast path);
+  packed  every sequence back to back in one row, `position_ids` restarting at
+          0 at each sequence and no attention mask. The attention
+          implementation then keeps the sequences apart (flash-attention's
+          varlen kernel; SDPA and eager through a block-diagonal mask, correct
+          but without the speed: see `pipeline.model.loading.packing`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass, replace
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from pipeline.data.cache import IGNORE_INDEX
 
+# Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
+# four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
+# efficient on a GPU; ~1,000 at 32k.
+CHUNK_LOGITS = 2**25
 
-def collate(cache, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch: input_ids, attention_mask, labels (IGNORE_INDEX on padding)."""
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch, as `TokenLoss` takes it.
+
+    `inputs`: the model's keyword inputs (input_ids; attention_mask when padded
+    with padding present; position_ids and the sequence boundaries when packed). `loss_index`: flat
+    positions (into rows x width) whose next token carries a loss, and
+    `targets` that next token. `tokens` (non-padding tokens) and `supervised`
+    are plain ints, known without looking at a device.
+    """
+
+    inputs: dict[str, torch.Tensor | int]
+    loss_index: torch.Tensor
+    targets: torch.Tensor
+    tokens: int
+
+    @property
+    def supervised(self) -> int:
+        return int(self.targets.numel())
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch on `device`; on a GPU from pinned memory without blocking the host."""
+        if device.type == "cpu":
+            return self
+        cuda = device.type == "cuda"
+
+        def move(t):
+            if not isinstance(t, torch.Tensor):
+                return t  # a plain number (the longest packed sequence)
+            return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
+
+        return replace(self, inputs={k: move(v) for k, v in self.inputs.items()},
+                       loss_index=move(self.loss_index), targets=move(self.targets))
+
+
+def collate(cache, indices: list[int], pad_id: int, *, packed: bool = False) -> Batch:
+    """The records `indices` of `cache` as one micro-batch (see the module docstring for the layouts)."""
     items = [cache[i] for i in indices]
+    return _packed(items) if packed else _padded(items, pad_id)
+
+
+def _padded(items, pad_id: int) -> Batch:
     width = max(len(ids) for ids, _ in items)
     input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(items), width), IGNORE_INDEX, dtype=torch.long)
     mask = torch.zeros((len(items), width), dtype=torch.long)
+    index, targets = [], []
     for row, (ids, lab) in enumerate(items):
         input_ids[row, :len(ids)] = ids
-        labels[row, :len(lab)] = lab
         mask[row, :len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+        pos, tgt = _supervised(lab)
+        index.append(pos + row * width)
+        targets.append(tgt)
+    inputs = {"input_ids": input_ids}
+    if any(len(ids) < width for ids, _ in items):
+        inputs["attention_mask"] = mask
+    return Batch(inputs, torch.cat(index), torch.cat(targets), tokens=sum(len(ids) for ids, _ in items))
+
+
+def _packed(items) -> Batch:
+    input_ids = torch.cat([ids for ids, _ in items]).unsqueeze(0)
+    position_ids = torch.cat([torch.arange(len(ids)) for ids, _ in items]).unsqueeze(0)
+    lengths = torch.tensor([len(ids) for ids, _ in items])
+    # Flash-attention's varlen kernel takes the sequence boundaries as given; from position ids alone
+    # transformers would work them out on the device and read them back (a host sync per layer).
+    # Other attention implementations ignore these.
+    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+    longest = int(lengths.max())
+    varlen = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+    index, targets, offset = [], [], 0
+    for ids, lab in items:
+        pos, tgt = _supervised(lab)  # within one sequence: no target crosses into the next one
+        index.append(pos + offset)
+        targets.append(tgt)
+        offset += len(ids)
+    return Batch({"input_ids": input_ids, "position_ids": position_ids, **varlen}, torch.cat(index),
+                 torch.cat(targets), tokens=offset)
+
+
+def _supervised(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of one sequence whose next token is supervised, and those next tokens."""
+    nxt = labels[1:]
+    pos = torch.nonzero(nxt != IGNORE_INDEX).flatten()
+    return pos, nxt[pos]
+
+
+def hf_model(lm) -> torch.nn.Module:
+    """The Hugging Face model under a PEFT wrapper (or `lm` itself)."""
+    return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Rows per loss chunk: `CHUNK_LOGITS` logits elements."""
+    return max(1, CHUNK_LOGITS // max(vocab_size, 1))
+
+
+class TokenLoss(torch.nn.Module):
+    """The model as the training loop and the evaluations call it: a batch in, the summed loss out.
+
+    `forward(batch)` returns the sum over the batch's supervised positions of
+    the next-token cross-entropy (a float32 scalar), computed as the module
+    docstring says. It is the module that DDP wraps and that FSDP shards as its
+    root, so the LM head runs inside the wrapped forward (where FSDP has its
+    weight gathered and DDP its hooks ready). `lm` is the model (PEFT-wrapped
+    under LoRA): the optimizer, the EMA and the checkpoints see that one.
+
+    Construction checks once, on a short probe, that the model's logits are
+    its LM head applied to its decoder's last hidden states (no soft-capping,
+    scaling or other step after the head that this loss would skip).
+    """
+
+    def __init__(self, lm, *, chunk: int | None = None, check: bool = True):
+        """`check`: probe the LM head now (`check_head`); a caller whose weights are not loaded
+        yet (an FSDP skeleton) passes False and calls `check_head()` once they are."""
+        super().__init__()
+        self.lm = lm
+        head = hf_model(lm).get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
+        self.chunk = chunk or chunk_tokens(head.weight.shape[0])
+        if check:
+            self.check_head()
+
+    def forward(self, batch: Batch, *, probe: bool = False) -> torch.Tensor:
+        if probe:  # inside this module's forward, so FSDP has the root's weights gathered
+            return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
+        hf = hf_model(self.lm)
+        # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache.
+        hidden = hf.base_model(**batch.inputs, use_cache=False).last_hidden_state
+        picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
+        return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
+
+    @torch.no_grad()
+    def check_head(self) -> None:
+        """Check on a short probe that the model's logits are its LM head applied to its decoder's
+        last hidden states; ValueError if not. Collective when the module is FSDP-sharded."""
+        hf = hf_model(self.lm)
+        was_training = self.lm.training  # the model's mode, not this (fresh) wrapper's
+        self.eval()
+        weight = hf.get_output_embeddings().weight
+        ids = torch.arange(8, device=weight.device).remainder(weight.shape[0]).unsqueeze(0)
+        # Half-precision weights train under autocast (LoRA inputs are then left uncast): probe likewise.
+        half = weight.dtype in (torch.float16, torch.bfloat16)
+        try:
+            with torch.autocast(weight.device.type, dtype=weight.dtype) if half else contextlib.nullcontext():
+                logits, ours = self(Batch({"input_ids": ids}, ids[0, :0], ids[0, :0], tokens=8), probe=True)
+        finally:
+            self.train(was_training)
+        if not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3):
+            raise ValueError(
+                f"{type(hf).__name__}: the logits are not the LM head applied to the last hidden states "
+                f"(max difference {float((logits - ours).abs().max()):.3g}); the chunked loss would train another "
+                "model than the one evaluated. Models that post-process their logits are not supported.")
+
+
+def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                             chunk: int) -> torch.Tensor:
+    """sum_i CE(head(hidden[i]), targets[i]) in fp32, `chunk` rows at a time.
+
+    Under autograd each chunk is checkpointed: its logits are freed after the
+    forward and recomputed (with the same autocast state) in the backward.
+    Always runs at least one (maybe empty) chunk, so the result depends on
+    every parameter even for a batch with nothing supervised (DDP needs every
+    gradient on every rank).
+    """
+    n = hidden.shape[0]
+    grad = torch.is_grad_enabled()
+    total = None
+    for start in range(0, max(n, 1), chunk):
+        h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        part = checkpoint(_chunk_loss, head, h, t, use_reentrant=False) if grad else _chunk_loss(head, h, t)
+        total = part if total is None else total + part
+    return total
+
+
+def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own logits, and its LM head applied to its decoder's last hidden states."""
+    logits = hf(input_ids=ids, use_cache=False).logits.float()
+    ours = hf.get_output_embeddings()(hf.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
+    return logits, ours
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of next-token cross-entropy over supervised positions, computed in fp32."""
+    """Sum of next-token cross-entropy over supervised positions, from full logits, in fp32.
+
+    The reference `TokenLoss` must equal (the loss before it existed); kept for tests and
+    benchmarks, not used by training or evaluation.
+    """
     return torch.nn.functional.cross_entropy(
         logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
-
-
-def supervised_tokens(labels: torch.Tensor) -> torch.Tensor:
-    """Positions whose next token carries a loss (what `token_loss_sum` sums over)."""
-    return (labels[:, 1:] != IGNORE_INDEX).sum()
 
 
 def num_batches(cache, micro_batch: int, max_batches: int | None = None) -> int:
@@ -47,31 +244,31 @@ def num_batches(cache, micro_batch: int, max_batches: int | None = None) -> int:
 
 
 @torch.no_grad()
-def batch_loss_sums(model, cache, batch_ids: list[int], *, pad_id: int, micro_batch: int, device, autocast,
-                    should_stop=None) -> list[tuple[float, int]] | None:
+def batch_loss_sums(loss_model: TokenLoss, cache, batch_ids: list[int], *, pad_id: int, micro_batch: int, device,
+                    autocast, should_stop=None) -> list[tuple[float, int]] | None:
     """(loss sum, supervised tokens) of each batch in `batch_ids`; batch b holds records
-    [b * micro_batch, (b + 1) * micro_batch) of the cache, padded as in training.
+    [b * micro_batch, (b + 1) * micro_batch) of the cache, collated as in training.
 
     Runs in eval mode (no dropout) and consumes no RNG, so evaluating inside a
     stage does not change what training computes afterwards. `should_stop()` is
     asked before each batch; when it says yes the evaluation is abandoned and
-    None returned (a preemption signal arrived meanwhile).
+    None returned (a preemption signal arrived meanwhile). One host sync, at the end.
     """
-    was_training = model.training
-    model.eval()
-    sums = []
+    was_training = loss_model.training
+    loss_model.eval()
+    sums, tokens = [], []
     try:
         for b in batch_ids:
             if should_stop is not None and should_stop():
                 return None
-            batch = collate(cache, list(range(b * micro_batch, min(len(cache), (b + 1) * micro_batch))), pad_id)
-            batch = {k: v.to(device) for k, v in batch.items()}
+            records = list(range(b * micro_batch, min(len(cache), (b + 1) * micro_batch)))
+            batch = collate(cache, records, pad_id).to(device)
             with autocast():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            sums.append((float(token_loss_sum(logits, batch["labels"])), int(supervised_tokens(batch["labels"]))))
+                sums.append(loss_model(batch).float())
+            tokens.append(batch.supervised)
     finally:
-        model.train(was_training)
-    return sums
+        loss_model.train(was_training)
+    return list(zip(torch.stack(sums).tolist(), tokens)) if sums else []
 
 
 def mean_loss(sums: list[tuple[float, int]]) -> dict:
@@ -84,8 +281,8 @@ def mean_loss(sums: list[tuple[float, int]]) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
 
 
-def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast) -> dict:
+def validation_loss(loss_model: TokenLoss, cache, *, pad_id: int, micro_batch: int, device, autocast) -> dict:
     """Token-weighted mean loss over the whole cache, in this process (see `batch_loss_sums`)."""
     ids = list(range(num_batches(cache, micro_batch)))
-    return mean_loss(batch_loss_sums(model, cache, ids, pad_id=pad_id, micro_batch=micro_batch, device=device,
+    return mean_loss(batch_loss_sums(loss_model, cache, ids, pad_id=pad_id, micro_batch=micro_batch, device=device,
                                      autocast=autocast))

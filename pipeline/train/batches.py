@@ -5,6 +5,15 @@ global position g is permutation(epoch = g // N)[g % N], each epoch with its own
 seeded permutation. A stage that starts at update s therefore reads exactly the
 samples a one-process run would read at s, and the sampler's whole state is the
 update index (saved in progress.json), with nothing to drift.
+
+Length grouping (`data.group_by_length`): an update's global batch is the same
+set of samples either way, only cut differently into micro-batches. Sorted by
+length (longest first; ties by position in the batch, so the order is a pure
+function of the update too), it is cut into micro-batches of similar lengths,
+dealt to the ranks in turn (micro-batch j to rank j % world), so every rank
+gets a share of long and short ones and each rank's first micro-batch is its
+longest (an out-of-memory shows at once). Padding shrinks to what differs
+within a micro-batch; the update's gradient is the same sum in another order.
 """
 
 from __future__ import annotations
@@ -13,18 +22,23 @@ import numpy as np
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX
-from pipeline.model.loss import collate
+from pipeline.model.loss import Batch, collate
 
 
 class RunSampler:
-    """Sample indices of every update of the run (see the module docstring)."""
+    """Sample indices of every update of the run (see the module docstring).
 
-    def __init__(self, num_samples: int, global_batch: int, seed: int):
+    `lengths` (tokens per sample) turns on length grouping; None keeps each
+    rank's micro-batches in sampling order.
+    """
+
+    def __init__(self, num_samples: int, global_batch: int, seed: int, lengths: np.ndarray | None = None):
         if num_samples < 1:
             raise ValueError("the training set is empty")
         self.n = num_samples
         self.global_batch = global_batch
         self.seed = seed
+        self.lengths = lengths
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -43,6 +57,11 @@ class RunSampler:
     def rank_micro_batches(self, step: int, rank: int, world: int, micro: int) -> list[list[int]]:
         """This rank's share of update `step`, split into micro-batches."""
         idx = self.global_indices(step)
+        if self.lengths is not None:
+            # Stable sort: equal lengths keep their sampled order.
+            by_length = sorted(idx, key=lambda i: -int(self.lengths[i]))
+            cut = [by_length[i:i + micro] for i in range(0, len(by_length), micro)]
+            return cut[rank::world]
         per_rank = len(idx) // world
         mine = idx[rank * per_rank:(rank + 1) * per_rank]
         return [mine[i:i + micro] for i in range(0, len(mine), micro)]
@@ -56,27 +75,46 @@ def supervised_counts(cache) -> np.ndarray:
     return np.array([int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache))], dtype=np.int64)
 
 
+def padding_fraction(sampler: RunSampler, lengths: np.ndarray, steps: range, *, micro: int, world: int = 1) -> float:
+    """Padding tokens / tokens computed, over the padded micro-batches of `steps` (all ranks)."""
+    real = padded = 0
+    for step in steps:
+        for rank in range(world):
+            for mb in sampler.rank_micro_batches(step, rank, world, micro):
+                lens = lengths[mb]
+                real += int(lens.sum())
+                padded += int(lens.max()) * len(mb)
+    return 1.0 - real / max(padded, 1)
+
+
 class TrainBatches:
     """The training data as the update loop sees it: this rank's micro-batches of any update.
 
     `supervised(step)` counts the supervised tokens of the update's whole
     global batch from the cache's labels: every rank gets the same number
-    without communicating, and the loss is normalized by it.
+    without communicating, and the loss is normalized by it; `tokens(step)`
+    its tokens (padding not included), the same way. `packed`: each
+    micro-batch as one packed row (`pipeline.model.loss.collate`).
     """
 
-    def __init__(self, cache, *, global_batch: int, micro_batch: int, seed: int, pad_id: int, rank: int, world: int):
-        self.cache, self.micro, self.pad_id = cache, micro_batch, pad_id
+    def __init__(self, cache, *, global_batch: int, micro_batch: int, seed: int, pad_id: int, rank: int, world: int,
+                 group_by_length: bool = False, packed: bool = False):
+        self.cache, self.micro, self.pad_id, self.packed = cache, micro_batch, pad_id, packed
         self.rank, self.world = rank, world
-        self.sampler = RunSampler(len(cache), global_batch, seed)
+        self.sampler = RunSampler(len(cache), global_batch, seed, cache.lengths if group_by_length else None)
         self.counts = supervised_counts(cache)
+        self.lengths = cache.lengths
 
-    def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
+    def micro_batches(self, step: int) -> list[Batch]:
         """This rank's share of update `step`, as collated CPU batches."""
-        return [collate(self.cache, mb, self.pad_id)
+        return [collate(self.cache, mb, self.pad_id, packed=self.packed)
                 for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())
+
+    def tokens(self, step: int) -> int:
+        return int(self.lengths[self.sampler.global_indices(step)].sum())
 
     def epoch_of(self, step: int) -> float:
         return self.sampler.epoch_of(step)

@@ -38,14 +38,17 @@ log = logging.getLogger("pipeline.train")
 class Evaluator:
     """Quick and full evaluations of the live model, and the run's best weights.
 
-    Every rank evaluates its share of the validation batches (`_loss`). `stop` is
-    the stage's `Preemption`: a signal that arrives meanwhile abandons the
-    evaluation on every rank at the same batch (`strategy.agree`).
+    `loss_model` is the stage's `TokenLoss` without a DDP wrapper (under FSDP the
+    sharded root every rank calls). Every rank evaluates its share of the
+    validation batches (`_loss`). `stop` is the stage's `Preemption`: a signal
+    that arrives meanwhile abandons the evaluation on every rank at the same
+    batch (`strategy.agree`).
     """
 
-    def __init__(self, cfg, val_cache, parts, strategy, precision, *, pad_id: int, monitor, checkpointer, stop,
-                 hooks, stage: str):
+    def __init__(self, cfg, val_cache, loss_model, parts, strategy, precision, *, pad_id: int, monitor, checkpointer,
+                 stop, hooks, stage: str):
         self.cfg, self.val, self.parts, self.strategy = cfg, val_cache, parts, strategy
+        self.loss_model = loss_model
         self.precision, self.pad_id, self.monitor, self.checkpointer = precision, pad_id, monitor, checkpointer
         self.stop, self.hooks, self.stage = stop, hooks, stage
 
@@ -104,7 +107,7 @@ class Evaluator:
         mine = list(range(d.rank, n, d.world_size))
         rounds = -(-n // d.world_size)
         padded = mine + [mine[0] if mine else 0] * (rounds - len(mine))
-        sums = batch_loss_sums(self.parts.model, self.val, padded, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
+        sums = batch_loss_sums(self.loss_model, self.val, padded, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
                                device=d.device, autocast=self.precision.autocast, should_stop=self._should_stop)
         if sums is None:
             return None

@@ -20,7 +20,9 @@ stage named) every point does nothing. Points and the keys that act there:
     eval_start(step, redo)     usr1_in_eval_at: SIGUSR1 to this process as the evaluation after that
                                update starts (a preemption in the middle of an eval; not on its redo)
 
-Steps are global update indices; `stage` limits the faults to one stage.
+Steps are global update indices; `stage` limits the faults to one stage,
+`rank` to one rank (its RANK under torchrun: a fault one rank sees and the
+others do not).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Hooks:
         if not raw:
             return cls()
         spec = json.loads(raw)
-        if spec.get("stage") not in (None, stage):
+        if spec.get("stage") not in (None, stage) or spec.get("rank") not in (None, int(os.environ.get("RANK", 0))):
             return cls()
         return cls(
             fail_at_step=int(spec.get("fail_at_step", -1)),

@@ -4,8 +4,9 @@ Selected by `distributed.strategy=fsdp` when more than one process runs (one
 process has nothing to shard over and trains unsharded, like DDP would); the
 `FSDP` class implements the interface of `pipeline.train.strategy`.
 
-- Every rank builds the same model from the same seed on the CPU, then
-  `wrap()` applies `fully_shard` to each decoder layer and to the root: each
+- Every rank builds the same model (in a `TokenLoss`, so the loss's LM head
+  runs inside the root's forward, where its weight is gathered) from the same
+  seed on the CPU, then `build_model()` applies `fully_shard` to each decoder layer and to the root: each
   parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
   device) only its shard, plus one unsharded layer at a time during forward and
   backward. The parameter names do not change, so the optimizer state, the EMA
@@ -43,6 +44,7 @@ import torch.distributed as dist
 
 from pipeline.errors import UserError
 from pipeline.model import loading
+from pipeline.model.loss import TokenLoss
 from pipeline.train import sharded_load
 from pipeline.distributed import Dist, any_rank, barrier, check_consistent, plain
 from pipeline.checkpoint.state import TrainedState
@@ -50,16 +52,6 @@ from pipeline.checkpoint.state import TrainedState
 log = logging.getLogger(__name__)
 
 _OPTIM_KEY = "optim"  # top-level DCP entry of the optimizer state (not read by the export side)
-
-
-def _decoder_layers(model) -> list[torch.nn.Module]:
-    """The repeated blocks of an HF model (its `_no_split_modules` classes), outermost first."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kinds = set(getattr(base, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in kinds]
-    # A no-split class nested inside another one is sharded with its parent.
-    inner = {id(c) for m in layers for c in m.modules() if c is not m}
-    return [m for m in layers if id(m) not in inner]
 
 
 def _mesh(d: Dist, hsdp: bool):
@@ -91,7 +83,7 @@ def _shard(model, mesh, compute_dtype: torch.dtype | None):
 
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) if compute_dtype else None
     kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
-    layers = _decoder_layers(model)
+    layers = loading.decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
     for layer in layers:
@@ -274,29 +266,33 @@ class FSDP:
         # Asynchronous saves run their collectives on a gloo group of their own (created by all ranks now).
         self._save_group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
 
-    def build_model(self, cfg, precision):
+    def build_model(self, cfg, precision, *, checkpointing: bool = False):
         """Build the skeleton, shard it, then read each rank's shards of the base weights.
 
         The adapter (or, in full fine-tuning, nothing) is initialized before
         sharding from the same seed on every rank; a model whose parameter names
         the weight files do not all hold is loaded whole on every rank instead.
         """
-        skeleton = loading.build(cfg, precision, None, empty=True) if cfg.distributed.meta_init else None
+        skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
+                    if cfg.distributed.meta_init else None)
         trained = {n for n, _ in loading.trainable(skeleton)} if skeleton is not None and cfg.lora.enabled else set()
         if skeleton is not None and sharded_load.missing_keys(skeleton, cfg.model.path, trained):
             log.warning("%s: some parameters are not in the weight files under their names; every rank loads "
                         "the whole model instead of its shards", cfg.model.path)
             skeleton = None
-        model = skeleton if skeleton is not None else loading.build(cfg, precision, torch.device("cpu"))
+        model = skeleton if skeleton is not None else loading.build(cfg, precision, torch.device("cpu"),
+                                                                    checkpointing=checkpointing)
         # Shards are cut from each rank's own copy: the weights it initialized itself (the
         # adapter; everything when loaded whole) must agree before sharding. Weights read
         # from the files after sharding are the files'.
         initialized = [p for n, p in loading.trainable(model) if skeleton is None or n in trained]
         check_consistent(self.d, initialized, "initial trained weights before sharding")
-        model = _shard(model, _mesh(self.d, cfg.distributed.hsdp), precision.dtype)
+        # The loss's check of the LM head runs a forward: on a skeleton only once its weights are in.
+        loss = _shard(TokenLoss(model, check=skeleton is None), _mesh(self.d, cfg.distributed.hsdp), precision.dtype)
         if skeleton is not None:
-            sharded_load.load_shards(model, cfg.model.path, skip=trained)
-        return model
+            sharded_load.load_shards(loss.lm, cfg.model.path, skip=trained)
+            loss.check_head()  # through the sharded root: every rank takes part
+        return loss
 
     def agree(self, flag: bool) -> bool:
         return any_rank(self.d, flag)

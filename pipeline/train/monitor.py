@@ -178,6 +178,9 @@ class Monitor:
         record = {"step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
                   "tokens_per_s": result.tokens / seconds, "step_time_s": seconds, "skipped": not result.finite,
                   "skipped_total": state.skipped_updates, "mem_mb": _memory_mb(self.device), "epoch": epoch}
+        if result.loss_scale is not None:  # fp16: the GradScaler's scale, and its calibration skips
+            record.update(loss_scale=result.loss_scale, scaler_skip=result.scaler_skip,
+                          scaler_skips_total=state.scaler_skips)
         if step % self.log_every == 0 or step == self.end:
             self.metrics.write(record)
         self.progress.update(step, loss)

@@ -20,16 +20,19 @@ when an attempt fails.
 
 Reading order: `train_stage` sets up the process group; `run` builds the parts
 in a fixed order (the model and adapter draw from the seeded RNG), restores
-them, and runs the update loop. The parts: `strategy` (how the model is spread
-over ranks), `Checkpointer` (start point, saves, output), `Updater` (one
-optimizer update), `Evaluator` (in-stage evals, best weights), `Monitor`
-(metrics, alerts, progress).
+them, and runs the update loop. The parts: `TokenLoss` (the model as the loop
+calls it: a batch in, the summed loss out), `strategy` (how it is spread over
+ranks), `Checkpointer` (start point, saves, output), `Updater` (one optimizer
+update), `Evaluator` (in-stage evals, best weights), `Monitor` (metrics,
+alerts, progress). Activation checkpointing is decided before the model is
+built, from the memory estimate (`pipeline.model.memory`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 import time
@@ -45,7 +48,7 @@ from pipeline.checkpoint.checkpointer import Checkpointer, TrainingParts, finger
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
 from pipeline.errors import UserError
-from pipeline.model import loading, precision as prec
+from pipeline.model import loading, memory, precision as prec
 from pipeline.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.batches import TrainBatches
 from pipeline.train.ema import EMA
@@ -60,6 +63,8 @@ log = logging.getLogger("pipeline.train")
 
 def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
+    if cfg.deterministic:
+        _deterministic()
     d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
     try:
         return run(args, cfg, d)
@@ -82,19 +87,25 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         if not ok:
             raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
     micro, accum = train_config.batch_split(cfg, d.world_size)
-    precision = prec.choose(cfg.precision.mode, d.device)
+    precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
+    train_cache = TokenCache(cfg.data.train_cache)
+    checkpointing, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
+                                                precision=precision.name, length=int(train_cache.lengths.max()))
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
-    model = strategy.build_model(cfg, precision)
-    raw_model = strategy.unwrap(model)
+    # The loop calls a TokenLoss (batch in, summed loss out): DDP wraps it, FSDP shards it (in
+    # place); its .lm is what the optimizer, the EMA and the checkpoints see, sharded or not.
+    model = strategy.build_model(cfg, precision, checkpointing=checkpointing)
+    loss_model = strategy.unwrap(model)  # without DDP's wrapper: what evaluation calls
+    raw_model = loss_model.lm
     named = loading.trainable(raw_model)
     ema = EMA(strategy.ema_view(named), cfg.ema.rates, cfg.ema.every)
     optimizer = torch.optim.AdamW(
         [p for _, p in named], lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-        weight_decay=cfg.optim.weight_decay, foreach=True,
+        weight_decay=cfg.optim.weight_decay, **_adamw_kernel(d.device),
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total, cfg.optim.warmup_fraction, cfg.optim.min_lr_ratio)
@@ -111,7 +122,10 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     source = resume or init
     distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
                           f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
-                          f"micro-batch {micro} x {accum}, precision {precision.name}")
+                          f"micro-batch {micro} x {accum}, precision {precision.name}, "
+                          f"activation checkpointing {'on' if checkpointing else 'off'}")
+    if estimate is not None:
+        distributed.print0(d, estimate.table())
     state, rng = LoopState(step=stage.start), None
     if source is not None:
         progress, rng = checkpointer.restore(source)
@@ -127,14 +141,14 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
 
     # --- data, evaluation, reporting ------------------------------------------------
     pad_id = loading.pad_token_id(cfg.model.path)
-    train = TrainBatches(TokenCache(cfg.data.train_cache), global_batch=cfg.optim.global_batch,
-                         micro_batch=micro, seed=cfg.seed, pad_id=pad_id,
-                         rank=d.rank, world=d.world_size)
+    train = TrainBatches(train_cache, global_batch=cfg.optim.global_batch, micro_batch=micro,
+                         seed=cfg.seed, pad_id=pad_id, rank=d.rank, world=d.world_size,
+                         group_by_length=cfg.data.group_by_length, packed=loading.packing(cfg))
     val = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     preemption = distributed.Preemption(d)
-    evaluator = Evaluator(cfg.eval, val, parts, strategy, precision, pad_id=pad_id, monitor=monitor,
+    evaluator = Evaluator(cfg.eval, val, loss_model, parts, strategy, precision, pad_id=pad_id, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
@@ -177,6 +191,21 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _deterministic() -> None:
+    # GPU kernels that accumulate with atomics (scatter-adds in backward passes) sum in
+    # whatever order the threads finish: two processes then differ in the last bits, and
+    # a resumed run drifts from the uninterrupted one. cuBLAS reads its workspace setting
+    # when its handle is created, before the first matmul.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def _adamw_kernel(device: torch.device) -> dict:
+    # One fused kernel for the whole update on a GPU; on a CPU the foreach
+    # implementation, which the CPU figures and tests were made with.
+    return {"fused": True} if device.type == "cuda" else {"foreach": True}
 
 
 def _seed_all(seed: int) -> None:

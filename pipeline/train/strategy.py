@@ -4,9 +4,11 @@ DDP) here, sharded (FSDP2) in `pipeline.train.fsdp`.
 The stage loop holds a strategy and never asks which one it is. What differs
 between them is all in the two classes:
 
-    build_model(cfg, precision)      base + adapter, loaded, on the device, wrapped: what the loop calls
-                                     (DDP wrapper / fully_shard of a skeleton read shard by shard / nothing)
-    unwrap(model)                    the model the optimizer, EMA and checkpoints see
+    build_model(cfg, precision, ..)  base + adapter in a `pipeline.model.loss.TokenLoss`, loaded, on the
+                                     device, wrapped: what the loop calls (DDP wrapper / fully_shard of a
+                                     skeleton read shard by shard / nothing)
+    unwrap(model)                    the same without a DDP wrapper: what evaluation calls (its `.lm` is
+                                     what the optimizer, EMA and checkpoints see)
     ema_view(named)                  the tensors the EMA averages (this rank's shards under FSDP)
     micro_batch(model, last)         context for one micro-batch's backward: gradients are
                                      synchronized on the update's last micro-batch only
@@ -30,6 +32,7 @@ import torch
 from pipeline.checkpoint.state import TrainedState, load_optimizer_state, optimizer_state
 from pipeline.errors import UserError
 from pipeline.model import loading
+from pipeline.model.loss import TokenLoss
 from pipeline.distributed import Dist, any_rank, check_consistent
 
 log = logging.getLogger(__name__)
@@ -64,8 +67,8 @@ class Replicated:
         self.d = d
         self.consistency = "weight checksums" if d.enabled else "single process"
 
-    def build_model(self, cfg, precision):
-        model = loading.build(cfg, precision, self.d.device)
+    def build_model(self, cfg, precision, *, checkpointing: bool = False):
+        model = TokenLoss(loading.build(cfg, precision, self.d.device, checkpointing=checkpointing))
         if not self.d.enabled:
             return model
         return torch.nn.parallel.DistributedDataParallel(

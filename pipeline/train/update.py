@@ -4,6 +4,21 @@ An update is global update `state.step` of the run: every rank runs its
 micro-batches of that update's global batch (`TrainBatches`), gradients are
 synchronized on the last one, the clipped update is applied to the weights and
 every EMA shadow, or skipped as a whole when the gradient is not finite.
+
+Nothing in the micro-batch loop waits for the device: token counts come from
+the cache, batches are copied from pinned memory without blocking, and the
+loss stays on the device. The update's one collective carries every rank's
+loss and whether any rank saw a non-finite gradient, and its one host sync
+reads that back, so all ranks take the same decision.
+
+Two kinds of skipped update (under fp16 the GradScaler multiplies the loss by
+a large scale that it halves after every overflow):
+  scaler calibration  a finite loss whose scaled gradient overflowed while the
+                      scale was still above 1: the scale was too large, the
+                      halving fixes it. Logged and counted apart.
+  non-finite          anything else (a NaN loss, an overflow at scale <= 1, any
+                      non-finite gradient without a scaler): counted toward
+                      `precision.max_consecutive_nonfinite`.
 """
 
 from __future__ import annotations
@@ -15,7 +30,6 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pipeline.distributed import all_reduce_sum, plain
-from pipeline.model.loss import token_loss_sum
 from pipeline.train.gradcheck import check_gradients_flow
 
 log = logging.getLogger("pipeline.train")
@@ -33,8 +47,9 @@ class LoopState:
 
     step: int  # updates done in the run (the next update's global index)
     tokens_seen: int = 0
-    skipped_updates: int = 0
-    consecutive_nonfinite: int = 0
+    skipped_updates: int = 0  # every skipped update, scaler calibration included
+    consecutive_nonfinite: int = 0  # non-finite updates in a row (calibration skips neither count nor reset)
+    scaler_skips: int = 0  # of skipped_updates: GradScaler calibration
     best: dict = field(default_factory=dict)
     eval_pending: list | None = None
 
@@ -51,13 +66,17 @@ class UpdateResult:
     loss: float  # mean loss per supervised token of the whole global batch (all ranks)
     grad_norm: float  # total norm before clipping
     lr: float
-    tokens: int  # tokens of the global batch, prompts and padding included
+    tokens: int  # tokens of the global batch, prompts included, padding not
     finite: bool  # False: the update was skipped
+    scaler_skip: bool = False  # skipped as GradScaler calibration (see the module docstring)
+    loss_scale: float | None = None  # the GradScaler's scale this update ran with (fp16 only)
 
 
 class Updater:
     """Runs updates; `update(state)` does update number `state.step` and advances `state`.
 
+    `model` is what the loop calls (a `pipeline.model.loss.TokenLoss`, maybe
+    DDP-wrapped or FSDP-sharded): a batch in, the summed loss out.
     `restored_from`: the checkpoint the stage resumed from, if any; the first
     update after it checks that gradients still reach the trained weights.
     """
@@ -75,55 +94,90 @@ class Updater:
         step, d, scaler = state.step, self.d, self.parts.scaler
         self.hooks.update_start(step)
         batches = self.data.micro_batches(step)
+        # Normalize by the supervised tokens of the whole global batch (not the
+        # micro-batch): the gradient is then independent of how the batch is
+        # split over micro-batches and ranks. DDP (and FSDP's reduce-scatter)
+        # averages over ranks, hence the world_size factor.
         n_sup = self.data.supervised(step)  # whole global batch: the same on every rank
+        weight = d.world_size / max(n_sup, 1)
+        scale = scaler.get_scale() if scaler.is_enabled() else None
         loss_sum = torch.zeros((), device=d.device)
-        tokens = 0
         for i, batch in enumerate(batches):
-            batch = {k: v.to(d.device) for k, v in batch.items()}
-            tokens += int(batch["attention_mask"].sum())
+            batch = batch.to(d.device)
             with self.strategy.micro_batch(self.model, last=i == len(batches) - 1):
                 with self.precision.autocast():
-                    logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                mb_loss = token_loss_sum(logits, batch["labels"])
-                # Normalize by the supervised tokens of the whole global batch (not
-                # the micro-batch): the gradient is then independent of how the
-                # batch is split over micro-batches and ranks. DDP (and FSDP's
-                # reduce-scatter) averages over ranks, hence the world_size factor.
-                scaler.scale(mb_loss * (d.world_size / max(n_sup, 1))).backward()
+                    mb_loss = self.model(batch)
+                scaler.scale(mb_loss * weight).backward()
             loss_sum += mb_loss.detach()
         self.hooks.gradients_ready(step, self.params)
-        finite, grad_norm = self._apply(step)
+        grad_norm, loss = self._apply(step, loss_sum, scale)
         lr = self.parts.scheduler.get_last_lr()[0]
         self.parts.scheduler.step()
-        all_reduce_sum(d, loss_sum)
-        self._advance(state, finite, tokens * d.world_size, grad_norm)
-        return UpdateResult(loss=float(loss_sum) / max(n_sup, 1), grad_norm=grad_norm, lr=lr,
-                            tokens=tokens * d.world_size, finite=finite)
+        result = UpdateResult(loss=loss / max(n_sup, 1), grad_norm=grad_norm, lr=lr,
+                              tokens=self.data.tokens(step), finite=math.isfinite(grad_norm),
+                              scaler_skip=_calibration(grad_norm, loss, scale), loss_scale=scale)
+        self._advance(state, result)
+        return result
 
-    def _apply(self, step: int) -> tuple[bool, float]:
-        """Unscale, clip and step the optimizer and EMA, unless the gradient is not finite."""
+    def _apply(self, step: int, loss_sum: torch.Tensor, scale: float | None) -> tuple[float, float]:
+        """Unscale, clip and step the optimizer and EMA, unless the gradient is not finite.
+
+        Returns (grad norm, summed loss of all ranks); a non-finite grad norm
+        means the update was skipped, on every rank.
+        """
         optimizer, scaler = self.parts.optimizer, self.parts.scaler
         scaler.unscale_(optimizer)
         # Under FSDP the grads are DTensor shards and the norm is the full, cross-shard one.
-        grad_norm = plain(torch.nn.utils.clip_grad_norm_(self.params, self.max_norm))
+        norm = plain(torch.nn.utils.clip_grad_norm_(self.params, self.max_norm))
+        # The update's one collective and one host sync: every rank's loss, and whether any
+        # rank's gradient is not finite (a rank's own verdict could differ from another's).
+        stats = all_reduce_sum(self.d, torch.stack([loss_sum.float(), (~torch.isfinite(norm)).float()]))
+        loss, bad, grad_norm = torch.cat([stats, norm.detach().float().reshape(1)]).tolist()
+        if bad:
+            grad_norm = math.nan if math.isfinite(grad_norm) else grad_norm
         if self.unchecked_restore is not None:  # first update after a restore: do gradients reach the weights?
-            check_gradients_flow(self.parts.named, float(grad_norm), str(self.unchecked_restore), log_it=self.d.is_main)
+            check_gradients_flow(self.parts.named, grad_norm, str(self.unchecked_restore), log_it=self.d.is_main)
             self.unchecked_restore = None
-        finite = bool(torch.isfinite(grad_norm))
-        if finite:
+        if not bad:
             scaler.step(optimizer)
             self.parts.ema.update(step)
-        scaler.update()
+            scaler.update()
+        elif scale is not None:
+            _back_off(scaler, scale)
         optimizer.zero_grad(set_to_none=True)
-        return finite, float(grad_norm)
+        return grad_norm, loss
 
-    def _advance(self, state: LoopState, finite: bool, tokens: int, grad_norm: float) -> None:
-        state.tokens_seen += tokens
-        if finite:
+    def _advance(self, state: LoopState, result: UpdateResult) -> None:
+        state.tokens_seen += result.tokens
+        if result.finite:
             state.consecutive_nonfinite = 0
+        elif result.scaler_skip:
+            state.skipped_updates += 1
+            state.scaler_skips += 1
+            log.info("[%s] update %d skipped: fp16 gradient overflow at loss scale %g (GradScaler calibration, "
+                     "not counted toward precision.max_consecutive_nonfinite); %d such in total",
+                     self.stage, state.step, result.loss_scale, state.scaler_skips)
         else:
             state.skipped_updates += 1
             state.consecutive_nonfinite += 1
             log.warning("[%s] update %d skipped: non-finite gradient (norm %s); %d in a row, %d in total",
-                        self.stage, state.step, grad_norm, state.consecutive_nonfinite, state.skipped_updates)
+                        self.stage, state.step, result.grad_norm, state.consecutive_nonfinite,
+                        state.skipped_updates)
         state.step += 1
+
+
+def _calibration(grad_norm: float, loss: float, scale: float | None) -> bool:
+    """A skip the GradScaler's scale caused and its halving cures (see the module docstring)."""
+    return scale is not None and not math.isfinite(grad_norm) and math.isfinite(loss) and scale > 1.0
+
+
+def _back_off(scaler: torch.amp.GradScaler, scale: float) -> None:
+    """What `scaler.update()` does after an overflow, decided for all ranks alike.
+
+    `update()` would read each rank's own found-inf flags, which under FSDP
+    (each rank checks only its shards) can differ between ranks and leave them
+    with different scales. This is the same arithmetic: scale x backoff factor,
+    growth tracker back to 0.
+    """
+    scaler.update(new_scale=scale * scaler.get_backoff_factor())  # also ends this update's bookkeeping
+    scaler.load_state_dict({**scaler.state_dict(), "_growth_tracker": 0})

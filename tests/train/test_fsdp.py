@@ -251,3 +251,25 @@ def test_hsdp_over_two_nodes_of_two_ranks_chunked_equals_one_run(tiny, tmp_path)
     assert_bitwise_equal(got, dcp_contents(_final(one)))
     files = json.loads((_final(one) / layout.MANIFEST_FILE).read_text())["files"]
     assert {f"dcp/__{r}_0.distcp" for r in range(4)} <= set(files)  # every rank wrote (and hashed) its part
+
+
+def test_fsdp_with_activation_checkpointing_and_fp16_equals_the_reference(tiny, tmp_path, lora_reference):
+    # Per-layer checkpointing under fully_shard: the recompute runs inside the layer's FSDP
+    # unit (its weights gathered again for the backward) and changes no bit.
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, single_stage=True,
+                   overrides=[*FSDP, "model.activation_checkpointing=on"])
+    run.train("all", nproc=2)
+    assert_bitwise_equal(dcp_contents(_final(run)), dcp_contents(_final(lora_reference)))
+    # fp16 with a GradScaler whose first scale overflows, sharded (each rank unscales and
+    # checks only its own shards): the same calibration skips and scales as under DDP.
+    fp16 = ["precision.mode=fp16", "precision.init_scale=2.5e6"]
+    sharded = make_run(tmp_path / "fp16", tiny, total=TOTAL, fraction=0.25, single_stage=True,
+                       overrides=[*FSDP, *fp16])
+    sharded.train("all", nproc=2)
+    ddp = make_run(tmp_path / "fp16_ddp", tiny, total=TOTAL, fraction=0.25, single_stage=True,
+                   overrides=[*MICRO, *fp16])
+    ddp.train("all", nproc=2)
+    rows = {name: [json.loads(x) for x in (r.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]
+            for name, r in [("fsdp", sharded), ("ddp", ddp)]}
+    skips = {name: [(x["step"], x["skipped"], x["loss_scale"]) for x in v if "loss" in x] for name, v in rows.items()}
+    assert skips["fsdp"] == skips["ddp"] and skips["fsdp"][0][1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from trainkit import make_run
 
 from trainkit import make_run
 
@@ -39,7 +40,6 @@ def test_loss_spike_is_still_caught_during_a_save(tmp_path):
 
 def test_tensorboard_mirror_holds_each_update_once_after_a_resume(tiny, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from trainkit import make_run
 
     run = make_run(tmp_path, tiny, total=6, single_stage=True, overrides=["tensorboard=true", "checkpoint.save_every=2"])
     failed = run.train("all", faults={"fail_at_step": 5}, check=False)  # dies after update 5, resumes from 4

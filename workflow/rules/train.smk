@@ -26,11 +26,12 @@ rule plan:
         export_weights=config["export"]["weights"],
         export_ema_rate=config["export"]["ema_rate"],
         world=f"--world-size {WORLD_SIZE}" if WORLD_SIZE else "",
+        max_length=config["data"]["max_length"],  # the memory estimate's longest sequence
     shell:
         launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
         "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
         "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
-        "{params.world} --out-plan {output.plan} --out-config {output.config}"
+        "{params.world} --max-length {params.max_length} --out-plan {output.plan} --out-config {output.config}"
 
 
 rule train_stage:

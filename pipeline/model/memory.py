@@ -1,0 +1,310 @@
+"""How much GPU memory a training run needs, from the model's config.json alone.
+
+`plan` uses it to refuse, before any GPU work, a run that cannot fit its GPUs
+(naming the knobs that would make it fit); a stage uses it to decide
+`model.activation_checkpointing=auto`. Nothing is loaded or allocated: the
+estimate works from the shapes in config.json (`Shapes`), so an 8B model can
+be checked on a laptop.
+
+Per GPU, in bytes:
+
+  weights         every base parameter in the weights dtype (LoRA: `model.dtype`,
+                  auto = the autocast dtype; full fine-tuning: fp32)
+  LoRA weights    r x (in + out) per targeted projection, fp32
+  gradients       one fp32 value per trained parameter
+  optimizer       AdamW: two fp32 moments per trained parameter
+  EMA shadows     one fp32 copy of the trained parameters per rate
+  activations     what autograd keeps for the backward, per token of the
+                  largest micro-batch (micro-batch x the longest sequence):
+                  per decoder layer, without checkpointing,
+                    norms       2 x (4H + aH)   fp32 copy of the input + output
+                    attention   a(3q + 2kv) + 4 heads   q,k,v after RoPE, output,
+                                o_proj input, logsumexp (SDPA/flash; eager adds
+                                (4 + a) x heads x T for its probabilities)
+                    MLP         4aI             gate, up, act(gate), product
+                    LoRA        (a + 1) x in    per target when lora.dropout > 0
+                                                (the dropped input and its mask)
+                  (a = bytes of the compute dtype, H hidden, I intermediate,
+                  q / kv the query / key-value widths). With activation
+                  checkpointing each layer keeps only its input (L x rH, r =
+                  residual-stream bytes) plus one layer recomputed at a time
+                  (twice its activations: the recompute and its gradients).
+  loss            one chunk of logits (`pipeline.model.loss`): rows x vocab x
+                  (2a + 12) bytes
+  FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
+                  the unsharded root (embeddings, head) and two layers in flight
+  runtime         1 GiB: CUDA context, cuBLAS workspaces, allocator slack
+
+It is an estimate of the steady state, not a measurement: it ignores the
+evaluation forward (smaller than a training step) and fragmentation beyond the
+runtime allowance. Checked against a measured peak: `bench/bench_gpu.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipeline.config import ALL_LINEAR, TrainConfig
+from pipeline.model.loss import chunk_tokens
+
+log = logging.getLogger(__name__)
+
+GiB = 2**30
+RUNTIME_BYTES = 1 * GiB
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The sizes of a decoder-only transformer that memory depends on."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_config(cls, config: dict) -> Shapes:
+        """From a Hugging Face config dict (a vision-language model's `text_config`)."""
+        c = config.get("text_config") or config
+        hidden, heads = c["hidden_size"], c["num_attention_heads"]
+        return cls(hidden=hidden, layers=c["num_hidden_layers"], heads=heads,
+                   kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or hidden // heads,
+                   intermediate=c["intermediate_size"], vocab=c["vocab_size"],
+                   tied=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))))
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each Llama-style projection of a layer (the LoRA targets)."""
+        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    @property
+    def layer_params(self) -> int:
+        return sum(a * b for a, b in self.projections().values()) + 2 * self.hidden
+
+    @property
+    def root_params(self) -> int:
+        """Outside the decoder layers: embeddings, final norm, an untied head."""
+        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.root_params
+
+
+def read_shapes(model_path: str, trust_remote_code: bool = False) -> Shapes | None:
+    """The shapes from the model's config.json (a local dir or a hub id); None when unavailable."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
+        return Shapes.from_config(config)
+    except (OSError, ValueError, KeyError) as err:
+        where = str(err).splitlines()[0] if Path(model_path).is_dir() else "not a model dir (yet), nor a hub id in reach"
+        log.warning("no memory estimate: cannot read the config of %s (%s)", model_path, where)
+        return None
+
+
+@dataclass(frozen=True)
+class Run:
+    """What of the run the estimate depends on besides the model's shapes."""
+
+    micro_batch: int
+    length: int  # tokens of the longest sequence
+    world: int  # GPUs (processes)
+    sharded: bool  # FSDP
+    checkpointing: bool
+    precision: str  # fp32 | bf16 | fp16 (the compute dtype)
+
+    def describe(self) -> str:
+        return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
+                f"{' FSDP' if self.sharded else ''}, micro-batch {self.micro_batch} x {self.length} tokens, "
+                f"activation checkpointing {'on' if self.checkpointing else 'off'}")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    run: Run
+    parts: dict[str, int]  # what -> bytes per GPU
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    def table(self) -> str:
+        rows = [f"  {name:<34} {_size(b)}" for name, b in [*self.parts.items(), ("total", self.total)]]
+        return "\n".join([f"memory per GPU ({self.run.describe()}):", *rows])
+
+
+def _size(b: int) -> str:
+    return f"{b / GiB:9.2f} GiB" if b >= GiB // 100 else f"{b / 2**20:9.2f} MiB"
+
+
+def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
+    """Bytes per GPU of training `shapes` under `cfg` and `run` (see the module docstring)."""
+    a = _DTYPE_BYTES[run.precision]
+    lora = cfg.lora.enabled
+    weight_name = _weights_dtype(cfg, run.precision)
+    w = _DTYPE_BYTES[weight_name]
+    trained = _lora_params(cfg, shapes) if lora else shapes.params
+    shard = run.world if run.sharded else 1
+    parts = {f"weights ({weight_name})": shapes.params * w // shard}
+    if lora:
+        parts["LoRA weights (fp32)"] = trained * 4 // shard
+    parts["gradients (fp32)"] = trained * 4 // shard
+    parts["optimizer (AdamW, fp32)"] = trained * 8 // shard
+    if cfg.ema.rates:
+        parts[f"EMA shadows ({len(cfg.ema.rates)} rates, fp32)"] = trained * 4 * len(cfg.ema.rates) // shard
+    if run.sharded:
+        parts["FSDP unsharded root + 2 layers"] = (shapes.root_params + 2 * shapes.layer_params) * w
+    tokens = run.micro_batch * run.length
+    parts["activations"] = tokens * _activation_bytes_per_token(cfg, shapes, run, a, residual=w)
+    parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
+    parts["runtime (CUDA context, workspaces)"] = RUNTIME_BYTES
+    return Estimate(run, parts)
+
+
+def _weights_dtype(cfg: TrainConfig, precision: str) -> str:
+    if not cfg.lora.enabled:
+        return "fp32"
+    return precision if cfg.model.dtype == "auto" else cfg.model.dtype
+
+
+def _targets(cfg: TrainConfig, shapes: Shapes) -> list[tuple[int, int]]:
+    """(in, out) of each targeted projection of a layer; `[all-linear]` targets every one."""
+    proj = shapes.projections()
+    names = list(proj) if list(cfg.lora.target_modules) == [ALL_LINEAR] else cfg.lora.target_modules
+    return [proj[t] for t in names if t in proj]
+
+
+def _lora_params(cfg: TrainConfig, shapes: Shapes) -> int:
+    return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg, shapes))
+
+
+def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: int, residual: int) -> int:
+    h, i = shapes.hidden, shapes.intermediate
+    q, kv = shapes.heads * shapes.head_dim, shapes.kv_heads * shapes.head_dim
+    layer = 2 * (4 * h + a * h) + a * (3 * q + 2 * kv) + 4 * shapes.heads + 4 * a * i
+    if cfg.model.attn_implementation == "eager":
+        layer += (4 + a) * shapes.heads * run.length
+    if cfg.lora.enabled:
+        targets = _targets(cfg, shapes)
+        layer += sum(cfg.lora.r * a for _ in targets)
+        if cfg.lora.dropout > 0:
+            layer += sum((a + 1) * fan_in for fan_in, _ in targets)
+    outside = (3 * residual + 4 + a) * h  # embeddings out, final norm, the residual's gradient
+    if run.checkpointing:
+        return shapes.layers * residual * h + 2 * layer + outside
+    return shapes.layers * layer + outside
+
+
+def gpu_precision(mode: str) -> str:
+    """The compute dtype `precision.mode` means on a GPU (auto: bf16, as on any recent one)."""
+    return "bf16" if mode == "auto" else mode
+
+
+def checkpointing_needed(cfg: TrainConfig, shapes: Shapes | None, run: Run, budget: int | None) -> bool:
+    """`model.activation_checkpointing` for this run: auto = on when the estimate without it exceeds
+    `budget` and checkpointing lowers it (with very few layers it does not)."""
+    switch = cfg.model.activation_checkpointing
+    if switch != "auto":
+        return switch == "on"
+    if budget is None or shapes is None:
+        return False
+    off = estimate(cfg, shapes, replace(run, checkpointing=False)).total
+    return off > budget and estimate(cfg, shapes, replace(run, checkpointing=True)).total < off
+
+
+def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
+    """What would make a run that does not fit `budget` fit, each with its estimate."""
+    lines = []
+
+    def option(text: str, changed: Run) -> None:
+        total = estimate(cfg, shapes, changed).total
+        lines.append(f"  {text}: {total / GiB:.1f} GiB ({'fits' if total <= budget else 'does not fit'})")
+
+    if not run.checkpointing:
+        option("model.activation_checkpointing=on (or auto)", replace(run, checkpointing=True))
+    per_update = cfg.optim.global_batch // run.world
+    for ckpt in sorted({run.checkpointing, True}):
+        smaller = [m for m in range(run.micro_batch - 1, 0, -1) if per_update % m == 0]
+        fitting = [m for m in smaller if estimate(cfg, shapes, replace(run, micro_batch=m, checkpointing=ckpt)).total
+                   <= budget]
+        if smaller:
+            m = fitting[0] if fitting else smaller[-1]
+            extra = " with activation checkpointing" if ckpt and not run.checkpointing else ""
+            option(f"optim.micro_batch={m}{extra} (accumulation keeps optim.global_batch)",
+                   replace(run, micro_batch=m, checkpointing=ckpt))
+    if not run.sharded and run.world > 1:
+        option(f"distributed=fsdp over the {run.world} GPUs", replace(run, sharded=True))
+        if not run.checkpointing:
+            option(f"distributed=fsdp over the {run.world} GPUs with activation checkpointing",
+                   replace(run, sharded=True, checkpointing=True))
+    elif not run.sharded:
+        one = estimate(cfg, shapes, replace(run, checkpointing=True, micro_batch=1))
+        lines.append(f"  distributed=fsdp with more GPUs (train.nproc): weights, gradients, optimizer and EMA are "
+                     f"divided among them ({sum(v for k, v in one.parts.items() if _sharded_part(k)) / GiB:.1f} GiB "
+                     "on one GPU)")
+    return lines
+
+
+def _sharded_part(name: str) -> bool:
+    return name.split(" ")[0] in ("weights", "LoRA", "gradients", "optimizer", "EMA")
+
+
+def does_not_fit(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int, where: str) -> str | None:
+    """None when the run fits `budget`; else the message that says by how much and what to turn."""
+    est = estimate(cfg, shapes, run)
+    if est.total <= budget:
+        return None
+    return (f"the run does not fit: {est.total / GiB:.1f} GiB per GPU estimated, {budget / GiB:.1f} GiB {where}.\n"
+            f"{est.table()}\nKnobs (train.overrides), each alone:\n" + "\n".join(knobs(cfg, shapes, run, budget)))
+
+
+def gpus_found() -> tuple[int, int | None]:
+    """(count, smallest memory in bytes) of the CUDA GPUs this process sees; (0, None) without any."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, None
+    n = torch.cuda.device_count()
+    return n, min(torch.cuda.get_device_properties(i).total_memory for i in range(n))
+
+
+def longest_record(cache_path: str | None) -> int | None:
+    """Tokens of the longest record of a token cache, if it exists yet."""
+    if not cache_path or not Path(cache_path).is_file():
+        return None
+    from pipeline.data.cache import TokenCache
+
+    lengths = TokenCache(cache_path).lengths
+    return int(lengths.max()) if lengths.size else None
+
+
+def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision: str,
+              length: int) -> tuple[bool, Estimate | None]:
+    """(activation checkpointing on?, the estimate it was decided on) for a training stage on `device`.
+
+    The budget is `model.gpu_memory_gb`, else the GPU's own memory; a CPU has
+    none, so there `auto` means off.
+    """
+    import torch
+
+    budget = None
+    if cfg.model.gpu_memory_gb is not None:
+        budget = int(cfg.model.gpu_memory_gb * GiB)
+    elif device.type == "cuda":
+        budget = torch.cuda.get_device_properties(device).total_memory
+    needs_shapes = budget is not None or cfg.model.activation_checkpointing != "auto"
+    shapes = read_shapes(cfg.model.path, cfg.model.trust_remote_code) if needs_shapes else None
+    run = Run(micro_batch=cfg.optim.micro_batch, length=length, world=world, sharded=sharded, checkpointing=False,
+              precision=precision)
+    on = checkpointing_needed(cfg, shapes, run, budget)
+    return on, (estimate(cfg, shapes, replace(run, checkpointing=on)) if shapes is not None else None)

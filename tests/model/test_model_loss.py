@@ -1,0 +1,129 @@
+"""The chunked loss equals the full-vocabulary loss it replaced, gradients included; packing and
+activation checkpointing change nothing the model computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline import config as train_config
+from pipeline.data.cache import TokenCache
+from pipeline.model import loading
+from pipeline.model.loss import TokenLoss, collate, token_loss_sum
+from pipeline.model.precision import choose
+
+CONF = "config/train"
+
+
+def _cfg(tiny, *overrides):
+    from trainkit import REPO
+
+    return train_config.resolve(REPO / CONF, "config", [f"model.path={tiny['model']}",
+                                                       f"data.train_cache={tiny['train']}", *overrides])
+
+
+def _model(tiny, *overrides, checkpointing=False):
+    cfg = _cfg(tiny, *overrides)
+    torch.manual_seed(0)
+    model = loading.build(cfg, choose("fp32", torch.device("cpu")), torch.device("cpu"), checkpointing=checkpointing)
+    with torch.no_grad():  # a trained-looking adapter: lora_B is zero at init, which would hide its gradient path
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    return model
+
+
+def _old_loss(model, cache, indices, pad_id):
+    """The loss as the trainer computed it before: full logits, fp32 cross-entropy over every position."""
+    items = [cache[i] for i in indices]
+    width = max(len(ids) for ids, _ in items)
+    ids = torch.full((len(items), width), pad_id)
+    labels = torch.full((len(items), width), -100)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for r, (i, lab) in enumerate(items):
+        ids[r, :len(i)], labels[r, :len(lab)], mask[r, :len(i)] = i, lab, 1
+    return token_loss_sum(model(input_ids=ids, attention_mask=mask).logits, labels)
+
+
+def _grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_close(a: dict, b: dict, rel: float = 1e-6):
+    assert a.keys() == b.keys() and a
+    for k in a:
+        scale = max(float(a[k].abs().max()), 1e-12)
+        assert float((a[k] - b[k]).abs().max()) <= rel * scale, k
+
+
+@pytest.mark.parametrize("lora", ["default", "full"])
+def test_chunked_loss_and_gradients_equal_the_full_vocabulary_loss(tiny, lora):
+    model = _model(tiny, f"lora={lora}")
+    model.eval()  # no dropout: both forwards must see the same network
+    cache, pad = TokenCache(tiny["train"]), loading.pad_token_id(tiny["model"])
+    idx = [0, 5, 17, 33, 2, 60]  # different lengths: padding in the batch
+    old = _old_loss(model, cache, idx, pad)
+    old_grads = _grads(model, old)
+    batch = collate(cache, idx, pad)
+    assert "attention_mask" in batch.inputs
+    new = TokenLoss(model, chunk=7)(batch)  # several chunks, the last one partial
+    assert batch.supervised > 7 and batch.supervised % 7
+    assert abs(new.item() - old.item()) <= 1e-6 * abs(float(old))
+    _assert_close(_grads(model, new), old_grads)
+
+
+def test_packed_batch_equals_the_padded_batch(tiny):
+    # SDPA keeps packed sequences apart through a block-diagonal mask from the position ids:
+    # slow, but it checks the packing arithmetic (positions, targets) on a CPU.
+    model = _model(tiny).eval()
+    cache, pad = TokenCache(tiny["train"]), loading.pad_token_id(tiny["model"])
+    idx = [3, 9, 40, 41]
+    loss = TokenLoss(model)
+    padded, packed = collate(cache, idx, pad), collate(cache, idx, pad, packed=True)
+    assert packed.inputs["input_ids"].shape[0] == 1 and "attention_mask" not in packed.inputs
+    assert torch.equal(padded.targets, packed.targets) and packed.tokens == padded.tokens
+    a, b = loss(padded), loss(packed)
+    assert abs(float(a) - float(b)) <= 1e-5 * abs(float(a))
+    _assert_close(_grads(model, a), _grads(model, b), rel=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_gradients(tiny):
+    cache, pad = TokenCache(tiny["train"]), loading.pad_token_id(tiny["model"])
+    batch = collate(cache, [1, 2, 3, 4], pad)
+    grads = {}
+    for on in (False, True):
+        model = _model(tiny, "lora.dropout=0.1", checkpointing=on).train()  # dropout on: the recompute must replay it
+        torch.manual_seed(123)
+        grads[on] = _grads(model, TokenLoss(model)(batch))
+        assert all(getattr(m, "gradient_checkpointing", on) == on for m in loading.decoder_layers(model))
+    assert grads[False].keys() == grads[True].keys()
+    for k in grads[False]:
+        assert torch.equal(grads[False][k], grads[True][k]), k
+
+
+def test_a_batch_with_nothing_supervised_still_reaches_every_trained_weight(tiny):
+    model = _model(tiny)
+    cache, pad = TokenCache(tiny["train"]), loading.pad_token_id(tiny["model"])
+    batch = collate(cache, [0], pad)
+    empty = type(batch)(batch.inputs, batch.loss_index[:0], batch.targets[:0], batch.tokens)
+    loss = TokenLoss(model)(empty)
+    assert float(loss) == 0.0
+    grads = _grads(model, loss)  # DDP needs a gradient for every trained parameter, even a zero one
+    assert grads.keys() == {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_a_model_that_post_processes_its_logits_is_refused(tiny):
+    model = _model(tiny)
+    hf = model.get_base_model()
+    forward = hf.forward
+
+    def scaled(*args, **kwargs):  # as Cohere's logit_scale does after its head: the chunked loss would skip it
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 2.0
+        return out
+
+    hf.forward = scaled
+    with pytest.raises(ValueError, match="not the LM head applied to the last hidden states"):
+        TokenLoss(model)

@@ -1,0 +1,39 @@
+"""The settings that trade memory or speed change nothing a run computes: activation checkpointing and
+deterministic kernels not a bit; packing and length grouping only the order of sums."""
+
+from __future__ import annotations
+
+import pytest
+from trainkit import checkpoint_digests, make_run, step_losses
+
+from pipeline import layout
+
+
+def _run(tiny, root, overrides, total=4):
+    run = make_run(root, tiny, total=total, single_stage=True, overrides=overrides)
+    proc = run.train("all")
+    return run, proc
+
+
+def _final(run):
+    return checkpoint_digests(run.stage_dir("all") / layout.STAGE_CHECKPOINT)
+
+
+def test_activation_checkpointing_and_deterministic_kernels_change_no_bit(tiny, tmp_path):
+    # LoRA dropout is on (the default): the recompute must replay the same masks, and leave the RNG
+    # stream where it was, or every later update would differ.
+    plain, _ = _run(tiny, tmp_path / "plain", [])
+    ckpt, proc = _run(tiny, tmp_path / "ckpt", ["model.activation_checkpointing=on", "deterministic=true"])
+    assert "activation checkpointing on" in proc.stdout
+    assert _final(ckpt) == _final(plain)
+    assert step_losses([ckpt.stage_dir("all")]) == step_losses([plain.stage_dir("all")])
+
+
+@pytest.mark.parametrize("setting", [["data.packing=on"], ["data.group_by_length=false"]])
+def test_packing_and_grouping_only_reorder_the_sums(tiny, tmp_path, setting):
+    base = ["lora.dropout=0.0"]  # dropout masks are drawn per micro-batch layout: compare without them
+    ref, _ = _run(tiny, tmp_path / "ref", base)
+    other, _ = _run(tiny, tmp_path / "other", [*base, *setting])
+    a, b = step_losses([ref.stage_dir("all")]), step_losses([other.stage_dir("all")])
+    assert [s for s, _ in a] == [s for s, _ in b]
+    assert [x for _, x in b] == pytest.approx([x for _, x in a], rel=1e-5)
