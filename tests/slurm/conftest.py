@@ -135,6 +135,33 @@ class SlurmCluster:
             text=True,
         )
 
+    def jobs_from(self, workdir: Path) -> list[str]:
+        """Jobs still queued, running or completing that were submitted from `workdir` or below it,
+        as 'id|state|rule'."""
+        out = subprocess.run(
+            ["squeue", "--noheader", "--format=%i|%T|%k|%Z"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        root = str(Path(workdir).resolve())
+        return [
+            line.rsplit("|", 1)[0]
+            for line in out.splitlines()
+            if line.rsplit("|", 1)[-1].strip() == root or line.rsplit("|", 1)[-1].strip().startswith(root + "/")
+        ]
+
+    def check_no_job_left(self, workdir: Path, grace_s: float = 30.0) -> None:
+        """Every job a finished snakemake submitted from `workdir` has left the queue. A job that
+        outlives it holds a node's CPUs and GPUs from the tests that follow: cancel it, then fail."""
+        deadline = time.monotonic() + grace_s
+        while (left := self.jobs_from(workdir)) and time.monotonic() < deadline:
+            time.sleep(1)
+        if left:
+            subprocess.run(["scancel", *(line.split("|", 1)[0] for line in left)], check=False)
+            pytest.fail(f"SLURM jobs outlived the snakemake run in {workdir} (cancelled now): {left}",
+                        pytrace=False)
+
     def squeue(self) -> str:
         """All jobs slurmctld still remembers (MinJobAge), as 'id|state|name'."""
         return subprocess.run(
@@ -198,3 +225,14 @@ def slurm_cluster():
             stop = _run_cluster_sh("stop", 180)
             if stop.returncode != 0:
                 print(f"cluster.sh stop failed:\n{stop.stdout}", file=sys.stderr)
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request):
+    """After each test that used the cluster, nothing it submitted from its tmp_path is still queued."""
+    if "slurm_cluster" not in request.fixturenames:
+        yield
+        return
+    cluster, tmp = request.getfixturevalue("slurm_cluster"), request.getfixturevalue("tmp_path")
+    yield
+    cluster.check_no_job_left(tmp)

@@ -80,6 +80,7 @@ def slurm_run(slurm_cluster, tmp_path_factory) -> tuple[Path, object]:
     workdir = _slurm_workdir(tmp_path_factory.mktemp("slurm-run"))
     run = slurm_cluster.snakemake(workdir, "--workflow-profile", "profiles/default", timeout=1500)
     print(f"default pipeline through SLURM: {run.seconds:.0f} s")
+    slurm_cluster.check_no_job_left(workdir)
     return workdir, run
 
 
@@ -102,12 +103,11 @@ def test_default_pipeline_through_slurm_equals_the_local_run(slurm_run, local_de
     assert json.loads((workdir / RUN / "export/verification.json").read_text())["passed"] is True
 
 
-def _running_job(slurm_cluster, comment: str) -> str | None:
-    out = subprocess.run(["squeue", "--noheader", "--states=RUNNING", "--format=%i|%k"],
-                         capture_output=True, text=True, check=True).stdout
-    for line in out.splitlines():
-        job_id, _, job_comment = line.partition("|")
-        if job_comment.strip() == comment:
+def _running_job(slurm_cluster, comment: str, workdir: Path) -> str | None:
+    """The running job of one rule (the plugin's comment) submitted from `workdir`, not another test's."""
+    for line in slurm_cluster.jobs_from(workdir):
+        job_id, state, job_comment = line.split("|")
+        if state == "RUNNING" and job_comment.strip() == comment:
             return job_id.strip()
     return None
 
@@ -140,7 +140,7 @@ def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_
     job_id, deadline = None, time.monotonic() + 900
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk02")
+            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk02", workdir)
             if job_id and _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl") >= signal_after:
                 subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
                 break
@@ -178,6 +178,7 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
         env={"SFT_FAULTS": json.dumps({"stage": "chunk02", "fail_at_step": fail_at})}, timeout=900,
     )
     assert failed.returncode != 0, failed.stdout[-4000:]
+    slurm_cluster.check_no_job_left(workdir)
     assert not (workdir / RUN / "stages/chunk02").exists()
     after_failure = _mtimes(workdir)
     for stage in ("pilot", "chunk01"):
