@@ -31,6 +31,12 @@ def openai(i: int, turns=CONVERSATION, **extra) -> dict:
     return {"id": f"r{i}", "messages": [{"role": r, "content": t} for r, t in turns], **extra}
 
 
+def pictured(i: int, *images: str, shape=None) -> dict:
+    """A record with one image placeholder per image, in its first user turn."""
+    turns = [("user", "<image>" * len(images) + "\nwhat is it?"), ("assistant", "a shape")]
+    return (shape or sharegpt)(i, turns, image=list(images) if len(images) != 1 else images[0])
+
+
 def write(path: Path, records: list, layout: str | None = None) -> Path:
     layout = layout or ("jsonl" if path.suffix == ".jsonl" else "json")
     if layout == "jsonl":
@@ -64,7 +70,7 @@ def test_role_aliases_and_system_field(tmp_path):
 def test_images_resolve_against_the_dataset_file(tmp_path):
     sub = tmp_path / "sets"
     sub.mkdir()
-    records = [sharegpt(0, image="img/a.png"), sharegpt(1, image=["b.png", "/abs/c.png"]), sharegpt(2)]
+    records = [pictured(0, "img/a.png"), pictured(1, "b.png", "/abs/c.png"), sharegpt(2)]
     parsed = load_records(write(sub / "d.jsonl", records))
     assert parsed[0].images == [str(sub / "img" / "a.png")]
     assert parsed[1].images == [str(sub / "b.png"), os.path.normpath("/abs/c.png")]
@@ -163,7 +169,7 @@ def test_only_one_object_per_line_gets_the_jsonl_hint(tmp_path, content, message
 
 def test_duplicates_are_exact_copies_of_messages_and_images(tmp_path):
     records = load_records(write(tmp_path / "d.jsonl", [
-        sharegpt(0), sharegpt(1, image="a.png"), sharegpt(2), sharegpt(3, image="a.png"), sharegpt(4, image="b.png"),
+        sharegpt(0), pictured(1, "a.png"), sharegpt(2), pictured(3, "a.png"), pictured(4, "b.png"),
         sharegpt(5),
     ]))
     # ids do not matter; images do

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -105,19 +104,27 @@ def test_unloadable_tokenizer_is_a_user_error(tmp_path):
         v.validate_dataset(train, tokenizer_dir=tmp_path, max_length=128, too_long="error")
 
 
-def test_image_check_without_pillow_uses_magic_numbers(tmp_path, monkeypatch):
-    good = str(GOOD / "images" / "red.png")
-    empty = str(HERE / "malformed" / "images" / "empty.png")
+def test_image_check_decodes_the_whole_file_and_bounds_its_size(tmp_path):
+    from PIL import Image
+
+    from pipeline.data.images import check_image
+
+    good = tmp_path / "ok.png"
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(good)
+    assert check_image(str(good)) is None
     text = tmp_path / "notes.png"
     text.write_text("not an image")
-    assert v.check_image(good) is None
-    assert v.check_image(str(text))[0] == "image_undecodable"
-    monkeypatch.setitem(sys.modules, "PIL", None)  # `from PIL import Image` now raises ImportError
-    assert v.check_image(good) is None
-    assert v.check_image(empty)[0] == "image_undecodable"
-    assert v.check_image(str(text))[0] == "image_undecodable"
-    assert v.check_image(str(tmp_path / "absent.png"))[0] == "image_missing"
-
+    assert check_image(str(text))[0] == "image_undecodable"
+    truncated = tmp_path / "cut.jpg"  # a valid header, half the data: only decoding it finds out
+    Image.effect_noise((64, 64), 50).convert("RGB").save(tmp_path / "full.jpg")
+    truncated.write_bytes((tmp_path / "full.jpg").read_bytes()[:600])
+    assert check_image(str(truncated))[0] == "image_undecodable"
+    assert check_image(str(tmp_path / "absent.png"))[0] == "image_missing"
+    for size, why in (((3, 32), "under 4 px"), ((4000, 16), "aspect ratio over 200")):
+        path = tmp_path / f"{size[0]}x{size[1]}.png"
+        Image.new("RGB", size).save(path)
+        reason, message = check_image(str(path))
+        assert reason == "image_size" and why in message and f"{size[0]}x{size[1]}" in message
 
 
 # --- the duplicates policy ------------------------------------------------------------------------
