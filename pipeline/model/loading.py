@@ -2,7 +2,10 @@
 
 The base model directory is only ever read. Under LoRA the trained weights are
 the PEFT adapter tensors (stored with PEFT's own key names, so a checkpoint's
-adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter.
+adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter
+that trains. A vision-language model (`AutoModelForImageTextToText`, detected
+from its config) trains its language model the same way and its other parts
+as the `vision` config group says (`pipeline.model.vision`).
 """
 
 from __future__ import annotations
@@ -12,17 +15,40 @@ import logging
 import torch
 
 from pipeline.config import TrainConfig
+from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
+from pipeline.model import vision
 from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
 
 
+def auto_class(config):
+    """The Auto class that loads a model with this config: image-text-to-text or causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if config_is_vision_language(config) else AutoModelForCausalLM
+
+
+def is_vision_language(model) -> bool:
+    """Is this (possibly PEFT-wrapped) model a vision-language model?"""
+    return config_is_vision_language(getattr(model, "config", None))
+
+
+def image_text(cfg: TrainConfig) -> ImageText | None:
+    """The processor's `ImageText` of a vision-language base (None for a text model)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(config) else None
+
+
 def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        model = auto_class(config).from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code
         )
     except OSError as err:
@@ -35,10 +61,18 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device):
 
 
 def attach_lora(model, cfg: TrainConfig):
-    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG."""
+    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG.
+
+    On a vision-language model the adapters go on the language model only (and
+    the tower with `vision.train_tower`); `vision.train_projector` trains the
+    projector in full as PEFT `modules_to_save`.
+    """
     from peft import LoraConfig, get_peft_model
 
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    parts = vision.find_parts(model) if is_vision_language(model) else None
+    scopes = None if parts is None else (parts.language,) + ((parts.tower,) if cfg.vision.train_tower else ())
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()
+               if scopes is None or name.startswith(tuple(f"{s}." for s in scopes))}
     missing = [t for t in cfg.lora.target_modules if t not in present]
     if len(missing) == len(cfg.lora.target_modules):
         raise UserError(
@@ -47,14 +81,19 @@ def attach_lora(model, cfg: TrainConfig):
         )
     if missing:
         log.warning("lora.target_modules not found in the model (ignored): %s", missing)
+    targets = [t for t in cfg.lora.target_modules if t in present]
+    extra = {}
+    if parts is not None:
+        extra["modules_to_save"] = [parts.projector] if cfg.vision.train_projector else None
     lora = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules=[t for t in cfg.lora.target_modules if t in present],
+        target_modules=targets if parts is None else vision.lora_targets(parts, targets, tower=cfg.vision.train_tower),
         use_rslora=cfg.lora.use_rslora,
         bias="none",
         task_type="CAUSAL_LM",
+        **extra,
     )
     return get_peft_model(model, lora)
 
@@ -71,8 +110,14 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device):
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if cfg.lora.enabled else torch.float32
     model = load_base(cfg, dtype, device)
+    if not is_vision_language(model) and (cfg.vision.train_projector or cfg.vision.train_tower):
+        raise UserError(f"vision.train_projector / vision.train_tower set, but {cfg.model.path} is a text-only model "
+                        "(no vision part in its config)")
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
+    elif is_vision_language(model):
+        vision.freeze_for_full_finetuning(model, vision.find_parts(model), train_projector=cfg.vision.train_projector,
+                                          train_tower=cfg.vision.train_tower)
     else:
         model.requires_grad_(True)
     return model

@@ -2,7 +2,9 @@
 
 Shared by training (`pipeline.train`) and evaluation (`pipeline.evaluate`), so
 both compute the loss the same way. Labels carry `IGNORE_INDEX` on every
-position that is not supervised (prompts, padding).
+position that is not supervised (prompts, image tokens, padding). A batch is a
+dict of tensors; everything in it but the labels goes to the model's forward
+(`model_inputs`), so a vision-language batch simply carries its pixels too.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import math
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX
+from pipeline.data.vision import ImageText
+
+LABELS = "labels"
 
 
 def collate(cache, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
@@ -25,7 +30,33 @@ def collate(cache, indices: list[int], pad_id: int) -> dict[str, torch.Tensor]:
         input_ids[row, :len(ids)] = ids
         labels[row, :len(lab)] = lab
         mask[row, :len(ids)] = 1
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+    return {"input_ids": input_ids, "attention_mask": mask, LABELS: labels}
+
+
+class Collator:
+    """Records of a token cache -> one batch: `collate`'s tensors, plus a vision-language model's
+    image inputs (pixels made here from the records' image files) and token-derived inputs.
+
+    Picklable (the cache pickles by path), so DataLoader workers can run it and
+    decode the images off the training loop.
+    """
+
+    def __init__(self, cache, pad_id: int, images: ImageText | None = None):
+        self.cache, self.pad_id, self.images = cache, pad_id, images
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        batch = collate(self.cache, indices, self.pad_id)
+        if self.images is not None:
+            batch.update(self.images.text_inputs(batch["input_ids"]))
+            paths = [p for i in indices for p in self.cache.images(i)]
+            if paths:  # images in the order of their tokens: record by record
+                batch.update(self.images.pixels(paths))
+        return batch
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the model's forward takes from a batch: all but the labels (the loss is ours)."""
+    return {k: v for k, v in batch.items() if k != LABELS}
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -41,9 +72,9 @@ def supervised_tokens(labels: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, autocast, max_batches: int | None = None,
+def validation_loss(model, collate: Collator, *, micro_batch: int, device, autocast, max_batches: int | None = None,
                     should_stop=None) -> dict | None:
-    """Token-weighted mean loss over the cache (or its first `max_batches` batches).
+    """Token-weighted mean loss over the collator's cache (or its first `max_batches` batches).
 
     Runs in eval mode (no dropout) and consumes no RNG, so evaluating inside a
     stage does not change what training computes afterwards. `should_stop()`
@@ -53,19 +84,19 @@ def validation_loss(model, cache, *, pad_id: int, micro_batch: int, device, auto
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
-    n = len(cache)
+    n = len(collate.cache)
     for b, start in enumerate(range(0, n, micro_batch)):
         if max_batches is not None and b >= max_batches:
             break
         if should_stop is not None and should_stop():
             model.train(was_training)
             return None
-        batch = collate(cache, list(range(start, min(n, start + micro_batch))), pad_id)
+        batch = collate(list(range(start, min(n, start + micro_batch))))
         batch = {k: v.to(device) for k, v in batch.items()}
         with autocast():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        total += float(token_loss_sum(logits, batch["labels"]))
-        tokens += int(supervised_tokens(batch["labels"]))
+            logits = model(**model_inputs(batch)).logits
+        total += float(token_loss_sum(logits, batch[LABELS]))
+        tokens += int(supervised_tokens(batch[LABELS]))
     model.train(was_training)
     loss = total / max(tokens, 1)
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}

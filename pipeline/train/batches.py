@@ -5,6 +5,11 @@ global position g is permutation(epoch = g // N)[g % N], each epoch with its own
 seeded permutation. A stage that starts at update s therefore reads exactly the
 samples a one-process run would read at s, and the sampler's whole state is the
 update index (saved in progress.json), with nothing to drift.
+
+Making a batch can be slow (a vision-language batch decodes its images into
+pixels): `TrainBatches.prefetch` then runs the batches of the coming updates in
+DataLoader worker processes, ahead of the loop. What a batch holds is still a
+pure function of its update index; the workers only change when it is made.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX
-from pipeline.model.loss import collate
+from pipeline.model.loss import Collator
 
 
 class RunSampler:
@@ -64,19 +69,52 @@ class TrainBatches:
     without communicating, and the loss is normalized by it.
     """
 
-    def __init__(self, cache, *, global_batch: int, micro_batch: int, seed: int, pad_id: int, rank: int, world: int):
-        self.cache, self.micro, self.pad_id = cache, micro_batch, pad_id
+    def __init__(self, collate: Collator, *, global_batch: int, micro_batch: int, seed: int, rank: int, world: int,
+                 workers: int = 0):
+        """`workers`: DataLoader processes for `prefetch` (0: every batch is made when asked for)."""
+        self.collate, self.micro, self.workers = collate, micro_batch, workers
         self.rank, self.world = rank, world
-        self.sampler = RunSampler(len(cache), global_batch, seed)
-        self.counts = supervised_counts(cache)
+        self.sampler = RunSampler(len(collate.cache), global_batch, seed)
+        self.counts = supervised_counts(collate.cache)
+        self._ahead = None  # iterator of (step, micro-batches) from the workers
+
+    def prefetch(self, start: int, end: int) -> None:
+        """Make the batches of updates [start, end) in the worker processes, in order, ahead of use.
+
+        The loader gets a generator of its own: creating its iterator draws a
+        seed, which must not come from (and shift) the run's global RNG stream.
+        """
+        if not self.workers or start >= end:
+            return
+        loader = torch.utils.data.DataLoader(_Updates(self), batch_size=None, sampler=range(start, end),
+                                             num_workers=self.workers, prefetch_factor=2,
+                                             generator=torch.Generator().manual_seed(0))
+        self._ahead = iter(loader)
 
     def micro_batches(self, step: int) -> list[dict[str, torch.Tensor]]:
-        """This rank's share of update `step`, as collated CPU batches."""
-        return [collate(self.cache, mb, self.pad_id)
-                for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
+        """This rank's share of update `step`, as collated CPU batches (prefetched ones in order)."""
+        if self._ahead is None:
+            return self.make(step)
+        made, batches = next(self._ahead)
+        if made != step:
+            raise RuntimeError(f"prefetched update {made} arrived for update {step}: the loop skipped an update")
+        return batches
+
+    def make(self, step: int) -> list[dict[str, torch.Tensor]]:
+        return [self.collate(mb) for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())
 
     def epoch_of(self, step: int) -> float:
         return self.sampler.epoch_of(step)
+
+
+class _Updates(torch.utils.data.Dataset):
+    """Update index -> (index, that update's micro-batches of this rank): what a worker makes."""
+
+    def __init__(self, batches: TrainBatches):
+        self.batches = batches
+
+    def __getitem__(self, step: int):
+        return step, self.batches.make(step)

@@ -40,10 +40,10 @@ class Evaluator:
     the evaluation, as soon as every evaluating rank agrees (`strategy.agree`).
     """
 
-    def __init__(self, cfg, val_cache, parts, strategy, precision, *, pad_id: int, monitor, checkpointer, stop,
-                 hooks, stage: str):
-        self.cfg, self.val, self.parts, self.strategy = cfg, val_cache, parts, strategy
-        self.precision, self.pad_id, self.monitor, self.checkpointer = precision, pad_id, monitor, checkpointer
+    def __init__(self, cfg, val, parts, strategy, precision, *, monitor, checkpointer, stop, hooks, stage: str):
+        """`val`: the `Collator` of the validation cache, or None (no validation set: nothing to evaluate)."""
+        self.cfg, self.val, self.parts, self.strategy = cfg, val, parts, strategy
+        self.precision, self.monitor, self.checkpointer = precision, monitor, checkpointer
         self.stop, self.hooks, self.stage = stop, hooks, stage
 
     def due(self, step: int, total: int) -> str | None:
@@ -84,7 +84,7 @@ class Evaluator:
         results: dict[str, float] = {}
         for rate, tag in [*zip(ema.rates, ema.tags), (None, None)]:
             with ema.swapped_in(rate) if rate is not None else nullcontext():
-                out = validation_loss(self.parts.model, self.val, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
+                out = validation_loss(self.parts.model, self.val, micro_batch=self.cfg.micro_batch,
                                       device=self.strategy.d.device, autocast=self.precision.autocast,
                                       max_batches=batches, should_stop=self._should_stop)
             if out is None:

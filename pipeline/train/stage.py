@@ -46,6 +46,7 @@ from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
 from pipeline.errors import UserError
 from pipeline.model import loading, precision as prec
+from pipeline.model.loss import Collator
 from pipeline.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.batches import TrainBatches
 from pipeline.train.ema import EMA
@@ -126,15 +127,14 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    pad_id = loading.pad_token_id(cfg.model.path)
-    train = TrainBatches(TokenCache(cfg.data.train_cache), global_batch=cfg.optim.global_batch,
-                         micro_batch=cfg.optim.micro_batch, seed=cfg.seed, pad_id=pad_id,
-                         rank=d.rank, world=d.world_size)
-    val = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
+    train_collate, val = _collators(cfg, d)
+    train = TrainBatches(train_collate, global_batch=cfg.optim.global_batch, micro_batch=cfg.optim.micro_batch,
+                         seed=cfg.seed, rank=d.rank, world=d.world_size,
+                         workers=cfg.vision.loader_workers if train_collate.images else 0)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     preemption = distributed.Preemption(d)
-    evaluator = Evaluator(cfg.eval, val, parts, strategy, precision, pad_id=pad_id, monitor=monitor,
+    evaluator = Evaluator(cfg.eval, val, parts, strategy, precision, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
@@ -146,6 +146,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         if preemption.requested():
             return checkpointer.save_preempted(state)
     model.train()
+    train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
     while state.step < stage.end:
         started = time.perf_counter()
         result = update(state)  # update number state.step; state.step counts it done afterwards
@@ -177,6 +178,24 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _collators(cfg: train_config.TrainConfig, d: distributed.Dist) -> tuple[Collator, Collator | None]:
+    """Batch makers of the train and (if any) validation caches; a vision-language model's carry images.
+
+    Several ranks must all run the vision tower in a step or none may (FSDP
+    gathers its shards in the forward, DDP waits for the gradients of a trained
+    projector): a distributed run's training records must each have an image.
+    """
+    images = loading.image_text(cfg)
+    pad_id = loading.pad_token_id(cfg.model.path)
+    train = Collator(TokenCache(cfg.data.train_cache), pad_id, images)
+    without = int((train.cache.image_counts == 0).sum())
+    if images is not None and d.enabled and without:
+        raise UserError(f"{cfg.data.train_cache}: {without} training record(s) have no image; a vision-language "
+                        f"model trained on {d.world_size} processes needs one in every record")
+    val = Collator(TokenCache(cfg.data.val_cache), pad_id, images) if cfg.data.val_cache else None
+    return train, val
 
 
 def _seed_all(seed: int) -> None:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from pipeline.distributed import all_reduce_sum, plain
-from pipeline.model.loss import token_loss_sum
+from pipeline.model.loss import LABELS, model_inputs, token_loss_sum
 from pipeline.train.gradcheck import check_gradients_flow
 
 log = logging.getLogger("pipeline.train")
@@ -83,8 +83,8 @@ class Updater:
             tokens += int(batch["attention_mask"].sum())
             with self.strategy.micro_batch(self.model, last=i == len(batches) - 1):
                 with self.precision.autocast():
-                    logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                mb_loss = token_loss_sum(logits, batch["labels"])
+                    logits = self.model(**model_inputs(batch)).logits
+                mb_loss = token_loss_sum(logits, batch[LABELS])
                 # Normalize by the supervised tokens of the whole global batch (not
                 # the micro-batch): the gradient is then independent of how the
                 # batch is split over micro-batches and ranks. DDP (and FSDP's

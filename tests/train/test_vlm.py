@@ -1,0 +1,78 @@
+"""Vision-language models keep every guarantee of the trainer: a chunked, killed or distributed run
+computes exactly what one run computes, for the adapter, the projector trained in full, every EMA
+shadow and the optimizer, in two model families (LLaVA, Qwen2-VL)."""
+
+from __future__ import annotations
+
+import pytest
+from safetensors import safe_open
+from trainkit import checkpoint_digests, make_run, stage_names, step_losses
+
+PROJECTOR = ["vision.train_projector=true"]
+
+
+def _final(run, stage="all"):
+    return checkpoint_digests(run.stage_dir(stage) / "checkpoint")
+
+
+def _keys(path) -> list[str]:
+    with safe_open(str(path), "pt") as f:
+        return list(f.keys())
+
+
+@pytest.fixture(scope="module")
+def llava_reference(tiny_llava, tmp_path_factory):
+    """One uninterrupted process, LoRA on the language model + the projector in full."""
+    run = make_run(tmp_path_factory.mktemp("llava_reference"), tiny_llava, total=9, fraction=0.25,
+                   overrides=PROJECTOR, single_stage=True)
+    run.train("all")
+    return run
+
+
+def test_llava_lora_and_projector_chunked_equals_one_run(tiny_llava, tmp_path, llava_reference):
+    run = make_run(tmp_path, tiny_llava, total=9, fraction=0.25, overrides=PROJECTOR)
+    names = stage_names(run)
+    assert names == ["pilot", "chunk01", "chunk02", "tail"]
+    run.chain(names)
+    digests = _final(run, "tail")
+    assert {"adapter/adapter_model.safetensors", "ema/0.9/adapter_model.safetensors",
+            "ema/0.99/adapter_model.safetensors", "training_state/optimizer.safetensors"} <= set(digests)
+    assert digests == _final(llava_reference)
+    assert step_losses([run.stage_dir(s) for s in names]) == step_losses([llava_reference.stage_dir("all")])
+    # the projector is trained (and averaged) in full; the vision tower is not trained at all
+    ckpt = run.stage_dir("tail") / "checkpoint"
+    for weights in ("adapter", "ema/0.9", "ema/0.99"):
+        keys = _keys(ckpt / weights / "adapter_model.safetensors")
+        assert "base_model.model.model.multi_modal_projector.linear_1.weight" in keys
+        assert not [k for k in keys if "vision_tower" in k]
+        assert all("language_model" in k for k in keys if "lora_" in k)
+    optimizer = _keys(ckpt / "training_state" / "optimizer.safetensors")
+    assert [k for k in optimizer if "multi_modal_projector" in k and k.endswith("::exp_avg")]
+
+
+@pytest.mark.parametrize("family", ["tiny_llava", "tiny_qwen2_vl"])
+def test_family_trains_one_stage_and_resumes_bitwise(family, request, tmp_path):
+    data = request.getfixturevalue(family)
+    reference = make_run(tmp_path / "one", data, total=6, fraction=0.5, chunks=1, overrides=PROJECTOR,
+                         single_stage=True)
+    reference.train("all")
+    run = make_run(tmp_path / "resumed", data, total=6, fraction=0.5, chunks=1, overrides=PROJECTOR,
+                   single_stage=True)
+    assert run.train("all", faults={"fail_at_step": 5}, check=False).returncode == 1  # after the step-4 checkpoint
+    proc = run.train("all")
+    assert "start from " + str(run.scratch("all") / "step_000004") in proc.stdout
+    assert _final(run) == _final(reference)
+    losses = step_losses([run.stage_dir("all")])
+    assert losses == step_losses([reference.stage_dir("all")]) and losses[-1][1] < losses[0][1]
+
+
+@pytest.mark.distributed
+def test_llava_ddp_two_ranks_chunked_equals_one_run(tiny_llava, tmp_path):
+    chunked = make_run(tmp_path / "chunked", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=PROJECTOR)
+    names = stage_names(chunked)
+    chunked.chain(names, nproc=2)
+    one = make_run(tmp_path / "one", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=PROJECTOR,
+                   single_stage=True)
+    one.train("all", nproc=2)
+    assert _final(chunked, names[-1]) == _final(one)
+    assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
