@@ -5,7 +5,8 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 `FSDP` class implements the interface of `pipeline.train.strategy`.
 
 - Every rank builds the same model from the same seed on the CPU, then
-  `wrap()` applies `fully_shard` to each decoder layer and to the root: each
+  `wrap()` applies `fully_shard` to each decoder layer (and, in a
+  vision-language model, each vision encoder block) and to the root: each
   parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
   device) only its shard, plus one unsharded layer at a time during forward and
   backward. The parameter names do not change, so the optimizer state, the EMA
@@ -30,6 +31,7 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import shutil
@@ -73,8 +75,11 @@ def _shard(model, d: Dist):
     layers = _decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
+    # A vision-language model's _no_split_modules name its vision blocks too: both sides get units.
+    kinds = collections.Counter(type(layer).__name__ for layer in layers)  # before fully_shard renames the classes
     for layer in layers:
         fully_shard(layer, mesh=mesh)
+    log.info("fully_shard units: %s + root", ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())) or "none")
     # The root too reshards after forward (FSDP2 keeps it unsharded until the backward by
     # default): an evaluation forward has no backward, and would leave unsharded copies
     # of the embeddings and head behind, which the next forward reuses as they are, blind

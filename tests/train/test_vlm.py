@@ -76,3 +76,21 @@ def test_llava_ddp_two_ranks_chunked_equals_one_run(tiny_llava, tmp_path):
     one.train("all", nproc=2)
     assert _final(chunked, names[-1]) == _final(one)
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
+
+
+@pytest.mark.distributed
+def test_llava_fsdp_wraps_vision_and_text_blocks_and_chunked_equals_one_run(tiny_llava, tmp_path):
+    from test_fsdp import assert_bitwise_equal, dcp_contents
+
+    overrides = [*PROJECTOR, "distributed=fsdp", "optim.micro_batch=2"]
+    chunked = make_run(tmp_path / "chunked", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=overrides)
+    names = stage_names(chunked)
+    logs = [chunked.train(name, prev, nproc=2).stderr for name, prev in zip(names, [None, *names])]
+    assert "fully_shard units: CLIPEncoderLayer x1, CLIPVisionEmbeddings x1, LlamaDecoderLayer x2 + root" in logs[0]
+    one = make_run(tmp_path / "one", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=overrides,
+                   single_stage=True)
+    one.train("all", nproc=2)
+    got = dcp_contents(chunked.stage_dir(names[-1]) / "checkpoint")
+    assert "ema.0.99.base_model.model.model.multi_modal_projector.linear_2.weight" in got
+    assert_bitwise_equal(got, dcp_contents(one.stage_dir("all") / "checkpoint"))
+    assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
