@@ -407,6 +407,7 @@ def _normalize_record(
 
     messages: list[dict[str, str]] = []
     part_images: list[str] = []  # images of OpenAI content parts, in order
+    parts_ok = True
     turn_of: list[int | None] = []  # message position -> index in the record's own turn list
     roles_known = True
     for j, turn in enumerate(turns):
@@ -424,6 +425,11 @@ def _normalize_record(
         text = turn.get(text_key)
         if shapes[0] == "messages" and isinstance(text, list):  # OpenAI content parts
             text = _content_parts(text, f"{where}.{text_key}", base_dir, part_images, located)
+            if text is None:  # reported; the record's images are then unknown too
+                parts_ok = False
+                messages.append({"role": canonical or "", "content": ""})
+                turn_of.append(j)
+                continue
         if text is not None and not isinstance(text, str):
             located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", f"{where}.{text_key}")
         elif text is None or not text.strip():
@@ -453,8 +459,10 @@ def _normalize_record(
     images = _images(raw, base_dir, located)
     if part_images and images:
         located("bad_image_field", "images given both as content parts and in the record's image field", "image")
+    field_ = next((k for k in ("image", "images") if raw.get(k) is not None), turns_key)  # where the images are
     images = part_images or images
-    _placeholder_problems(messages, turn_of, images, turns_key, text_key, located)
+    if parts_ok:
+        _placeholder_problems(messages, turn_of, images, turns_key, text_key, field_, located)
     if problems:
         return None, problems
     return Record(id=record_id, messages=messages, images=images, index=index, line=line), problems
@@ -517,7 +525,8 @@ def _image_ref(part: dict) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _placeholder_problems(messages, turn_of, images, turns_key: str, text_key: str, located) -> None:
+def _placeholder_problems(messages, turn_of, images, turns_key: str, text_key: str, images_field: str,
+                          located) -> None:
     """Every placeholder sits in a user turn, and there is one per image."""
     count = 0
     for k, message in enumerate(messages):
@@ -530,8 +539,7 @@ def _placeholder_problems(messages, turn_of, images, turns_key: str, text_key: s
                     "system" if j is None else f"{turns_key}[{j}].{text_key}")
     if count != len(images):
         located("image_placeholder_mismatch", f"{count} {IMAGE_PLACEHOLDER} placeholder(s) in the turns but "
-                f"{len(images)} image(s): each image needs exactly one placeholder where it goes",
-                "image" if images else turns_key)
+                f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
 
 
 def _resolve(base_dir: str, path: str) -> str:

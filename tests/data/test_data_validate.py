@@ -339,3 +339,13 @@ def test_reports_are_replaced_atomically(tmp_path, tokenizer_dir, monkeypatch):
         v.write_report(report, out_json, out_csv)
     assert out_json.read_text() == before  # the old report is whole, not half overwritten
     assert sorted(p.name for p in out_json.parent.iterdir()) == ["v.csv", "v.json"]  # and no temp file is left
+
+
+def test_vision_language_lengths_count_the_image_tokens(tiny_llava):
+    """The demo's records are ~40 text tokens plus 16 image tokens: max_length 48 holds the text only."""
+    data = tiny_llava["data"]
+    fits = v.validate_dataset(data / "val.jsonl", tokenizer_dir=tiny_llava["model"], max_length=80, too_long="error")
+    assert fits.ok, fits.summary()
+    report = v.validate_dataset(data / "val.jsonl", tokenizer_dir=tiny_llava["model"], max_length=48, too_long="error")
+    assert {p.reason for _, p in report.problems} == {"too_long"}
+    assert report.files["train"]["tokens_per_record"]["max"] > 48

@@ -15,8 +15,9 @@ validate(config, "../schemas/config.schema.yaml")
 RUN = config["run"]
 R = f"results/{RUN}"  # declared outputs of this run
 WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a failed attempt
-EMBEDDED = "results/embedded"  # the embedded default's base model and demo dataset
-EMBEDDED_MODEL = f"{EMBEDDED}/model"
+# The embedded defaults (`model` values), each built by `prepare_base` into results/<name>/:
+# its base model in model/, its demo dataset in data/.
+EMBEDDED_KINDS = {"embedded": "text", "embedded-vlm": "vlm"}
 
 _sched = config["schedule"]
 STAGES = [s.name for s in plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])]
@@ -24,10 +25,12 @@ LAST_STAGE = STAGES[-1]
 
 
 def is_embedded(value):
-    return value == "embedded"
+    return value in EMBEDDED_KINDS
 
 
-MODEL = EMBEDDED_MODEL if is_embedded(config["model"]) else config["model"]
+# The demo whose dataset `data: embedded` means: the embedded model's own, else the text demo's.
+DEMO = config["model"] if is_embedded(config["model"]) else "embedded"
+MODEL = f"results/{config['model']}/model" if is_embedded(config["model"]) else config["model"]
 
 
 def _check_base_untouched():
@@ -45,11 +48,13 @@ _check_base_untouched()
 
 
 def data_file(split):
-    """Path of a dataset split, the embedded demo's, or None when the config says null."""
+    """Path of a dataset split, an embedded demo's ("embedded": the embedded model's), or None when the config says null."""
     value = config["data"][split]
     if value is None:
         return None
-    return f"{EMBEDDED}/data/{split}.jsonl" if is_embedded(value) else value
+    if is_embedded(value):
+        return f"results/{DEMO if value == 'embedded' else value}/data/{split}.jsonl"
+    return value
 
 
 def model_inputs():
