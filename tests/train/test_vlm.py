@@ -94,3 +94,34 @@ def test_llava_fsdp_wraps_vision_and_text_blocks_and_chunked_equals_one_run(tiny
     assert "ema.0.99.base_model.model.model.multi_modal_projector.linear_2.weight" in got
     assert_bitwise_equal(got, dcp_contents(one.stage_dir("all") / "checkpoint"))
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
+
+
+def test_llava_full_finetuning_keeps_the_tower_frozen_and_consolidates(tiny_llava, tmp_path):
+    """lora=full: the language model and the projector train, the vision tower stays the base's."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline import cli
+
+    kw = dict(total=4, fraction=0.5, chunks=1, overrides=["lora=full", *PROJECTOR])
+    chunked = make_run(tmp_path / "chunked", tiny_llava, **kw)
+    names = stage_names(chunked)
+    chunked.chain(names)
+    one = make_run(tmp_path / "one", tiny_llava, **kw, single_stage=True)
+    one.train("all")
+    digests = _final(one)
+    assert {"model/model.safetensors", "ema/0.99/model.safetensors"} <= set(digests)
+    assert _final(chunked, names[-1]) == digests
+    trained = _keys(one.stage_dir("all") / "checkpoint" / "model" / "model.safetensors")
+    assert "model.multi_modal_projector.linear_1.weight" in trained and "lm_head.weight" in trained
+    assert not [k for k in trained if "vision_tower" in k]
+
+    out = tmp_path / "consolidated"
+    assert cli.main(["consolidate", "--checkpoint", str(one.stage_dir("all") / "checkpoint"),
+                     "--base", str(tiny_llava["model"]), "--out-model", str(out), "--models", "main"]) == 0
+    base = AutoModelForImageTextToText.from_pretrained(tiny_llava["model"]).state_dict()
+    model = AutoModelForImageTextToText.from_pretrained(out).state_dict()
+    tower = [k for k in base if "vision_tower" in k]
+    assert tower and all(torch.equal(model[k], base[k]) for k in tower)
+    for key in ("model.multi_modal_projector.linear_1.weight", "model.language_model.layers.0.mlp.up_proj.weight"):
+        assert not torch.equal(model[key], base[key]), key
