@@ -81,6 +81,13 @@ def attach_lora(model, cfg: TrainConfig):
         )
     if missing:
         log.warning("lora.target_modules not found in the model (ignored): %s", missing)
+    if parts is not None and cfg.vision.train_tower:
+        tower = {n.rsplit(".", 1)[-1] for n, m in model.named_modules()  # (a projector inside it is not the tower)
+                 if n.startswith(parts.tower + ".") and not n.startswith(parts.projector + ".")
+                 and isinstance(m, torch.nn.Linear)}
+        if not tower & set(cfg.lora.target_modules):
+            raise UserError(f"vision.train_tower=true, but no name of lora.target_modules={list(cfg.lora.target_modules)} "
+                            f"is a linear layer of the vision tower {parts.tower}; its linear layers: {sorted(tower)}")
     targets = [t for t in cfg.lora.target_modules if t in present]
     extra = {}
     if parts is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from safetensors import safe_open
-from trainkit import checkpoint_digests, make_run, stage_names, step_losses
+from trainkit import REPO, checkpoint_digests, make_run, stage_names, step_losses
 
 PROJECTOR = ["vision.train_projector=true"]
 
@@ -125,3 +125,55 @@ def test_llava_full_finetuning_keeps_the_tower_frozen_and_consolidates(tiny_llav
     assert tower and all(torch.equal(model[k], base[k]) for k in tower)
     for key in ("model.multi_modal_projector.linear_1.weight", "model.language_model.layers.0.mlp.up_proj.weight"):
         assert not torch.equal(model[key], base[key]), key
+
+
+@pytest.mark.parametrize(("settings", "trained"), [
+    ([], {"language_model": "lora"}),
+    (PROJECTOR, {"language_model": "lora", "projector": "full"}),
+    (["vision.train_tower=true", "lora.target_modules=[q_proj,v_proj,qkv]"],  # CLIP's and Qwen2-VL's names
+     {"language_model": "lora", "tower": "lora"}),
+    (["lora=full"], {"language_model": "full"}),
+    (["lora=full", *PROJECTOR, "vision.train_tower=true"], {"language_model": "full", "projector": "full",
+                                                             "tower": "full"}),
+], ids=["lora", "lora+projector", "lora+tower", "full", "full+projector+tower"])
+@pytest.mark.parametrize("family", ["tiny_llava", "tiny_qwen2_vl"])
+def test_trained_parts_follow_the_lora_and_vision_settings(family, settings, trained, request):
+    """Which parameters train, by part: LoRA adapters or every weight; a part not listed is frozen."""
+    import torch
+
+    from pipeline import config
+    from pipeline.model import loading, precision, vision
+
+    data = request.getfixturevalue(family)
+    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "data.train_cache=x",
+                                                                 *settings])
+    model = loading.build(cfg, precision.choose("fp32", torch.device("cpu")), torch.device("cpu"))
+    parts = vision.find_parts(model.get_base_model() if loading.is_peft(model) else model)
+    projector_in_tower = parts.projector.startswith(parts.tower + ".")  # Qwen2-VL's merger
+    names = [n.replace("base_model.model.", "").replace("modules_to_save.default.", "")
+             for n, _ in loading.trainable(model)]
+
+    def kind(part: str) -> str | None:
+        prefix = getattr(parts, {"language_model": "language"}.get(part, part)) + "."
+        own = [n for n in names if n.startswith(prefix)
+               and not (part == "tower" and projector_in_tower and n.startswith(parts.projector + "."))]
+        if not own:
+            return None
+        return "lora" if all(".lora_" in n for n in own) else "full"
+
+    assert {p: kind(p) for p in ("language_model", "projector", "tower")} == {
+        p: trained.get(p) for p in ("language_model", "projector", "tower")}
+
+
+def test_tower_training_with_no_target_in_the_tower_is_refused_by_name(tiny_qwen2_vl):
+    import torch
+
+    from pipeline import config
+    from pipeline.errors import UserError
+    from pipeline.model import loading, precision
+
+    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={tiny_qwen2_vl['model']}",
+                                                                 "data.train_cache=x", "vision.train_tower=true"])
+    with pytest.raises(UserError, match=r"no name of lora.target_modules=.* is a linear layer of the vision tower "
+                                        r"model.visual; its linear layers: \['fc1', 'fc2', 'proj', 'qkv'\]"):
+        loading.build(cfg, precision.choose("fp32", torch.device("cpu")), torch.device("cpu"))
