@@ -2,5 +2,7 @@
 
 * `loading`   -- base model + LoRA adapter, the trained parameters and their saved keys
 * `precision` -- which autocast dtype and whether a GradScaler is needed
-* `loss`      -- batches of the token cache, the next-token loss, validation loss
+* `loss`      -- batches of the token cache (with pixels for a vision-language model), the loss, validation loss
+* `vision`    -- a vision-language model's parts (language model, tower, projector) and which train
+* `prompts`   -- held-out prompts (and their images) as generation inputs
 """
