@@ -14,6 +14,8 @@ pure function of its update index; the workers only change when it is made.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 
@@ -72,10 +74,10 @@ class TrainBatches:
     def __init__(self, collate: Collator, *, global_batch: int, micro_batch: int, seed: int, rank: int, world: int,
                  workers: int = 0):
         """`workers`: DataLoader processes for `prefetch` (0: every batch is made when asked for)."""
-        self.collate, self.micro, self.workers = collate, micro_batch, workers
-        self.rank, self.world = rank, world
+        self.workers = workers
         self.sampler = RunSampler(len(collate.cache), global_batch, seed)
         self.counts = supervised_counts(collate.cache)
+        self._updates = _Updates(collate, self.sampler, rank=rank, world=world, micro=micro_batch)
         self._ahead = None  # iterator of (step, micro-batches) from the workers
 
     def prefetch(self, start: int, end: int) -> None:
@@ -86,8 +88,8 @@ class TrainBatches:
         """
         if not self.workers or start >= end:
             return
-        loader = torch.utils.data.DataLoader(_Updates(self), batch_size=None, sampler=range(start, end),
-                                             num_workers=self.workers, prefetch_factor=2,
+        loader = torch.utils.data.DataLoader(self._updates, batch_size=None, sampler=range(start, end),
+                                             num_workers=self.workers, prefetch_factor=2, worker_init_fn=_worker_init,
                                              generator=torch.Generator().manual_seed(0))
         self._ahead = iter(loader)
 
@@ -101,7 +103,7 @@ class TrainBatches:
         return batches
 
     def make(self, step: int) -> list[dict[str, torch.Tensor]]:
-        return [self.collate(mb) for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
+        return self._updates[step][1]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())
@@ -110,11 +112,25 @@ class TrainBatches:
         return self.sampler.epoch_of(step)
 
 
-class _Updates(torch.utils.data.Dataset):
-    """Update index -> (index, that update's micro-batches of this rank): what a worker makes."""
+def _worker_init(_: int) -> None:
+    # SLURM and Snakemake signal the whole process group (SIGTERM / SIGUSR1) to preempt. The
+    # loop acts on that at the next step boundary: it saves, then exits with the retry code;
+    # a worker killed by the same signal would crash the loop before that. Out of the group,
+    # a worker keeps making batches until the loop's loader stops it (or its parent is gone).
+    os.setpgid(0, 0)
 
-    def __init__(self, batches: TrainBatches):
-        self.batches = batches
+
+class _Updates(torch.utils.data.Dataset):
+    """Update index -> (index, that update's micro-batches of this rank): what a worker makes.
+
+    Holds no reference to the loader that runs it, so the loader is freed (and its
+    workers stopped) as soon as the loop drops it.
+    """
+
+    def __init__(self, collate: Collator, sampler: RunSampler, *, rank: int, world: int, micro: int):
+        self.collate, self.sampler = collate, sampler
+        self.rank, self.world, self.micro = rank, world, micro
 
     def __getitem__(self, step: int):
-        return step, self.batches.make(step)
+        micro_batches = self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)
+        return step, [self.collate(mb) for mb in micro_batches]

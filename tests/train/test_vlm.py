@@ -52,6 +52,36 @@ def test_llava_lora_and_projector_chunked_equals_one_run(tiny_llava, tmp_path, l
     assert [k for k in optimizer if "multi_modal_projector" in k and k.endswith("::exp_avg")]
 
 
+def test_preemption_of_the_process_group_saves_at_a_step_boundary(tiny_llava, tmp_path, llava_reference):
+    """SLURM signals the whole group: the loader workers must outlive the signal until the loop has saved."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from trainkit import pipeline_env
+
+    from pipeline import layout
+
+    run = make_run(tmp_path, tiny_llava, total=9, fraction=0.25, overrides=PROJECTOR, single_stage=True)
+    scratch = run.scratch("all")
+    cmd = [sys.executable, "-m", "pipeline", "train", "--plan", str(run.plan), "--config", str(run.config),
+           "--stage", "all", "--scratch", str(scratch), "--out", str(run.stage_dir("all"))]
+    proc = subprocess.Popen(cmd, env=pipeline_env({"SFT_FAULTS": json.dumps({"sleep_per_step": 0.3})}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = scratch / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and '"step": 3,' in metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # the rank and its loader workers, as SLURM does
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == layout.EXIT_PREEMPTED, err[-3000:]
+    assert "preempted at update" in out and "DataLoader worker" not in err
+    run.train("all")
+    assert _final(run) == _final(llava_reference)
+
+
 @pytest.mark.parametrize("family", ["tiny_llava", "tiny_qwen2_vl"])
 def test_family_trains_one_stage_and_resumes_bitwise(family, request, tmp_path):
     data = request.getfixturevalue(family)
