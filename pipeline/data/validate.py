@@ -284,6 +284,9 @@ def _overlap_problems(parsed: dict[str, ParsedFile], image_verdicts: dict) -> li
     first split it occurs in. `image_verdicts`: path -> problem or None
     (`check_image`), an unreadable image is compared by its path.
     """
+    texts = {name: [conversation_key(r.messages, loose=True) for r in pf.records] for name, pf in parsed.items()}
+    # Only a text that occurs in two splits needs its images read (a train set's images are many).
+    counts = Counter(key for keys in texts.values() for key in set(keys))
     digests: dict[str, str] = {}
 
     def image_key(path: str) -> str:
@@ -292,12 +295,13 @@ def _overlap_problems(parsed: dict[str, ParsedFile], image_verdicts: dict) -> li
         return digests[path]
 
     found = []
-    seen: dict[str, dict[str, tuple]] = {}
+    seen: dict[str, dict[tuple, int]] = {}
     for name in SPLITS:
         if name not in parsed:
             continue
         pf = parsed[name]
-        keys = [(conversation_key(r.messages, loose=True), *map(image_key, r.images)) for r in pf.records]
+        keys = [(text, *map(image_key, r.images)) if counts[text] > 1 else (text,)
+                for text, r in zip(texts[name], pf.records)]
         for position, key in enumerate(keys):
             other = next((o for o, index_of in seen.items() if key in index_of), None)
             if other is not None:

@@ -349,3 +349,21 @@ def test_vision_language_lengths_count_the_image_tokens(tiny_llava):
     report = v.validate_dataset(data / "val.jsonl", tokenizer_dir=tiny_llava["model"], max_length=48, too_long="error")
     assert {p.reason for _, p in report.problems} == {"too_long"}
     assert report.files["train"]["tokens_per_record"]["max"] > 48
+
+
+def test_same_question_is_a_leak_only_with_the_same_image(tmp_path, tokenizer_dir):
+    from PIL import Image
+
+    for name, color in (("a.png", "red"), ("b.png", "blue")):
+        Image.new("RGB", (8, 8), color).save(tmp_path / name)
+    (tmp_path / "a_copy.png").write_bytes((tmp_path / "a.png").read_bytes())
+
+    def asked(i: int, image: str) -> dict:
+        return {"id": f"q{i}", "image": image, "conversations": [
+            {"from": "human", "value": "<image>\nwhat color?"}, {"from": "gpt", "value": "a color"}]}
+
+    train = write_jsonl(tmp_path / "train.jsonl", [asked(0, "a.png"), sample(1)])
+    val = write_jsonl(tmp_path / "val.jsonl", [asked(2, "b.png"), asked(3, "a_copy.png")])
+    report = v.validate_dataset(train, val=val, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    assert [(p.index, p.reason, p.message) for _, p in report.problems] == [
+        (1, "split_overlap", "same conversation as train record 0")]  # a.png under another name; b.png is new
