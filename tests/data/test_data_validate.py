@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -333,7 +334,7 @@ def test_reports_are_replaced_atomically(tmp_path, tokenizer_dir, monkeypatch):
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(v.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)  # what publish's atomic rename calls
     report.problems.append(("train", v.Problem(str(train), "empty_text", "x", index=0)))
     with pytest.raises(OSError, match="disk full"):
         v.write_report(report, out_json, out_csv)
