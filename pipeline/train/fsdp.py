@@ -6,7 +6,8 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 
 - Every rank builds the same model (in a `TokenLoss`, so the loss's LM head
   runs inside the root's forward, where its weight is gathered) from the same
-  seed on the CPU, then `build_model()` applies `fully_shard` to each decoder layer and to the root: each
+  seed on the CPU, then `build_model()` applies `fully_shard` to each decoder layer
+  (and, in a vision-language model, each vision encoder block) and to the root: each
   parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
   device) only its shard, plus one unsharded layer at a time during forward and
   backward. The parameter names do not change, so the optimizer state, the EMA
@@ -31,6 +32,7 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -86,8 +88,11 @@ def _shard(model, mesh, compute_dtype: torch.dtype | None):
     layers = loading.decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
+    # A vision-language model's _no_split_modules name its vision blocks too: both sides get units.
+    kinds = collections.Counter(type(layer).__name__ for layer in layers)  # before fully_shard renames the classes
     for layer in layers:
         fully_shard(layer, **kwargs)
+    log.info("fully_shard units: %s + root", ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())) or "none")
     # The root too reshards after forward (FSDP2 keeps it unsharded until the backward by
     # default): an evaluation forward has no backward, and would leave unsharded copies
     # of the embeddings and head behind, which the next forward reuses as they are, blind
@@ -275,7 +280,12 @@ class FSDP:
         """
         skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
                     if cfg.distributed.meta_init else None)
-        trained = {n for n, _ in loading.trainable(skeleton)} if skeleton is not None and cfg.lora.enabled else set()
+        # Initialized here, not read: the adapter's own weights (a module trained in full as
+        # modules_to_save starts as the base's, and is read like it).
+        trained = set()
+        if skeleton is not None and cfg.lora.enabled:
+            stored = sharded_load.stored_keys(cfg.model.path)
+            trained = {n for n, _ in loading.trainable(skeleton) if sharded_load.checkpoint_key(n) not in stored}
         if skeleton is not None and sharded_load.missing_keys(skeleton, cfg.model.path, trained):
             log.warning("%s: some parameters are not in the weight files under their names; every rank loads "
                         "the whole model instead of its shards", cfg.model.path)

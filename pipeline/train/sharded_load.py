@@ -11,7 +11,11 @@ model about once, whatever the number of ranks.
 
 Parameter names map to checkpoint keys as stored by `save_pretrained`; under
 LoRA the adapter's own parameters (already initialized) are skipped and peft's
-wrapping (`base_model.model.` prefix, `.base_layer` infix) is removed.
+wrapping (`base_model.model.` prefix, `.base_layer` infix, and for a module
+trained in full, `modules_to_save`, the `.original_module` / `.modules_to_save.default`
+infixes: both copies start as the base's) is removed. A model whose parameter
+names the files do not hold (Transformers 5 renames the modules of LLaVA and
+Qwen2-VL on load) is loaded whole instead (`pipeline.train.fsdp`).
 """
 
 from __future__ import annotations
@@ -24,17 +28,25 @@ from safetensors import safe_open
 from pipeline.storage import hf_dir
 
 _PEFT_PREFIX = "base_model.model."
-_PEFT_BASE_LAYER = ".base_layer."
+_PEFT_INFIXES = (".base_layer.", ".original_module.", ".modules_to_save.default.")
 
 
 def checkpoint_key(name: str) -> str:
     """The key a parameter of the (possibly peft-wrapped) model has in the base model's files."""
-    return name.removeprefix(_PEFT_PREFIX).replace(_PEFT_BASE_LAYER, ".")
+    name = name.removeprefix(_PEFT_PREFIX)
+    for infix in _PEFT_INFIXES:
+        name = name.replace(infix, ".")
+    return name
+
+
+def stored_keys(model_dir: str | Path) -> set[str]:
+    """The tensor keys of a Hugging Face model dir's weight files."""
+    return set(hf_dir.find_weights(model_dir, "model").all_specs)
 
 
 def missing_keys(model, model_dir: str | Path, skip: set[str]) -> list[str]:
     """Parameters (other than `skip`) whose key the weight files do not hold: nothing to load them from."""
-    stored = set(hf_dir.find_weights(model_dir, "model").all_specs)
+    stored = stored_keys(model_dir)
     return [name for name, _ in model.named_parameters() if name not in skip and checkpoint_key(name) not in stored]
 
 
