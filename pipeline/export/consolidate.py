@@ -49,7 +49,7 @@ import torch
 from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.export import lora_math
-from pipeline.export.base_keys import BaseKeys, tied_aliases
+from pipeline.model.base_keys import BaseKeys, tied_aliases
 from pipeline.storage import dtypes, hf_dir
 from pipeline.checkpoint.reader import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir

@@ -24,7 +24,7 @@ What is merged, and how (mirroring peft's LoRA layers):
 
 Base keys: the adapter names modules as the live model does; `stored_key`
 (default: the name itself) maps such a name to the key the base stores it
-under, where the two differ (`pipeline.export.base_keys`).
+under, where the two differ (`pipeline.model.base_keys`).
 
 The mapping is exact: every adapter tensor must land on a base tensor and
 every LoRA pair must be complete, otherwise `UserError`. Adapter kinds whose

@@ -41,7 +41,7 @@ from safetensors.torch import load_file
 from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.export import lora_math
-from pipeline.export.base_keys import BaseKeys
+from pipeline.model.base_keys import BaseKeys
 from pipeline.storage import dtypes, hf_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
 from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor

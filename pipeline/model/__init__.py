@@ -7,4 +7,5 @@
 * `memory`    -- the GPU memory a run needs, from config.json alone (plan, activation checkpointing)
 * `vision`    -- a vision-language model's parts (language model, tower, projector) and which train
 * `prompts`   -- held-out prompts (and their images) as generation inputs
+* `base_keys` -- the key a base dir stores each parameter under (Transformers 5 renames VLM modules)
 """

@@ -78,7 +78,9 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
     (`pipeline.train.sharded_load`). Creating it draws nothing from the RNG.
     """
     config = _config(cfg)
-    with _parameters_on_meta():
+    # Some modules draw their initial values in __init__ on the CPU before registering them
+    # (CLIP's class embedding: torch.randn); the run's RNG stream must not see those draws.
+    with torch.random.fork_rng(devices=[]), _parameters_on_meta():
         model = auto_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
                                                  attn_implementation=cfg.model.attn_implementation)
     for module in model.modules():

@@ -282,11 +282,11 @@ class FSDP:
                     if cfg.distributed.meta_init else None)
         # Initialized here, not read: the adapter's own weights (a module trained in full as
         # modules_to_save starts as the base's, and is read like it).
+        keys = sharded_load.StoredKeys(cfg.model.path) if skeleton is not None else None
         trained = set()
         if skeleton is not None and cfg.lora.enabled:
-            stored = sharded_load.stored_keys(cfg.model.path)
-            trained = {n for n, _ in loading.trainable(skeleton) if sharded_load.checkpoint_key(n) not in stored}
-        if skeleton is not None and sharded_load.missing_keys(skeleton, cfg.model.path, trained):
+            trained = {n for n, p in loading.trainable(skeleton) if not keys.holds(n, p.shape)}
+        if skeleton is not None and sharded_load.missing_keys(skeleton, keys, trained):
             log.warning("%s: some parameters are not in the weight files under their names; every rank loads "
                         "the whole model instead of its shards", cfg.model.path)
             skeleton = None
@@ -300,7 +300,7 @@ class FSDP:
         # The loss's check of the LM head runs a forward: on a skeleton only once its weights are in.
         loss = _shard(TokenLoss(model, check=skeleton is None), _mesh(self.d, cfg.distributed.hsdp), precision.dtype)
         if skeleton is not None:
-            sharded_load.load_shards(loss.lm, cfg.model.path, skip=trained)
+            sharded_load.load_shards(loss.lm, cfg.model.path, skip=trained, keys=keys)
             loss.check_head()  # through the sharded root: every rank takes part
         return loss
 

@@ -113,6 +113,8 @@ def test_llava_ddp_two_ranks_chunked_equals_one_run(tiny_llava, tmp_path):
 
 @pytest.mark.distributed
 def test_llava_fsdp_wraps_vision_and_text_blocks_and_chunked_equals_one_run(tiny_llava, tmp_path):
+    """Also: each rank reads only its shards of the base (whose files keep LLaVA's old key layout),
+    and that is the same model as every rank loading all of it (distributed.meta_init=false)."""
     from test_fsdp import assert_bitwise_equal, dcp_contents
 
     overrides = [*PROJECTOR, "distributed=fsdp", "optim.micro_batch=2"]
@@ -120,6 +122,7 @@ def test_llava_fsdp_wraps_vision_and_text_blocks_and_chunked_equals_one_run(tiny
     names = stage_names(chunked)
     logs = [chunked.train(name, prev, nproc=2).stderr for name, prev in zip(names, [None, *names])]
     assert "fully_shard units: CLIPEncoderLayer x1, CLIPVisionEmbeddings x1, LlamaDecoderLayer x2 + root" in logs[0]
+    assert "loads the whole model instead of its shards" not in logs[0]
     one = make_run(tmp_path / "one", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=overrides,
                    single_stage=True)
     one.train("all", nproc=2)
@@ -127,6 +130,41 @@ def test_llava_fsdp_wraps_vision_and_text_blocks_and_chunked_equals_one_run(tiny
     assert "ema.0.99.base_model.model.model.multi_modal_projector.linear_2.weight" in got
     assert_bitwise_equal(got, dcp_contents(one.stage_dir("all") / "checkpoint"))
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
+    whole = make_run(tmp_path / "whole", tiny_llava, total=6, fraction=0.34, chunks=1, single_stage=True,
+                     overrides=[*overrides, "distributed.meta_init=false"])
+    whole.train("all", nproc=2)
+    assert_bitwise_equal(dcp_contents(whole.stage_dir("all") / "checkpoint"), got)
+
+
+@pytest.mark.parametrize("settings", [PROJECTOR, ["lora=full", *PROJECTOR]], ids=["lora+projector", "full"])
+@pytest.mark.parametrize("family", ["tiny_llava", "tiny_qwen2_vl"])
+def test_sharded_load_reads_the_base_layout_into_the_live_names(family, settings, request):
+    """FSDP's skeleton + sharded load (here unsharded: every row) gives the model `from_pretrained` gives,
+    though Transformers 5 stores these families under other keys; a projector trained in full
+    (PEFT modules_to_save) starts as the base's, read from the files like the frozen weights."""
+    import torch
+
+    from pipeline import config
+    from pipeline.model import loading, precision
+    from pipeline.train import sharded_load
+
+    data = request.getfixturevalue(family)
+    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "data.train_cache=x",
+                                                                 *settings])
+    fp32 = precision.choose("fp32", torch.device("cpu"))
+    torch.manual_seed(0)
+    skeleton = loading.build(cfg, fp32, None, empty=True)
+    keys = sharded_load.StoredKeys(data["model"])
+    fresh = {n for n, p in loading.trainable(skeleton) if not keys.holds(n, p.shape)} if cfg.lora.enabled else set()
+    assert all(".lora_" in n for n in fresh)
+    assert not sharded_load.missing_keys(skeleton, keys, fresh)
+    assert keys("base_model.model.model.language_model.layers.0.mlp.up_proj.base_layer.weight") != \
+        "model.language_model.layers.0.mlp.up_proj.weight"  # the files' layout is not the live one
+    sharded_load.load_shards(skeleton, data["model"], skip=fresh, keys=keys)
+    torch.manual_seed(0)
+    whole = dict(loading.build(cfg, fp32, torch.device("cpu")).named_parameters())
+    # the adapter too: building the skeleton draws nothing from the RNG (CLIP draws in __init__)
+    assert [n for n, p in skeleton.named_parameters() if not torch.equal(p, whole[n])] == []
 
 
 def test_llava_full_finetuning_keeps_the_tower_frozen_and_consolidates(tiny_llava, tmp_path):

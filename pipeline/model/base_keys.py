@@ -8,9 +8,11 @@ families but keeps their checkpoints in the old layout (LLaVA:
 renaming keys on load and back on save (`conversion_mapping`). `BaseKeys` maps
 a live name to the stored one the same way `save_pretrained` does, so the merge
 and the consolidation write the layout the base has, and stock
-`from_pretrained` reads them back. A name the base stores as it is needs no
-model at all (every text model here); otherwise the model is built once on the
-meta device (nothing allocated) to ask Transformers for its renamings.
+`from_pretrained` reads them back; FSDP's sharded load
+(`pipeline.train.sharded_load`) reads each rank's rows under the same keys. A
+name the base stores as it is needs no model at all (every text model here);
+otherwise the model is built once on the meta device (nothing allocated) to ask
+Transformers for its renamings.
 """
 
 from __future__ import annotations
