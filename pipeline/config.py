@@ -1,7 +1,7 @@
 """The trainer's one typed config: Hydra structured configs (dataclasses).
 
-`config/train/` holds one YAML group per dataclass below (model, lora, ema,
-optim, precision, distributed, checkpoint, eval, alerts, data); `resolve()`
+`config/train/` holds one YAML group per dataclass below (model, lora, vision,
+ema, optim, precision, distributed, checkpoint, eval, alerts, data); `resolve()`
 composes them with the user's overrides through Hydra's compose API and merges
 the result onto these dataclasses, so an unknown key or a wrong type is an
 error that names the key. The resolved config
@@ -51,6 +51,16 @@ class LoraConfig:
     # layer name suffixes, or [all-linear]: every Linear / Conv1D layer but the output head
     target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
     use_rslora: bool = False
+
+
+@dataclass
+class VisionConfig:
+    # Vision-language models only (an image-text-to-text model, detected from its config);
+    # a text-only model with a setting changed here is an error. The language model is
+    # trained as `lora` says (LoRA adapters or in full); these say what else is trained.
+    train_projector: bool = False  # the vision-to-text projector, in full (under LoRA: PEFT modules_to_save)
+    train_tower: bool = False  # the vision encoder too (under LoRA: adapters on its lora.target_modules)
+    loader_workers: int = 2  # DataLoader processes that decode images into pixels ahead of the step
 
 
 @dataclass
@@ -128,6 +138,7 @@ class TrainConfig:
     tensorboard: bool = False  # also write the metrics as TensorBoard scalars (needs `pip install tensorboard`)
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    vision: VisionConfig = field(default_factory=VisionConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -178,6 +189,8 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("optim.warmup_fraction must be in [0, 1)")
     if cfg.lora.enabled and (cfg.lora.r <= 0 or not cfg.lora.target_modules):
         problems.append("lora.r must be positive and lora.target_modules non-empty")
+    if cfg.vision.loader_workers < 0:
+        problems.append("vision.loader_workers must be >= 0")
     if problems:
         raise UserError("invalid trainer config:\n  " + "\n  ".join(problems))
 

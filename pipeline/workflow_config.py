@@ -12,6 +12,9 @@ import re
 from pathlib import Path
 
 EMBEDDED = "embedded"
+# The embedded defaults a `model` (or a data split) may name, each built by `prepare_base` into
+# results/<name>/ (model/, data/), and the kind `prepare-base --kind` builds.
+EMBEDDED_KINDS = {EMBEDDED: "text", "embedded-vlm": "vlm"}
 # A Hugging Face hub id: "name" or "org/name" (a local dir is checked as a path).
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
@@ -39,7 +42,7 @@ def path_problems(config: dict) -> list[str]:
     """The model and dataset paths the config names: each must exist and be what it claims to be."""
     problems = []
     model = config.get("model", EMBEDDED)
-    if model != EMBEDDED:
+    if model not in EMBEDDED_KINDS:
         path = Path(model).expanduser()
         if path.is_dir():
             if not (path / "config.json").is_file():
@@ -50,7 +53,7 @@ def path_problems(config: dict) -> list[str]:
             problems.append(f"model: {model} does not exist (and is not a hub id like org/name)")
     for split in ("train", "val", "test"):
         value = (config.get("data") or {}).get(split)
-        if value in (None, EMBEDDED):
+        if value is None or value in EMBEDDED_KINDS:
             continue
         path = Path(value).expanduser()
         if not path.exists():

@@ -1,7 +1,8 @@
 """Fixtures shared across the test packages.
 
 `tiny`: a tiny real model, dataset and token caches for the trainer, evaluation
-and export tests (helpers to run stages on it: trainkit.py).
+and export tests (helpers to run stages on it: trainkit.py). `tiny_llava` and
+`tiny_qwen2_vl`: the same for two vision-language families (vlmkit.py).
 
 `local_default_run` is the reference the workflow and SLURM tests compare with:
 one cold `snakemake --cores all` of the embedded default in a copy of the
@@ -48,3 +49,21 @@ def tiny(tmp_path_factory) -> dict:
     torch.set_num_threads(1)
     return {"root": root, "model": root / "model", "train": root / "train.safetensors",
             "val": root / "val.safetensors", "test": paths["test"]}
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory) -> dict:
+    """A tiny random LLaVA, the demo colour questions with their images, train/val caches."""
+    from vlmkit import make_vlm_data, save_llava
+
+    root = tmp_path_factory.mktemp("tiny_llava")
+    return make_vlm_data(root, save_llava(root / "model"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl(tmp_path_factory) -> dict:
+    """A tiny random Qwen2-VL, the demo colour questions with their images, train/val caches."""
+    from vlmkit import make_vlm_data, save_qwen2_vl
+
+    root = tmp_path_factory.mktemp("tiny_qwen2_vl")
+    return make_vlm_data(root, save_qwen2_vl(root / "model"))

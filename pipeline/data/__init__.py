@@ -5,6 +5,8 @@
 * `pipeline.data.tokenize` -- chat-template tokenization with assistant-only labels;
   `python -m pipeline tokenize`
 * `pipeline.data.cache`    -- the safetensors token cache and `TokenCache` (memory-mapped)
+* `pipeline.data.images`   -- image files: present, decodable, of a sane size
+* `pipeline.data.vision`   -- a vision-language model's processor: image tokens, pixels
 
 Only the light, dependency-free names are re-exported here; import `TokenCache`
 from `pipeline.data.cache` (it needs numpy and torch).

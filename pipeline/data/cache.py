@@ -6,6 +6,17 @@ Layout (all tensors flat, so a split of any size is three arrays):
 * ``labels``    int32 [T]   -- the token id where it is supervised, -100 elsewhere
 * ``offsets``   int64 [N+1] -- record i is ``[offsets[i], offsets[i+1])``
 
+A cache of a vision-language dataset also holds each record's images (the
+tokens already hold their expansion into image tokens; pixels are made at batch
+time from these files):
+
+* ``image_offsets``      int64 [N+1] -- record i's images are ``[image_offsets[i], image_offsets[i+1])``
+* ``image_path_bytes``   uint8 [B]   -- every image path, UTF-8, back to back
+* ``image_path_offsets`` int64 [M+1] -- image j's path is ``image_path_bytes[image_path_offsets[j]:...[j+1]]``
+
+A text-only cache has none of the three (its bytes are what they were before
+images existed).
+
 The safetensors metadata (string -> string) records what the cache was built
 from (source file sha256, tokenizer fingerprint, max_length, ...), so a later
 stage can refuse a cache that does not match its inputs.
@@ -35,6 +46,11 @@ _TENSORS = {
     "labels": ("I32", np.int32),
     "offsets": ("I64", np.int64),
 }
+_IMAGE_TENSORS = {
+    "image_offsets": ("I64", np.int64),
+    "image_path_bytes": ("U8", np.uint8),
+    "image_path_offsets": ("I64", np.int64),
+}
 
 
 def write_cache(
@@ -44,8 +60,12 @@ def write_cache(
     labels: np.ndarray,
     offsets: np.ndarray,
     metadata: dict[str, str],
+    images: list[list[str]] | None = None,
 ) -> None:
-    """Write one split atomically (temp file + rename: a crash never leaves half a cache)."""
+    """Write one split atomically (temp file + rename: a crash never leaves half a cache).
+
+    `images`: per record, the paths of its images (written only if any record has one).
+    """
     from safetensors.numpy import save_file
 
     input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
@@ -56,8 +76,22 @@ def write_cache(
     if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != input_ids.size:
         raise ValueError("offsets must start at 0 and end at len(input_ids)")
     meta = {"format": FORMAT, **{str(k): str(v) for k, v in metadata.items()}}
+    tensors = {"input_ids": input_ids, "labels": labels, "offsets": offsets}
+    if images is not None and any(images):
+        if len(images) != offsets.size - 1:
+            raise ValueError("images must list the image paths of every record")
+        tensors.update(_image_tensors(images))
     with publish.staged_file(path) as tmp:
-        save_file({"input_ids": input_ids, "labels": labels, "offsets": offsets}, str(tmp), metadata=meta)
+        save_file(tensors, str(tmp), metadata=meta)
+
+
+def _image_tensors(images: list[list[str]]) -> dict[str, np.ndarray]:
+    encoded = [p.encode() for paths in images for p in paths]
+    return {
+        "image_offsets": np.concatenate([[0], np.cumsum([len(paths) for paths in images])]).astype(np.int64),
+        "image_path_bytes": np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(),
+        "image_path_offsets": np.concatenate([[0], np.cumsum([len(b) for b in encoded])]).astype(np.int64),
+    }
 
 
 class TokenCache:
@@ -65,7 +99,8 @@ class TokenCache:
 
     ``cache[i]`` is ``(input_ids, labels)`` as 1-D LongTensors (fresh copies,
     safe to modify). `lengths` is the token count per record, `num_tokens`
-    their sum, `metadata` the safetensors metadata.
+    their sum, `metadata` the safetensors metadata; `images(i)` the image
+    paths of record i (none in a text-only cache, `has_images` False).
     """
 
     def __init__(self, path: str | Path):
@@ -76,7 +111,8 @@ class TokenCache:
         header, data_start = _read_header(self.path)
         self.metadata: dict[str, str] = header.pop("__metadata__", None) or {}
         arrays = {}
-        for name, (st_dtype, np_dtype) in _TENSORS.items():
+        wanted = {**_TENSORS, **(_IMAGE_TENSORS if "image_offsets" in header else {})}
+        for name, (st_dtype, np_dtype) in wanted.items():
             entry = header.get(name)
             if entry is None or entry.get("dtype") != st_dtype or len(entry.get("shape", ())) != 1:
                 raise DataError(f"{self.path}: not a token cache (tensor {name!r} missing or not {st_dtype}[n])")
@@ -100,6 +136,13 @@ class TokenCache:
             or np.any(np.diff(self._offsets) < 0)
         ):
             raise DataError(f"{self.path}: corrupt token cache (offsets do not match the token arrays)")
+        # Small next to the tokens (a few offsets and a path per image): kept in RAM.
+        self._image_offsets = np.array(arrays.get("image_offsets", np.zeros(len(self) + 1, dtype=np.int64)))
+        self._path_bytes = bytes(arrays.get("image_path_bytes", np.zeros(0, dtype=np.uint8)))
+        self._path_offsets = np.array(arrays.get("image_path_offsets", np.zeros(1, dtype=np.int64)))
+        if (self._image_offsets.size != len(self) + 1 or self._image_offsets[-1] != self._path_offsets.size - 1
+                or self._path_offsets[-1] != len(self._path_bytes)):
+            raise DataError(f"{self.path}: corrupt token cache (image offsets do not match the image paths)")
 
     def __len__(self) -> int:
         return self._offsets.size - 1
@@ -117,6 +160,20 @@ class TokenCache:
         ids = torch.from_numpy(self._input_ids[begin:end].astype(np.int64))
         labels = torch.from_numpy(self._labels[begin:end].astype(np.int64))
         return ids, labels
+
+    def images(self, i: int) -> list[str]:
+        """Paths of record i's images, in the order of their tokens."""
+        begin, end = int(self._image_offsets[i]), int(self._image_offsets[i + 1])
+        return [self._path_bytes[self._path_offsets[j]:self._path_offsets[j + 1]].decode() for j in range(begin, end)]
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self._image_offsets[-1])
+
+    @property
+    def image_counts(self) -> np.ndarray:
+        """Images per record (int64 array of length ``len(self)``)."""
+        return np.diff(self._image_offsets)
 
     @property
     def lengths(self) -> np.ndarray:

@@ -4,7 +4,16 @@ Two record shapes are accepted, in either file layout:
 
 * LLaVA/ShareGPT: ``{"id": ..., "conversations": [{"from": "human", "value": ...}, ...],
   "system": "optional prompt", "image": "a.png" | ["a.png", ...]}``
-* OpenAI: ``{"messages": [{"role": "user", "content": ...}, ...]}``
+* OpenAI: ``{"messages": [{"role": "user", "content": ...}, ...]}``, where ``content``
+  is a string or a list of content parts: ``{"type": "text", "text": ...}`` and
+  ``{"type": "image", "image" | "path" | "url": "a.png"}`` or
+  ``{"type": "image_url", "image_url": {"url": "a.png"}}`` (local files only)
+
+Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
+(``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
+becomes one. A record must hold exactly as many placeholders as images, all in
+user turns (the model's processor puts each image's tokens where its
+placeholder is, and a label never covers them).
 
 Layout: a ``.json`` file must hold one JSON array of records (anything else at
 its top level is a problem); a ``.jsonl`` / ``.ndjson`` file is JSON Lines (one
@@ -12,8 +21,8 @@ object per non-blank line); any other name is read as an array if its first
 non-blank character is ``[``, else as JSON Lines.
 
 Every record is normalized to a `Record`: roles mapped to user / assistant /
-system, the system prompt first, image paths resolved against the dataset
-file's directory. `parse_file` never raises on bad content: it returns the
+system, the system prompt first, content parts joined into one string with a
+placeholder per image, image paths resolved against the dataset file's directory. `parse_file` never raises on bad content: it returns the
 well-formed records and a `Problem` for every fault it finds, so validation can
 report all of them at once. `load_records` is the strict front door for the
 stages that only want clean data.
@@ -50,6 +59,12 @@ _SHAPES = {
     "messages": ("messages", "role", "content"),
 }
 
+# Where an image sits in a turn's text (LLaVA's spelling; OpenAI image parts become one).
+IMAGE_PLACEHOLDER = "<image>"
+
+# Image references that are not local files.
+_REMOTE_SCHEMES = ("http://", "https://", "data:")
+
 # What to do with a conversation identical to an earlier one of the same file:
 # error (a problem), warn (kept, reported), drop (every copy after the first removed).
 DUPLICATE_POLICIES = ("error", "warn", "drop")
@@ -66,8 +81,10 @@ _UNREADABLE = object()
 class Record:
     """One normalized sample.
 
-    `messages` are ``{"role", "content"}`` dicts, system prompt (if any) first,
-    then user / assistant alternating. `images` are resolved paths. `index` is
+    `messages` are ``{"role", "content"}`` dicts (content a string, with
+    `IMAGE_PLACEHOLDER` where an image goes), system prompt (if any) first,
+    then user / assistant alternating. `images` are resolved paths, in the
+    order of their placeholders. `index` is
     the record's position in its file (0-based, counting rejected records too);
     `line` is its 1-based line number in a JSONL file, None in a JSON array.
     """
@@ -389,6 +406,8 @@ def _normalize_record(
         return None, problems
 
     messages: list[dict[str, str]] = []
+    part_images: list[str] = []  # images of OpenAI content parts, in order
+    parts_ok = True
     turn_of: list[int | None] = []  # message position -> index in the record's own turn list
     roles_known = True
     for j, turn in enumerate(turns):
@@ -404,6 +423,13 @@ def _normalize_record(
             located("unknown_role", f"role {shown} is not one of {', '.join(ROLE_ALIASES)}", f"{where}.{role_key}")
             roles_known = False
         text = turn.get(text_key)
+        if shapes[0] == "messages" and isinstance(text, list):  # OpenAI content parts
+            text = _content_parts(text, f"{where}.{text_key}", base_dir, part_images, located)
+            if text is None:  # reported; the record's images are then unknown too
+                parts_ok = False
+                messages.append({"role": canonical or "", "content": ""})
+                turn_of.append(j)
+                continue
         if text is not None and not isinstance(text, str):
             located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", f"{where}.{text_key}")
         elif text is None or not text.strip():
@@ -431,6 +457,12 @@ def _normalize_record(
             located("no_assistant_turn", "the conversation has no assistant turn to learn from", turns_key)
 
     images = _images(raw, base_dir, located)
+    if part_images and images:
+        located("bad_image_field", "images given both as content parts and in the record's image field", "image")
+    field_ = next((k for k in ("image", "images") if raw.get(k) is not None), turns_key)  # where the images are
+    images = part_images or images
+    if parts_ok:
+        _placeholder_problems(messages, turn_of, images, turns_key, text_key, field_, located)
     if problems:
         return None, problems
     return Record(id=record_id, messages=messages, images=images, index=index, line=line), problems
@@ -453,6 +485,67 @@ def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
     return None
 
 
+def _content_parts(parts: list, where: str, base_dir: str, images: list[str], located) -> str | None:
+    """An OpenAI content-part list as one string, an `IMAGE_PLACEHOLDER` per image part.
+
+    Appends each image's resolved path to `images`; returns None (after
+    reporting why) for a part it cannot read.
+    """
+    texts = []
+    for k, part in enumerate(parts):
+        at = f"{where}[{k}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image", "image_url"):
+            ref = _image_ref(part)
+            if ref is None:
+                located("bad_image_field", f"an {kind} part needs a local file path "
+                        "('image', 'path' or 'url'; image_url: {'url': ...})", at)
+                return None
+            if ref.startswith(_REMOTE_SCHEMES):
+                located("bad_image_field", f"{ref[:40]!r} is not a local file (only image files on disk are read)", at)
+                return None
+            texts.append(IMAGE_PLACEHOLDER)
+            images.append(_resolve(base_dir, ref.removeprefix("file://")))
+        else:
+            shown = f"type {kind!r}" if kind is not None else f"a JSON {_json_type(part)} without a 'type'"
+            located("bad_content_part", f"content part {k} is {shown}; expected text, image or image_url "
+                    "(a text part needs a string 'text')", at)
+            return None
+    return "".join(texts)
+
+
+def _image_ref(part: dict) -> str | None:
+    if part["type"] == "image_url":
+        value = part.get("image_url")
+        value = value.get("url") if isinstance(value, dict) else value
+    else:
+        value = next((part[k] for k in ("image", "path", "url") if isinstance(part.get(k), str)), None)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _placeholder_problems(messages, turn_of, images, turns_key: str, text_key: str, images_field: str,
+                          located) -> None:
+    """Every placeholder sits in a user turn, and there is one per image."""
+    count = 0
+    for k, message in enumerate(messages):
+        n = message["content"].count(IMAGE_PLACEHOLDER)
+        count += n
+        if n and message["role"] != "user":
+            j = turn_of[k]
+            located("image_outside_user_turn", f"{IMAGE_PLACEHOLDER} in a {message['role']} turn: images go in user "
+                    "turns (the tokens of an image are never learned)",
+                    "system" if j is None else f"{turns_key}[{j}].{text_key}")
+    if count != len(images):
+        located("image_placeholder_mismatch", f"{count} {IMAGE_PLACEHOLDER} placeholder(s) in the turns but "
+                f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
+
+
+def _resolve(base_dir: str, path: str) -> str:
+    return os.path.normpath(os.path.join(base_dir, path))
+
+
 def _images(raw: dict, base_dir: str, located) -> list[str]:
     """The record's image paths, resolved against the dataset file's directory."""
     present = [key for key in ("image", "images") if raw.get(key) is not None]
@@ -467,4 +560,4 @@ def _images(raw: dict, base_dir: str, located) -> list[str]:
     if not isinstance(items, list) or not all(isinstance(p, str) and p.strip() for p in items):
         located("bad_image_field", f"'{key}' must be a non-empty path string or a list of them", key)
         return []
-    return [os.path.normpath(os.path.join(base_dir, p)) for p in items]
+    return [_resolve(base_dir, p) for p in items]

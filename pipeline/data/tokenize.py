@@ -15,6 +15,15 @@ property is an error naming the record: we cannot tell which tokens to learn.
 Work is batched (rendering, tokenizing, labelling with numpy), so the only
 per-record Python is the template rendering itself.
 
+Vision-language models (`pipeline.data.vision`): the messages are rendered as
+content parts with the processor's chat template, and every image token the
+template writes is expanded to the processor's replacement for that image
+before tokenizing (in P and F too, so the prefix property still holds). Image
+tokens sit in user turns (validation refuses a placeholder anywhere else) and
+are unsupervised whatever the template does. The cache also records each
+record's image paths; `too_long=truncate` drops, instead of cutting, a record
+whose image tokens would not all survive (counted as ``dropped_image_cut``).
+
 With ``duplicates: drop`` the exact-duplicate conversations of a file (every
 occurrence after the first, see `formats.duplicate_of`) are removed before
 tokenizing, so the cache holds each conversation once; under ``error`` /
@@ -26,7 +35,8 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 ``source``, ``source_sha256``, ``records_in`` (records in the file), ``records``,
 ``turns``, ``assistant_turns``, ``tokens``, ``supervised_tokens``, ``tokens_per_record``
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
-``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``.
+``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, and for a
+vision-language model ``images`` and ``dropped_image_cut``.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import numpy as np
 
 from pipeline.data.cache import IGNORE_INDEX, write_cache
 from pipeline.data.formats import DUPLICATE_POLICIES, Record, drop_duplicates, load_records
+from pipeline.data.vision import ImageText, is_vision_language, load_image_text
 from pipeline.errors import DataError, UserError
 
 TOO_LONG_POLICIES = ("error", "truncate", "drop")
@@ -50,6 +61,7 @@ BATCH_SIZE = 2048
 # Files that define a tokenizer's behaviour; weights and model config are left out.
 _TOKENIZER_FILE_PREFIXES = (
     "tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges", "spiece", "sentencepiece",
+    "preprocessor_config", "processor_config",  # a vision-language processor: how images expand into tokens
 )
 
 
@@ -72,6 +84,14 @@ def load_tokenizer(tokenizer_dir: str | Path):
     return tokenizer
 
 
+def load_chat(model_dir: str | Path) -> tuple[object, ImageText | None]:
+    """(tokenizer, the processor's `ImageText` for a vision-language model, else None)."""
+    if Path(model_dir).is_dir() and is_vision_language(model_dir):
+        images = load_image_text(model_dir)
+        return images.tokenizer, images
+    return load_tokenizer(model_dir), None
+
+
 def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
     """sha256 over the names and bytes of the tokenizer's files (not the weights)."""
     digest = hashlib.sha256()
@@ -86,15 +106,19 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def render(tokenizer, conversations: list[list[dict]], *, add_generation_prompt: bool) -> tuple[list, dict[int, str]]:
+def render(tokenizer, conversations: list[list[dict]], *, add_generation_prompt: bool,
+           chat_template: str | None = None) -> tuple[list, dict[int, str]]:
     """Render many conversations to text; returns (texts, {position: error}) with None for failures.
 
     Renders the batch in one call; only if that raises are conversations
-    rendered one by one, so the failing ones can be named.
+    rendered one by one, so the failing ones can be named. `chat_template`
+    overrides the tokenizer's (a processor's own template).
     """
     if not conversations:
         return [], {}
     kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
+    if chat_template is not None:
+        kwargs["chat_template"] = chat_template
     try:
         return list(tokenizer.apply_chat_template(conversations, **kwargs)), {}
     except Exception:  # noqa: BLE001 -- a template may raise anything; located below
@@ -123,19 +147,44 @@ def _encode(tokenizer, texts: list[str], *, offsets: bool = False):
     )
 
 
-def sequence_lengths(tokenizer, records: list[Record]) -> tuple[np.ndarray, dict[int, str]]:
-    """Tokens in each record's full rendering; -1 and an error message where the template fails."""
+def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None
+                     ) -> tuple[np.ndarray, dict[int, str]]:
+    """Tokens in each record's full rendering (image tokens expanded); -1 and an error message where it fails."""
     lengths = np.full(len(records), -1, dtype=np.int64)
     errors: dict[int, str] = {}
     for start in range(0, len(records), BATCH_SIZE):
         batch = records[start:start + BATCH_SIZE]
-        texts, failed = render(tokenizer, [r.messages for r in batch], add_generation_prompt=False)
+        texts, failed = render(tokenizer, _conversations(batch, images), add_generation_prompt=False,
+                               chat_template=images.chat_template if images else None)
+        if images is not None:
+            texts = _expand_all(images, texts, [r.images for r in batch], failed)
         errors.update({start + i: msg for i, msg in failed.items()})
         ok = [i for i, t in enumerate(texts) if t is not None]
         if ok:
             ids = _encode(tokenizer, [texts[i] for i in ok])["input_ids"]
             lengths[[start + i for i in ok]] = [len(x) for x in ids]
     return lengths, errors
+
+
+def _conversations(batch: list[Record], images: ImageText | None) -> list[list[dict]]:
+    """What the template renders: the messages, as content parts for a vision-language processor."""
+    return [images.conversation(r.messages) if images else r.messages for r in batch]
+
+
+def _expand_all(images: ImageText, texts: list, paths: list[list[str]], errors: dict[int, str], *,
+                complete: bool = True) -> list:
+    """Each rendered text with its image tokens expanded; a failure goes into `errors` (text None)."""
+    out = []
+    for i, (text, own) in enumerate(zip(texts, paths)):
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            out.append(images.expand(text, own, complete=complete))
+        except DataError as err:
+            errors[i] = str(err)
+            out.append(None)
+    return out
 
 
 # --- labelling ------------------------------------------------------------------------------------
@@ -158,22 +207,32 @@ def _record_name(source: str, record: Record) -> str:
     return f"{source} record {record.index}" + (f" ({', '.join(where)})" if where else "")
 
 
-def _render_turns(tokenizer, batch: list[Record], source: str):
+def _render_turns(tokenizer, batch: list[Record], source: str, images: ImageText | None = None):
     """Full texts plus, per assistant turn, (record, P text, F text) checked for the prefix property."""
-    closed_convs = [r.messages for r in batch]  # whole conversations first, then inner turns
+    conversations = _conversations(batch, images)
+    closed_convs = list(conversations)  # whole conversations first, then inner turns
     prompt_convs, owners = [], []  # owners: (record, message position, index into closed)
     for b, record in enumerate(batch):
         last = len(record.messages) - 1
         for k, message in enumerate(record.messages):
             if message["role"] == "assistant":
-                prompt_convs.append(record.messages[:k])
+                prompt_convs.append(conversations[b][:k])
                 if k == last:
                     owners.append((b, k, b))  # messages[:k+1] is the whole conversation: render it once
                 else:
                     owners.append((b, k, len(closed_convs)))
-                    closed_convs.append(record.messages[:k + 1])
-    closed, errors = render(tokenizer, closed_convs, add_generation_prompt=False)
-    opened, prompt_errors = render(tokenizer, prompt_convs, add_generation_prompt=True)
+                    closed_convs.append(conversations[b][:k + 1])
+    template = images.chat_template if images else None
+    closed, errors = render(tokenizer, closed_convs, add_generation_prompt=False, chat_template=template)
+    opened, prompt_errors = render(tokenizer, prompt_convs, add_generation_prompt=True, chat_template=template)
+    if images is not None:  # a whole conversation holds all its images, a prefix of one the first few
+        n = len(batch)
+        inner_errors: dict[int, str] = {}
+        closed = (_expand_all(images, closed[:n], [r.images for r in batch], errors)
+                  + _expand_all(images, closed[n:], [batch[b].images for b, _, c in owners if c >= n], inner_errors,
+                                complete=False))
+        errors.update({n + i: msg for i, msg in inner_errors.items()})
+        opened = _expand_all(images, opened, [batch[b].images for b, _, _ in owners], prompt_errors, complete=False)
     for i, msg in errors.items():
         b = i if i < len(batch) else next(o[0] for o in owners if o[2] == i)
         raise DataError(f"{_record_name(source, batch[b])}: {msg}")
@@ -248,8 +307,9 @@ def _supports_offsets(tokenizer) -> bool:
     return bool(getattr(tokenizer, "is_fast", False))
 
 
-def _label_batch(tokenizer, batch: list[Record], source: str) -> tuple[_Batch, np.ndarray]:
-    full_texts, turns = _render_turns(tokenizer, batch, source)
+def _label_batch(tokenizer, batch: list[Record], source: str, images: ImageText | None = None
+                 ) -> tuple[_Batch, np.ndarray]:
+    full_texts, turns = _render_turns(tokenizer, batch, source, images)
     tokens = _spans_from_offsets(tokenizer, full_texts, turns) if _supports_offsets(tokenizer) else None
     if tokens is None:
         tokens = _spans_from_prefixes(tokenizer, full_texts, turns, batch, source)
@@ -261,6 +321,8 @@ def _label_batch(tokenizer, batch: list[Record], source: str) -> tuple[_Batch, n
     total = tokens.ids.size
     depth = np.cumsum(np.bincount(tokens.lo, minlength=total + 1) - np.bincount(tokens.hi, minlength=total + 1))
     labels = np.where(depth[:total] > 0, tokens.ids, IGNORE_INDEX)
+    if images is not None:  # an image's tokens are input, never a target, whatever the template did
+        labels[tokens.ids == images.image_token_id] = IGNORE_INDEX
     return tokens, labels
 
 
@@ -275,28 +337,35 @@ class EncodedSplit:
     labels: np.ndarray
     offsets: np.ndarray
     stats: dict
+    images: list[list[str]] | None = None  # per kept record, its image paths (vision-language models)
 
 
 def encode_records(
     records: list[Record], tokenizer, *, max_length: int, too_long: str, source: str = "",
+    images: ImageText | None = None,
 ) -> EncodedSplit:
     """Tokenize and label `records`, applying the too-long policy.
 
     ``error`` raises `DataError` naming the over-long records; ``truncate``
     keeps the first `max_length` tokens; ``drop`` removes the record. A
     truncated record left with no supervised token is dropped too (it would
-    teach nothing) and counted as ``dropped_unsupervised``.
+    teach nothing) and counted as ``dropped_unsupervised``; so is one whose
+    truncation would cut its image tokens (``dropped_image_cut``). `images`:
+    the processor of a vision-language model (see the module docstring).
     """
     if too_long not in TOO_LONG_POLICIES:
         raise UserError(f"too_long must be one of {', '.join(TOO_LONG_POLICIES)}, not {too_long!r}")
     ids_parts, label_parts, length_parts = [], [], []
     over: list[str] = []
     counts = {"too_long": 0, "truncated": 0, "dropped": 0, "dropped_unsupervised": 0}
+    if images is not None:
+        counts["dropped_image_cut"] = 0
+    kept_images: list[list[str]] = []
     turns = assistant_turns = 0
     raw_max = 0
     for start in range(0, len(records), BATCH_SIZE):
         batch = records[start:start + BATCH_SIZE]
-        tokens, labels = _label_batch(tokenizer, batch, source)
+        tokens, labels = _label_batch(tokenizer, batch, source, images)
         lengths = tokens.lengths
         raw_max = max(raw_max, int(lengths.max(initial=0)))
         too_long_rec = lengths > max_length
@@ -313,8 +382,16 @@ def encode_records(
                                  minlength=len(batch))
         unsupervised = keep & (supervised == 0)
         keep &= ~unsupervised
+        cut = np.zeros(len(batch), dtype=bool)
+        if images is not None:  # an image is all of its tokens or none: never cut one
+            is_image = tokens.ids == images.image_token_id
+            cut = keep & (np.bincount(token_record[kept_tokens & is_image], minlength=len(batch))
+                          < np.bincount(token_record[is_image], minlength=len(batch)))
+            keep &= ~cut
+            counts["dropped_image_cut"] += int(cut.sum())
+            kept_images += [batch[b].images for b in np.flatnonzero(keep)]
         kept_tokens &= keep[token_record]
-        counts["dropped"] += int((too_long_rec & ~keep & ~unsupervised).sum())
+        counts["dropped"] += int((too_long_rec & ~keep & ~unsupervised & ~cut).sum())
         counts["dropped_unsupervised"] += int(unsupervised.sum())
         counts["truncated"] += int((too_long_rec & keep).sum())
         ids_parts.append(tokens.ids[kept_tokens].astype(np.int32))
@@ -344,7 +421,9 @@ def encode_records(
         "max_tokens_before_truncation": raw_max,
         **counts,
     }
-    return EncodedSplit(input_ids, labels, offsets, stats)
+    if images is not None:
+        stats["images"] = sum(map(len, kept_images))
+    return EncodedSplit(input_ids, labels, offsets, stats, kept_images if images is not None else None)
 
 
 def _percentiles(lengths: np.ndarray) -> dict:
@@ -357,19 +436,22 @@ def _percentiles(lengths: np.ndarray) -> dict:
 
 def tokenize_file(
     path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
-    duplicates: str = "error",
+    duplicates: str = "error", images: ImageText | None = None,
 ) -> dict:
     """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata).
 
     ``duplicates="drop"`` removes exact-duplicate conversations first (counted
     as ``duplicates_dropped``). Raises `DataError` if no record is left.
+    `images`: a vision-language model's processor; the cache then holds each
+    record's image paths too.
     """
     if duplicates not in DUPLICATE_POLICIES:
         raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
     records = load_records(path)
     kept = drop_duplicates(records) if duplicates == "drop" else records
-    encoded = encode_records(kept, tokenizer, max_length=max_length, too_long=too_long, source=str(path))
+    encoded = encode_records(kept, tokenizer, max_length=max_length, too_long=too_long, source=str(path),
+                             images=images)
     if encoded.stats["records"] == 0:
         copies = f"dropping {len(records) - len(kept)} duplicate(s) and " if len(kept) < len(records) else ""
         raise DataError(f"{path}: no records left after {copies}applying too_long={too_long!r} "
@@ -377,7 +459,8 @@ def tokenize_file(
     source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats,
              "records_in": len(records), "duplicates_dropped": len(records) - len(kept)}
-    write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets, metadata={
+    write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets,
+                images=encoded.images, metadata={
         "split": split,
         "source": str(path),
         "source_sha256": source_sha,
@@ -416,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-length must be positive, got {args.max_length}")
     if args.val is not None and args.out_val is None:
         raise UserError("--val needs --out-val")
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer, images = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
     splits = {"train": (args.train, args.out_train)}
     if args.val is not None:
@@ -425,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
               "max_length": args.max_length, "too_long": args.too_long, "duplicates": args.duplicates, "splits": {}}
     for split, (source, out) in splits.items():
         stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
-                              too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates)
+                              too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates,
+                              images=images)
         report["splits"][split] = {"cache": str(out), **stats}
         print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
               f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "

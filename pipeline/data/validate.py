@@ -1,10 +1,14 @@
 """Validate every record of the dataset files and report every problem at once.
 
-Checks, per file: the layout and each record's structure (see `formats`),
-images (present and decodable), token length against ``max_length`` under the
-too-long policy, duplicate ids, exact-duplicate samples under the duplicates
-policy, and that at least one record is left to train on; across files: val or
-test conversations that also occur in train (and test in val).
+Checks, per file: the layout and each record's structure (see `formats`: one
+image placeholder per image, in user turns), images (present, decodable, of a
+sane size: `pipeline.data.images`), token length against ``max_length`` under
+the too-long policy (with a vision-language model's image tokens expanded as
+tokenization will), duplicate ids, exact-duplicate samples under the
+duplicates policy, and that at least one record is left to train on; across
+files: val or test conversations that also occur in train (and test in val),
+where a conversation with images is the same only with the same image files'
+content.
 
 Always writes ``validation.json`` (ok flag, counts per reason, the problems,
 warnings, split-level notes, per-file stats) and ``validation.csv`` (one row per
@@ -25,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, conversation_key, duplicate_of, parse_file
+from pipeline.data.images import check_image, file_digest
 from pipeline.data.tokenize import TOO_LONG_POLICIES
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
@@ -45,15 +49,6 @@ REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --
 # Per-record overlap rows shown in the failure summary: the one line per pair of
 # splits already gives the count, and the rows must not crowd out other faults.
 OVERLAP_EXAMPLES = 3
-
-# Leading bytes of the image formats we accept when Pillow is not installed.
-_IMAGE_MAGIC = (
-    b"\x89PNG\r\n\x1a\n",  # PNG
-    b"\xff\xd8\xff",  # JPEG
-    b"GIF87a", b"GIF89a",
-    b"BM",  # BMP
-    b"II*\x00", b"MM\x00*",  # TIFF
-)
 
 
 @dataclass
@@ -156,12 +151,12 @@ def validate_dataset(
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
     for name, pf in parsed.items():
         found[name] += _image_problems(pf, image_verdicts)
-    overlaps = _overlap_problems(parsed)
+    overlaps = _overlap_problems(parsed, image_verdicts)
     for name, _, problem in overlaps:
         found[name].append(problem)
     report.notes += _overlap_notes(parsed, overlaps)
 
-    lengths = _measure_lengths(parsed, tokenizer_dir)
+    lengths = _measure_lengths(parsed, tokenizer_dir, image_verdicts)
     for name, pf in parsed.items():
         stats = {**_file_stats(pf), "duplicates": len(copies[name]),
                  "duplicates_dropped": len(copies[name]) if duplicates == "drop" else 0,
@@ -242,34 +237,6 @@ def _problem(pf: ParsedFile, position: int, reason: str, message: str, field_: s
     return Problem(str(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_)
 
 
-def check_image(path: str) -> tuple[str, str] | None:
-    """(reason, message) if the image at `path` is missing or cannot be decoded, else None.
-
-    Uses Pillow when installed; otherwise the file must be non-empty and start
-    with a known image signature.
-    """
-    if not os.path.isfile(path):
-        return "image_missing", f"image file not found: {path}"
-    try:
-        from PIL import Image
-    except ImportError:
-        return None if _has_image_magic(path) else ("image_undecodable", f"not a known image format: {path}")
-    try:
-        with Image.open(path) as image:
-            image.verify()
-    except Exception as err:  # Pillow raises many types for a broken file
-        return "image_undecodable", f"cannot decode image {path}: {err}"
-    return None
-
-
-def _has_image_magic(path: str) -> bool:
-    with open(path, "rb") as f:
-        head = f.read(16)
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        return True
-    return any(head.startswith(magic) for magic in _IMAGE_MAGIC)
-
-
 def _image_problems(pf: ParsedFile, verdicts: dict) -> list[Problem]:
     problems = []
     for position, record in enumerate(pf.records):
@@ -309,18 +276,32 @@ def _without_records(pf: ParsedFile, indices: set[int]) -> ParsedFile:
     return dataclasses.replace(pf, records=[r for r in pf.records if r.index not in indices])
 
 
-def _overlap_problems(parsed: dict[str, ParsedFile]) -> list[tuple[str, str, Problem]]:
+def _overlap_problems(parsed: dict[str, ParsedFile], image_verdicts: dict) -> list[tuple[str, str, Problem]]:
     """(split, earlier split, problem) per val / test record whose conversation occurs in train (for test: or val).
 
-    Whitespace-insensitive; a record is matched to the first split it occurs in.
+    Whitespace-insensitive; a record with images matches only a record with
+    the same image content (under any file name); a record is matched to the
+    first split it occurs in. `image_verdicts`: path -> problem or None
+    (`check_image`), an unreadable image is compared by its path.
     """
+    texts = {name: [conversation_key(r.messages, loose=True) for r in pf.records] for name, pf in parsed.items()}
+    # Only a text that occurs in two splits needs its images read (a train set's images are many).
+    counts = Counter(key for keys in texts.values() for key in set(keys))
+    digests: dict[str, str] = {}
+
+    def image_key(path: str) -> str:
+        if path not in digests:
+            digests[path] = path if image_verdicts.get(path) is not None else file_digest(path)
+        return digests[path]
+
     found = []
-    seen: dict[str, dict[str, int]] = {}
+    seen: dict[str, dict[tuple, int]] = {}
     for name in SPLITS:
         if name not in parsed:
             continue
         pf = parsed[name]
-        keys = [conversation_key(r.messages, loose=True) for r in pf.records]
+        keys = [(text, *map(image_key, r.images)) if counts[text] > 1 else (text,)
+                for text, r in zip(texts[name], pf.records)]
         for position, key in enumerate(keys):
             other = next((o for o, index_of in seen.items() if key in index_of), None)
             if other is not None:
@@ -382,14 +363,27 @@ def _unusable_text(total: int, causes: dict[str, int], max_length: int) -> str:
     return f"of its {total} records, " + ", ".join(f"{n} {phrase(cause, n)}" for cause, n in present)
 
 
-def _measure_lengths(parsed: dict[str, ParsedFile], tokenizer_dir) -> dict[str, tuple[np.ndarray, dict]]:
-    """Token lengths per clean record of each file; the tokenizer is loaded only if there is anything to measure."""
+def _measure_lengths(parsed: dict[str, ParsedFile], tokenizer_dir, image_verdicts: dict
+                     ) -> dict[str, tuple[np.ndarray, dict]]:
+    """Token lengths per clean record of each file; the tokenizer is loaded only if there is anything to measure.
+
+    A vision-language model's records are measured with their image tokens
+    expanded, except where an image is unusable (already a problem): -1 there.
+    """
     if not any(pf.records for pf in parsed.values()):
         return {}
-    from pipeline.data.tokenize import load_tokenizer, sequence_lengths  # imports transformers: only when needed
+    from pipeline.data.tokenize import load_chat, sequence_lengths  # imports transformers: only when needed
 
-    tokenizer = load_tokenizer(tokenizer_dir)
-    return {name: sequence_lengths(tokenizer, pf.records) for name, pf in parsed.items()}
+    tokenizer, images = load_chat(tokenizer_dir)
+    out = {}
+    for name, pf in parsed.items():
+        usable = [i for i, r in enumerate(pf.records) if images is None
+                  or all(image_verdicts.get(p) is None for p in r.images)]
+        measured, errors = sequence_lengths(tokenizer, [pf.records[i] for i in usable], images)
+        lengths = np.full(len(pf.records), -1, dtype=np.int64)
+        lengths[usable] = measured
+        out[name] = (lengths, {usable[i]: msg for i, msg in errors.items()})
+    return out
 
 
 def _length_check(

@@ -3,7 +3,8 @@
     python -m pipeline smoke-test --model results/<run>/export/merged \
         --test held_out.jsonl --out results/<run>/export/smoke_test.json [--min-exact-match 0.5]
 
-Loads the merged dir with stock `AutoModelForCausalLM.from_pretrained` (in this
+Loads the merged dir with stock `AutoModelForCausalLM.from_pretrained`, or for a
+vision-language model `AutoModelForImageTextToText` and `AutoProcessor` (in this
 fresh process, as a user would), decodes greedily and reports exact match. With
 `--min-exact-match` the command fails below that rate.
 """
@@ -16,12 +17,15 @@ from pathlib import Path
 
 import torch
 
+from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
+from pipeline.evaluate.metrics import HeldOut, add_held_out_args, exact_match, held_out_examples
+from pipeline.model.loading import auto_class
+from pipeline.model.prompts import Prompts
 
 
 def main(argv: list[str]) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     ap = argparse.ArgumentParser(prog="python -m pipeline smoke-test", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,15 +36,15 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(args.model).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    config = AutoConfig.from_pretrained(args.model)
+    model = auto_class(config).from_pretrained(args.model).to(device)
+    images = load_image_text(args.model) if config_is_vision_language(config) else None  # via AutoProcessor
+    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(args.model), images)
     examples = held_out_examples(args.test, args.max_test)
     if not examples:
         # No held-out set: at least prove the model loads and generates.
-        examples = [([{"role": "user", "content": "Hello"}], "")]
-    result = exact_match(model, tokenizer, examples, device=device, max_new_tokens=args.max_new_tokens)
+        examples = [HeldOut([{"role": "user", "content": "Hello"}], "", [])]
+    result = exact_match(model, prompts, examples, device=device, max_new_tokens=args.max_new_tokens)
     result["model"] = str(args.model)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -4,7 +4,8 @@
         --stage chunk01 --out results/<run>/eval/chunk01.json
 
 For each weight set: validation loss and perplexity over the whole validation
-cache, and, when a held-out test file is given, greedy-decoding exact match.
+cache, and, when a held-out test file is given, greedy-decoding exact match
+(for a vision-language model: on the held-out image questions, with their images).
 The model (base + adapter) is built once; each EMA shadow is loaded into the
 adapter in turn. `--base-only` evaluates the untouched base model instead (the
 "before" row of the summary).
@@ -25,20 +26,21 @@ from pipeline import config as train_config
 from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
 from pipeline.model import loading, precision as prec
-from pipeline.model.loss import TokenLoss, validation_loss
+from pipeline.model.loss import Collator, TokenLoss, validation_loss
+from pipeline.model.prompts import Prompts
 
 log = logging.getLogger(__name__)
 
 
-def _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, max_new_tokens) -> dict:
+def _evaluate_current(model, prompts, val, examples, cfg, device, precision, max_new_tokens) -> dict:
     row: dict = {}
-    if val_cache is not None:
-        row.update(validation_loss(TokenLoss(model), val_cache, pad_id=tokenizer.pad_token_id,
-                                   micro_batch=cfg.eval.micro_batch, device=device, autocast=precision.autocast))
+    if val is not None:
+        row.update(validation_loss(TokenLoss(model), val, micro_batch=cfg.eval.micro_batch, device=device,
+                                   autocast=precision.autocast))
     if examples:
         # Under autocast, as in training: a LoRA model built for half precision leaves its inputs uncast.
         with precision.autocast():
-            em = exact_match(model, tokenizer, examples, device=device, max_new_tokens=max_new_tokens)
+            em = exact_match(model, prompts, examples, device=device, max_new_tokens=max_new_tokens)
         row.update({"exact_match": em["exact_match"], "n_test": em["n"], "samples": em["samples"]})
     return row
 
@@ -53,17 +55,16 @@ def evaluate(args) -> dict:
     cfg = train_config.load(ckpt.config_path if ckpt is not None else args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    val_cache = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
+    images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
+    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.path), images)
+    val = Collator(TokenCache(cfg.data.val_cache), prompts.pad_token_id, images=images) if cfg.data.val_cache else None
     examples = held_out_examples(args.test, args.max_test)
     result = {"stage": args.stage, "rows": []}
     t0 = time.time()
 
     if ckpt is None:  # the base model, before any training
         model = loading.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device)
-        row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
+        row = _evaluate_current(model, prompts, val, examples, cfg, device, precision, args.max_new_tokens)
         result["rows"].append({"weights": "base", **row})
     else:
         torch.manual_seed(cfg.seed)  # adapter init is overwritten below; seed only for tidiness
@@ -73,7 +74,7 @@ def evaluate(args) -> dict:
         sets = [("raw", ckpt.main)] + [(f"ema_{tag}", weights) for tag, weights in ckpt.ema.items()]
         for name, weights in sets:
             loading.load_trained(model, names, weights.all(), f"{args.checkpoint} ({weights.label})")
-            row = _evaluate_current(model, tokenizer, val_cache, examples, cfg, device, precision, args.max_new_tokens)
+            row = _evaluate_current(model, prompts, val, examples, cfg, device, precision, args.max_new_tokens)
             result["rows"].append({"weights": name, **row})
             log.info("%s %s: %s", args.stage, name, {k: v for k, v in row.items() if k != "samples"})
     result["seconds"] = round(time.time() - t0, 2)

@@ -15,13 +15,17 @@ the trainer writes. What is written:
   `--ema-rate`; optional when the run has a single rate) as stock PEFT dirs
   (`adapter_config.json` with `base_model_name_or_path` set to `--base`,
   `adapter_model.safetensors`), loadable with
-  `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), dir)`.
+  `PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), dir)`
+  (`AutoModelForImageTextToText` for a vision-language base; a projector trained
+  in full is in the same dir as PEFT `modules_to_save`).
 * full fine-tuning: `--out-model` / `--out-model-ema` as HF model dirs
   (`model.safetensors`, or `model-0000i-of-0000n.safetensors` +
   `model.safetensors.index.json` beyond `--max-shard-size`) with every
-  non-weight file of `--base` (config, tokenizer, generation config). The
-  tensor names are the base's: tied weights the base does not store (e.g.
-  `lm_head.weight` tied to the embeddings) are written once, as in the base.
+  non-weight file of `--base` (config, tokenizer, processor, generation
+  config). The tensor names and key layout are the base's (`BaseKeys`): tied
+  weights the base does not store (e.g. `lm_head.weight` tied to the
+  embeddings) are written once, as in the base; tensors training kept frozen
+  (a vision-language model's vision tower) are copied from it.
 * `--all-ema-dir DIR`: every EMA rate as `DIR/<tag>/`, same format.
 
 `--models` picks main, EMA or both (default); each picked set needs its output
@@ -45,10 +49,11 @@ import torch
 from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.export import lora_math
+from pipeline.model.base_keys import BaseKeys, tied_aliases
 from pipeline.storage import dtypes, hf_dir
 from pipeline.checkpoint.reader import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
-from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec
+from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_tensor
 
 log = logging.getLogger(__name__)
 
@@ -174,32 +179,52 @@ def _write_adapter(dst: Path, weights: TrainedWeights, peft_config: dict | None,
 
 
 def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base: Path, requested, max_bytes):
-    base_specs = hf_dir.find_weights(base, "--base").all_specs
-    names = list(base_specs)  # the base's names and order: its tying and layout carry over
-    missing = [n for n in names if n not in weights.specs]
-    unfillable = [n for n in missing if weights is main or n not in main.specs]
-    if unfillable:
-        raise UserError(f"{weights.label} lacks {len(unfillable)} tensor(s) of the base, e.g. {unfillable[0]!r}")
-    extra = sorted(set(weights.specs) - set(base_specs))
+    """An HF model dir in the base's layout: its tensor names, order, tying and key layout.
+
+    A checkpoint names tensors as the live model does; each is written under the
+    key the base stores it as (`BaseKeys`). A base tensor the EMA shadow lacks
+    comes from the main weights; one the main weights lack too was frozen in
+    training (a vision tower) and is copied from the base.
+    """
+    base_weights = hf_dir.find_weights(base, "--base")
+    base_specs = base_weights.all_specs
+    keys = BaseKeys(base, set(base_specs))
+    own = {keys(n): n for n in weights.specs}  # stored key -> name in the checkpoint
+    main_own = own if weights is main else {keys(n): n for n in main.specs}
+    extra = sorted(n for k, n in own.items() if k not in base_specs)
     if extra:
-        aliases = _tied_aliases(base, set(base_specs))
+        aliases = tied_aliases(base, keys)
         untied = [n for n in extra if n not in aliases]
         if untied:
             raise UserError(f"{weights.label} has tensor(s) the base does not store, e.g. {untied[0]!r} "
                             "(a different architecture?)")
         log.info("dropping %d tied duplicate(s): %s", len(extra), ", ".join(extra))
-    if missing:
-        log.info("%s: %d tensor(s) taken from the main weights (no EMA kept)", weights.label, len(missing))
+    names = list(base_specs)  # the base's names and order: its tying and layout carry over
+    if not any(n in main_own for n in names):
+        raise UserError(f"{main.label} holds none of the tensors of the base {base} (a different model?)")
+    sources = {n: (weights, own[n]) if n in own else (main, main_own[n]) if n in main_own else (None, n) for n in names}
+    from_main = sum(src is main and weights is not main for src, _ in sources.values())
+    frozen = [n for n, (src, _) in sources.items() if src is None]
+    if from_main:
+        log.info("%s: %d tensor(s) taken from the main weights (no EMA kept)", weights.label, from_main)
+    if frozen:
+        log.info("%d tensor(s) not trained (frozen), taken from the base, e.g. %s", len(frozen), frozen[0])
+    base_where = {spec.name: base / file for file, specs in base_weights.specs.items() for spec in specs}
     specs = []
     for name in names:
-        stored = (weights if name in weights.specs else main).specs[name]
+        src, key = sources[name]
+        stored = src.specs[key] if src is not None else base_specs[name]
         if stored.shape != base_specs[name].shape:
             raise UserError(f"{name}: trained shape {stored.shape} differs from the base's {base_specs[name].shape}")
         specs.append(TensorSpec(name, dtypes.output_dtype(stored.dtype, requested), stored.shape))
 
     def fetch(batch: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
-        own = [n for n in batch if n in weights.specs]
-        yield from _in_order(batch, weights.fetch(own), main.fetch([n for n in batch if n not in weights.specs]))
+        def stream(src):  # (base key, tensor) of the batch's tensors held by `src`
+            picked = {sources[n][1]: n for n in batch if sources[n][0] is src}
+            return ((picked[key], tensor) for key, tensor in src.fetch(list(picked)))
+
+        frozen_here = ((n, read_tensor(base_where[n], n)) for n in batch if sources[n][0] is None)
+        yield from _in_order(batch, stream(weights), *([stream(main)] if main is not weights else []), frozen_here)
 
     hf_dir.write_model(dst, specs, fetch, max_shard_bytes=max_bytes)
     hf_dir.copy_non_weight_files(base, dst)
@@ -220,25 +245,6 @@ def _in_order(order: list[str], *sources: Iterator[tuple[str, torch.Tensor]]):
             else:
                 raise KeyError(name)
         yield name, pending.pop(name)
-
-
-def _tied_aliases(base: Path, stored: set[str]) -> set[str]:
-    """Parameter names that share storage with a stored base tensor (e.g. lm_head.weight).
-
-    Built from the base's config on the meta device: nothing is allocated, and the
-    model class itself says which weights it ties.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    try:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
-    except Exception as err:  # unknown / remote-code architectures
-        raise UserError(f"cannot build the --base architecture to find its tied weights: {err}") from None
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    return {n for names in groups.values() if stored & set(names) for n in names if n not in stored}
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -17,7 +17,14 @@ What is merged, and how (mirroring peft's LoRA layers):
   added, as loading the adapter into peft would; it must have the base's shape;
 * `s = alpha / r`, or `alpha / sqrt(r)` with `use_rslora`, where r and alpha
   come from `rank_pattern` / `alpha_pattern` when a pattern matches the module
-  name (peft's rule: the first pattern that matches the name's dotted suffix).
+  name (peft's rule: the first pattern that matches the name's dotted suffix);
+* a module the config lists in `modules_to_save` (trained in full, e.g. a
+  vision-language projector) is saved whole: `base_model.model.<module>.<param>`
+  replaces the base tensor `<module>.<param>` as it is (`Replacement`).
+
+Base keys: the adapter names modules as the live model does; `stored_key`
+(default: the name itself) maps such a name to the key the base stores it
+under, where the two differ (`pipeline.model.base_keys`).
 
 The mapping is exact: every adapter tensor must land on a base tensor and
 every LoRA pair must be complete, otherwise `UserError`. Adapter kinds whose
@@ -29,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -52,7 +59,6 @@ _UNSUPPORTED = {
     "layer_replication": "layer replication changes the model's layer list",
     "target_parameters": "LoRA on raw parameters (e.g. fused MoE experts) is not supported",
     "trainable_token_indices": "trainable-token deltas are not supported",
-    "modules_to_save": "full copies of modules (modules_to_save) are not supported",
     "megatron_config": "Megatron-parallel LoRA layers are not supported",
     "use_bdlora": "block-diagonal LoRA is not supported",
     "arrow_config": "Arrow routing mixes several adapters at run time",
@@ -76,6 +82,15 @@ class LoraSettings:
     alpha_pattern: dict[str, float]
     use_rslora: bool
     fan_in_fan_out: bool
+    modules_to_save: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A base tensor that a `modules_to_save` module's trained copy replaces as a whole."""
+
+    base_key: str
+    adapter_key: str
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,7 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
             alpha_pattern={str(k): float(v) for k, v in (config.get("alpha_pattern") or {}).items()},
             use_rslora=bool(config.get("use_rslora", False)),
             fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
+            modules_to_save=tuple(config.get("modules_to_save") or ()),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"adapter config lacks a valid r / lora_alpha: {err}") from None
@@ -139,22 +155,43 @@ def scaling_for(settings: LoraSettings, module: str) -> tuple[int, float]:
     return rank, (alpha / math.sqrt(rank) if settings.use_rslora else alpha / rank)
 
 
+def _saved_module(key: str, modules: tuple[str, ...]) -> bool:
+    """Is the adapter key a tensor of a `modules_to_save` module? (peft: the module name ends with an entry)"""
+    if not key.startswith(ADAPTER_PREFIX) or not modules:
+        return False
+    parts = key[len(ADAPTER_PREFIX):].split(".")
+    prefixes = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return any(p == m or p.endswith("." + m) for p in prefixes for m in modules)
+
+
 def plan_targets(
     adapter_shapes: Mapping[str, tuple[int, ...]],
     base_shapes: Mapping[str, tuple[int, ...]],
     settings: LoraSettings,
-) -> dict[str, LoraTarget]:
+    stored_key: Callable[[str], str] = lambda name: name,
+) -> dict[str, LoraTarget | Replacement]:
     """Map every adapter tensor to the base tensor it modifies (keyed by base key).
 
     Checks, each a UserError naming the keys: every adapter key is a LoRA
-    A/B tensor, each module has both halves, the base stores `<module>.weight`
-    (a tied, unstored weight such as `lm_head.weight` counts as missing), the
-    shapes fit, and the rank agrees with the config.
+    A/B tensor or a tensor of a `modules_to_save` module, each module has both
+    halves, the base stores `<module>.weight` (a tied, unstored weight such as
+    `lm_head.weight` counts as missing), the shapes fit, and the rank agrees
+    with the config. `stored_key`: live name -> the base's key for it.
     """
+    plan: dict[str, LoraTarget | Replacement] = {}
     halves: dict[tuple[str, str], dict[str, str]] = {}
     base_layers: dict[str, str] = {}
     unknown = []
     for key in adapter_shapes:
+        if _saved_module(key, settings.modules_to_save) and not _LINEAR_KEY.fullmatch(key):
+            base_key = stored_key(key[len(ADAPTER_PREFIX):])
+            if base_key not in base_shapes:
+                raise UserError(f"adapter saves {key} (modules_to_save), but the base stores no tensor {base_key!r}")
+            if tuple(adapter_shapes[key]) != tuple(base_shapes[base_key]):
+                raise UserError(f"adapter's {key} is {tuple(adapter_shapes[key])}, the base's {base_key} "
+                                f"{tuple(base_shapes[base_key])}")
+            plan[base_key] = Replacement(base_key, key)
+            continue
         if match := _BASE_LAYER_KEY.fullmatch(key):
             base_layers[match["module"]] = key
             continue
@@ -169,11 +206,10 @@ def plan_targets(
     if unknown:
         raise UserError(f"adapter has {len(unknown)} tensor(s) that are not LoRA A/B weights, e.g. "
                         f"{', '.join(sorted(unknown)[:3])}; they would be silently dropped")
-    plan: dict[str, LoraTarget] = {}
     for (module, kind), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:
             raise UserError(f"adapter module {module} has only its lora_{''.join(pair)} tensor")
-        base_key = f"{module}.weight"
+        base_key = stored_key(f"{module}.weight")
         if base_key not in base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
                             "(different architecture, or a tied weight that is not stored)")
@@ -203,6 +239,19 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
     expected = (a[1], b[0]) if transposed else (b[0], a[1])
     if tuple(w) != expected:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
+
+
+def merged(target: LoraTarget | Replacement, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor],
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The merged tensor of one planned base key: W + s * B @ A, or the saved module's copy (cast, checked)."""
+    if isinstance(target, Replacement):
+        tensor = adapter[target.adapter_key]
+        out_dtype = out_dtype or base_weight.dtype
+        if not dtypes.fits(tensor.to(torch.float32), out_dtype):
+            raise UserError(f"{target.adapter_key} has values that are not finite in {out_dtype}")
+        return tensor.to(out_dtype, copy=True)
+    return merge_weight(source_weight(target, base_weight, adapter), adapter[target.a_key], adapter[target.b_key],
+                        target, out_dtype)
 
 
 def source_weight(target: LoraTarget, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor]):
@@ -250,13 +299,9 @@ def merge_state_dict(
     settings = parse_adapter_config(adapter_config)
     plan = plan_targets({k: tuple(v.shape) for k, v in adapter.items()},
                         {k: tuple(v.shape) for k, v in base.items()}, settings)
-    merged = {}
+    out = {}
     for key, weight in base.items():
         out_dtype = dtypes.output_dtype(weight.dtype, dtype)
         target = plan.get(key)
-        if target is None:
-            merged[key] = weight.to(out_dtype)
-        else:
-            merged[key] = merge_weight(source_weight(target, weight, adapter), adapter[target.a_key],
-                                       adapter[target.b_key], target, out_dtype)
-    return merged
+        out[key] = weight.to(out_dtype) if target is None else merged(target, weight, adapter, out_dtype)
+    return out

@@ -3,10 +3,13 @@
     python -m pipeline merge --base DIR --adapter DIR --out DIR
         [--dtype auto|bf16|fp16|fp32] [--overwrite]
 
-The model is never built. The base's safetensors shards are read one at a
+The model is never built (except on the meta device, when the base stores its
+tensors under other keys than the live model's names: `BaseKeys`). The base's
+safetensors shards are read one at a
 time with `safe_open`, tensor by tensor (a handle per tensor, so no more than
 one tensor of the base is ever mapped in); each LoRA target gets
-W + s * B @ A in fp32 (`pipeline.export.lora_math`), is cast to the output
+W + s * B @ A in fp32 (`pipeline.export.lora_math`; a module the adapter saved
+whole, PEFT `modules_to_save`, replaces the base tensor), is cast to the output
 dtype and checked finite, and is streamed into the output shard of the same
 name (`safetensors_stream.StreamingWriter`), so peak memory is the adapter
 plus a few copies of the largest tensor, far below one shard.
@@ -19,7 +22,8 @@ auto` keeps each tensor's stored dtype; integer tensors are never cast.
 
 Refused before anything is written (`UserError`): an output equal to, inside
 or containing the base or adapter dir, a non-empty output without
-`--overwrite`, a quantized base, adapter kinds that are not plain LoRA, and
+`--overwrite`, a quantized base, adapter kinds that are not plain LoRA (plus
+`modules_to_save`), and
 any adapter tensor that does not map exactly onto a stored base tensor. The
 base and adapter are only read.
 """
@@ -37,6 +41,7 @@ from safetensors.torch import load_file
 from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.export import lora_math
+from pipeline.model.base_keys import BaseKeys
 from pipeline.storage import dtypes, hf_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
 from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
@@ -80,6 +85,7 @@ def merge_dirs(
         {key: tuple(t.shape) for key, t in adapter_tensors.items()},
         {key: spec.shape for key, spec in weights.all_specs.items()},
         settings,
+        BaseKeys(base, set(weights.all_specs)),
     )
 
     started = time.perf_counter()
@@ -112,10 +118,7 @@ def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adap
             if target is None:
                 tensor = hf_dir.cast_checked(tensor, spec.dtype, spec.name)
             else:
-                tensor = lora_math.merge_weight(
-                    lora_math.source_weight(target, tensor, adapter),
-                    adapter[target.a_key], adapter[target.b_key], target, spec.dtype,
-                )
+                tensor = lora_math.merged(target, tensor, adapter, spec.dtype)
             writer.write(spec.name, tensor)
             del tensor  # drop before the next read: peak stays one tensor
 

@@ -7,8 +7,13 @@
 In one process, and one model at a time (peak memory is one model, not two):
 the reference is stock `PeftModel.from_pretrained(AutoModelForCausalLM
 .from_pretrained(base), adapter)`, the candidate `AutoModelForCausalLM
-.from_pretrained(merged)`. Both run on the same probe batch, random token ids
-below the vocab size drawn from a fixed seed, and their logits are compared.
+.from_pretrained(merged)` (`AutoModelForImageTextToText` for a vision-language
+base). Both run on the same probe batch, random token ids below the vocab size
+drawn from a fixed seed, and their logits are compared. A vision-language
+model's probes are (image, prompt) inputs: a random-noise image per probe in a
+user turn (through the base's processor: template, image tokens, pixels), then
+the random ids, so the vision tower, the projector and the language model are
+all compared.
 
 Tolerance `auto`: the relative tolerance of the least precise dtype involved
 (merged weights' storage, compute; see `dtypes.relative_logit_tolerance`)
@@ -27,11 +32,15 @@ import argparse
 import gc
 import logging
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
+from pipeline.data.formats import IMAGE_PLACEHOLDER
+from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
+from pipeline.model.loading import auto_class
 from pipeline.storage import dtypes, hf_dir
 from pipeline.export.outputs import refuse_overlaps
 from pipeline.storage.publish import write_json
@@ -41,16 +50,45 @@ log = logging.getLogger(__name__)
 EXIT_MISMATCH = 1
 
 
-def probe_ids(vocab_size: int, probes: int, seq_len: int, seed: int) -> torch.Tensor:
-    """The probe batch: uniform token ids in [0, vocab_size), reproducible from the seed."""
+PROBE_IMAGE_SIZE = (48, 40)  # width, height: any size; the processor resizes it as it would a real image
+
+
+def probe_ids(vocab_size: int, probes: int, seq_len: int, seed: int, exclude: set[int] = frozenset()) -> torch.Tensor:
+    """The probe batch: uniform token ids in [0, vocab_size) (none of `exclude`), reproducible from the seed."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (probes, seq_len), generator=generator)
+    ids = torch.randint(0, vocab_size, (probes, seq_len), generator=generator)
+    for token in exclude:  # an image token without its image would not match the features
+        ids[ids == token] = (token + 1) % vocab_size if (token + 1) % vocab_size not in exclude else 0
+    return ids
+
+
+def image_probes(base: Path, config, probes: int, seq_len: int, seed: int, workdir: Path) -> dict:
+    """(image, prompt) probes of a vision-language base: image tokens and pixels from its processor, then random ids."""
+    import numpy as np
+    from PIL import Image
+
+    images = load_image_text(base)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(probes):
+        paths.append(str(workdir / f"probe{i}.png"))
+        Image.fromarray(rng.integers(0, 256, (*PROBE_IMAGE_SIZE[::-1], 3), dtype=np.uint8)).save(paths[-1])
+    conversation = images.conversation([{"role": "user", "content": IMAGE_PLACEHOLDER}])
+    prompt = images.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True,
+                                                  chat_template=images.chat_template)
+    heads = [images.tokenizer(images.expand(prompt, [p]), add_special_tokens=False, return_tensors="pt")["input_ids"]
+             for p in paths]
+    special = {getattr(config, k, None) for k in ("image_token_id", "video_token_id")} - {None}
+    ids = torch.cat([torch.cat(heads), probe_ids(config.get_text_config().vocab_size, probes, seq_len, seed,
+                                                 special)], dim=1)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **images.text_inputs(ids),
+            **images.pixels(paths)}
 
 
 @torch.no_grad()
-def _logits(model, ids: torch.Tensor, device: str) -> torch.Tensor:
+def _logits(model, inputs: dict, device: str) -> torch.Tensor:
     model.eval()
-    out = model(input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device), use_cache=False)
+    out = model(**{k: v.to(device) for k, v in inputs.items()}, use_cache=False)
     return out.logits.float().cpu()
 
 
@@ -69,7 +107,7 @@ def verify(
 ) -> dict:
     """Compare logits, write the JSON report to `out` and return it."""
     from peft import PeftModel
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     base, adapter, merged, out = Path(base), Path(adapter), Path(merged), Path(out)
     refuse_overlaps({"--out": out}, {"--base": base, "--adapter": adapter})
@@ -85,21 +123,27 @@ def verify(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     specs = hf_dir.find_weights(merged, "--merged").all_specs.values()
     stored = dtypes.dominant_float((s.dtype, s.numel) for s in specs)
+    config = AutoConfig.from_pretrained(base)
     vocab = AutoConfig.from_pretrained(merged).get_text_config().vocab_size
-    base_vocab = AutoConfig.from_pretrained(base).get_text_config().vocab_size
+    base_vocab = config.get_text_config().vocab_size
     if vocab != base_vocab:
         raise UserError(f"--merged has vocab size {vocab}, --base {base_vocab}: not the same model")
-    ids = probe_ids(vocab, probes, seq_len, seed)
+    vision = config_is_vision_language(config)
+    with tempfile.TemporaryDirectory() as workdir:
+        if vision:
+            inputs = image_probes(base, config, probes, seq_len, seed, Path(workdir))
+        else:
+            ids = probe_ids(vocab, probes, seq_len, seed)
+            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    model_class = auto_class(config)
 
     # One model in memory at a time: the reference is freed before the merged model loads.
-    reference = PeftModel.from_pretrained(
-        AutoModelForCausalLM.from_pretrained(base, dtype=compute, device_map=device), adapter
-    )
-    expected = _logits(reference, ids, device)
+    reference = PeftModel.from_pretrained(model_class.from_pretrained(base, dtype=compute, device_map=device), adapter)
+    expected = _logits(reference, inputs, device)
     del reference
     gc.collect()
-    candidate = AutoModelForCausalLM.from_pretrained(merged, dtype=compute, device_map=device)
-    actual = _logits(candidate, ids, device)
+    candidate = model_class.from_pretrained(merged, dtype=compute, device_map=device)
+    actual = _logits(candidate, inputs, device)
     del candidate
 
     diff = (actual - expected).abs()
@@ -120,6 +164,7 @@ def verify(
         "compute_dtype": dtypes.config_name(compute),
         "device": device,
         "probes": probes,
+        "probe_images": probes if vision else 0,
         "seq_len": seq_len,
         "seed": seed,
         "vocab_size": vocab,

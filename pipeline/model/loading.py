@@ -2,7 +2,10 @@
 
 The base model directory is only ever read. Under LoRA the trained weights are
 the PEFT adapter tensors (stored with PEFT's own key names, so a checkpoint's
-adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter.
+adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter
+that trains. A vision-language model (`AutoModelForImageTextToText`, detected
+from its config) trains its language model the same way and its other parts
+as the `vision` config group says (`pipeline.model.vision`).
 """
 
 from __future__ import annotations
@@ -13,10 +16,35 @@ from contextlib import contextmanager
 import torch
 
 from pipeline.config import ALL_LINEAR, TrainConfig
+from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
+from pipeline.model import vision
 from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
+
+
+def auto_class(config):
+    """The Auto class that loads a model with this config: image-text-to-text or causal LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if config_is_vision_language(config) else AutoModelForCausalLM
+
+
+def is_vision_language(model) -> bool:
+    """Is this (possibly PEFT-wrapped) model a vision-language model?"""
+    return config_is_vision_language(getattr(model, "config", None))
+
+
+def _config(cfg: TrainConfig):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+
+
+def image_text(cfg: TrainConfig) -> ImageText | None:
+    """The processor's `ImageText` of a vision-language base (None for a text model)."""
+    return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(_config(cfg)) else None
 
 
 def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
@@ -26,10 +54,8 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
     backward (non-reentrant `torch.utils.checkpoint`, which replays the
     layer's dropout masks, so the gradients do not change).
     """
-    from transformers import AutoModelForCausalLM
-
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = auto_class(_config(cfg)).from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=cfg.model.attn_implementation,
             # One device: transformers reads each tensor straight onto it (no full CPU copy first;
@@ -51,11 +77,11 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
     model; the weights are then read into each rank's shards only
     (`pipeline.train.sharded_load`). Creating it draws nothing from the RNG.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
-    with _parameters_on_meta():
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
+    config = _config(cfg)
+    # Some modules draw their initial values in __init__ on the CPU before registering them
+    # (CLIP's class embedding: torch.randn); the run's RNG stream must not see those draws.
+    with torch.random.fork_rng(devices=[]), _parameters_on_meta():
+        model = auto_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
                                                  attn_implementation=cfg.model.attn_implementation)
     for module in model.modules():
         for name, param in list(module._parameters.items()):
@@ -104,12 +130,22 @@ def decoder_layers(model) -> list[torch.nn.Module]:
     return [m for m in layers if id(m) not in inner]
 
 
-def adaptable_layers(model) -> list[str]:
-    """Name suffixes of the layers LoRA can adapt: Linear and GPT-2-style Conv1D, not the output head."""
+def _lora_modules(model, cfg: TrainConfig) -> list[tuple[str, torch.nn.Module]]:
+    """The modules LoRA may adapt: all of a text model's; a vision-language model's language
+    model only (and its vision tower with `vision.train_tower`), never the projector."""
+    if not is_vision_language(model):
+        return list(model.named_modules())
+    parts = vision.find_parts(model)
+    return [(n, m) for n, m in model.named_modules() if vision.in_lora_scope(parts, n, tower=cfg.vision.train_tower)]
+
+
+def adaptable_layers(model, modules: list[tuple[str, torch.nn.Module]] | None = None) -> list[str]:
+    """Name suffixes of the layers LoRA can adapt: Linear and GPT-2-style Conv1D, not the output head
+    (among `modules`, default all of the model's)."""
     from transformers.pytorch_utils import Conv1D
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    names = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+    names = {name.rsplit(".", 1)[-1] for name, m in (model.named_modules() if modules is None else modules)
              if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head}
     return sorted(names)
 
@@ -119,49 +155,79 @@ def lora_targets(model, cfg: TrainConfig) -> list[str]:
 
     `[all-linear]` (the default) selects every adaptable layer (`adaptable_layers`);
     a list of names selects those present (the others are logged and ignored).
+    In a vision-language model both look in the language model only (and the
+    vision tower with `vision.train_tower`): the default trains no vision weight.
     """
     requested = list(cfg.lora.target_modules)
-    adaptable = adaptable_layers(model)
+    modules = _lora_modules(model, cfg)
+    adaptable = adaptable_layers(model, modules)
+    where = cfg.model.path + (" (its language model" + (" and vision tower)" if cfg.vision.train_tower else ")")
+                              if is_vision_language(model) else "")
     if requested == [ALL_LINEAR]:
         chosen = adaptable
     else:
-        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        present = {name.rsplit(".", 1)[-1] for name, _ in modules}
         chosen = [t for t in requested if t in present]
         missing = [t for t in requested if t not in present]
         if missing and chosen:
             log.warning("lora.target_modules not found in the model (ignored): %s", missing)
     if not chosen:
         raise UserError(
-            f"lora.target_modules={requested} match no layer of {cfg.model.path}; the layers LoRA can adapt "
+            f"lora.target_modules={requested} match no layer of {where}; the layers LoRA can adapt "
             f"there (Linear / Conv1D, output head left out) are: {', '.join(adaptable) or 'none'}. "
             f"Use lora.target_modules=[{ALL_LINEAR}] or some of these names."
         )
+    if is_vision_language(model) and cfg.vision.train_tower:
+        parts = vision.find_parts(model)
+        tower = {n.rsplit(".", 1)[-1] for n, m in modules  # (a projector inside it is not the tower)
+                 if n.startswith(parts.tower + ".") and isinstance(m, torch.nn.Linear)}
+        if not tower & set(chosen):
+            raise UserError(f"vision.train_tower=true, but no name of lora.target_modules={requested} "
+                            f"is a linear layer of the vision tower {parts.tower}; its linear layers: {sorted(tower)}")
     return chosen
+
+
+def check_vision_settings(model, cfg: TrainConfig) -> None:
+    """The `vision` group's training switches need a vision-language model."""
+    if not is_vision_language(model) and (cfg.vision.train_projector or cfg.vision.train_tower):
+        raise UserError(f"vision.train_projector / vision.train_tower set, but {cfg.model.path} is a text-only model "
+                        "(no vision part in its config)")
 
 
 def check_lora_targets(cfg: TrainConfig) -> None:
     """At plan time: build the model's skeleton on the meta device (no weights read) and resolve
     the LoRA targets against it, so a mismatch fails before any training. UserError if none match."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    config = _config(cfg)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+        model = auto_class(config).from_config(config, trust_remote_code=cfg.model.trust_remote_code)
+    check_vision_settings(model, cfg)
     lora_targets(model, cfg)
 
 
 def attach_lora(model, cfg: TrainConfig):
-    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG."""
+    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG.
+
+    On a vision-language model the adapters go on the language model only (and
+    the tower with `vision.train_tower`); `vision.train_projector` trains the
+    projector in full as PEFT `modules_to_save`.
+    """
     from peft import LoraConfig, get_peft_model
 
+    targets = lora_targets(model, cfg)
+    extra = {}
+    if is_vision_language(model):
+        parts = vision.find_parts(model)
+        targets = vision.lora_targets(parts, targets, tower=cfg.vision.train_tower)
+        extra["modules_to_save"] = [parts.projector] if cfg.vision.train_projector else None
     lora = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules=lora_targets(model, cfg),
+        target_modules=targets,
         use_rslora=cfg.lora.use_rslora,
         bias="none",
         task_type="CAUSAL_LM",
+        **extra,
     )
     return get_peft_model(model, lora)
 
@@ -185,10 +251,14 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
              else load_base(cfg, dtype, device, checkpointing=checkpointing))
+    check_vision_settings(model, cfg)
     if cfg.lora.enabled:
         model = attach_lora(model, cfg)
         if precision.dtype is not None:
             _no_input_casts(model)
+    elif is_vision_language(model):
+        vision.freeze_for_full_finetuning(model, vision.find_parts(model), train_projector=cfg.vision.train_projector,
+                                          train_tower=cfg.vision.train_tower)
     else:
         model.requires_grad_(True)
     if cfg.model.compile:
@@ -211,14 +281,21 @@ def _no_input_casts(model) -> None:
             module.cast_input_dtype_enabled = False
 
 
-def packing(cfg: TrainConfig) -> bool:
+def packing(cfg: TrainConfig, *, vision_language: bool = False) -> bool:
     """`data.packing` resolved: auto packs where the attention kernel keeps packed sequences
-    apart by itself (flash-attention's varlen path, from the position ids).
+    apart by itself (flash-attention's varlen path, from the position ids). A vision-language
+    model is never packed (its image inputs and position ids, Qwen2-VL's 3-D ones, are per
+    sequence): auto does not pack it, `on` is refused.
 
     SDPA and eager also respect packed position ids, through a block-diagonal
     mask over the whole packed row: correct, but that mask costs (tokens)^2
     and leaves SDPA's flash kernel, so auto does not pack for them.
     """
+    if vision_language:
+        if cfg.data.packing == "on":
+            raise UserError(f"data.packing=on: {cfg.model.path} is a vision-language model, whose micro-batches "
+                            "are not packed; use data.packing=auto or off")
+        return False
     if cfg.data.packing == "auto":
         return cfg.model.attn_implementation.startswith("flash_attention")
     return cfg.data.packing == "on"

@@ -2,7 +2,7 @@
 
 Shared by training (`pipeline.train`) and evaluation (`pipeline.evaluate`), so
 both compute the loss the same way. Labels carry `IGNORE_INDEX` on every
-position that is not supervised (prompts, padding).
+position that is not supervised (prompts, image tokens, padding).
 
 The loss never builds a (tokens x vocab) tensor. `TokenLoss` runs the model's
 decoder for hidden states only, picks the positions whose next token is
@@ -22,6 +22,13 @@ Two layouts of a micro-batch (`collate`):
           implementation then keeps the sequences apart (flash-attention's
           varlen kernel; SDPA and eager through a block-diagonal mask, correct
           but without the speed: see `pipeline.model.loading.packing`).
+
+A vision-language model's micro-batch is a padded one whose `inputs` also
+carry the model's image inputs (`pixel_values`, Qwen2-VL's `image_grid_thw`
+and `mm_token_type_ids`): `Collator` makes them from the records' image files
+with the model's processor, in a DataLoader worker when training
+(`pipeline.train.batches`). `TokenLoss` passes every input to the decoder,
+so the vision tower and projector run inside the same forward.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.data.cache import IGNORE_INDEX
+from pipeline.data.vision import ImageText
 
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
@@ -119,6 +127,31 @@ def _packed(items) -> Batch:
                  torch.cat(targets), tokens=offset)
 
 
+class Collator:
+    """Records of a token cache -> one micro-batch (`collate`), plus a vision-language model's image
+    inputs: pixels made here from the records' image files (in their token order, record by
+    record) and the inputs the model derives from the tokens (`ImageText`).
+
+    Picklable (the cache pickles by path), so DataLoader workers can run it and decode the
+    images off the training loop. `cache` is the token cache it reads.
+    """
+
+    def __init__(self, cache, pad_id: int, *, packed: bool = False, images: ImageText | None = None):
+        if packed and images is not None:
+            raise ValueError("packed micro-batches of a vision-language model are not supported")
+        self.cache, self.pad_id, self.packed, self.images = cache, pad_id, packed, images
+
+    def __call__(self, indices: list[int]) -> Batch:
+        batch = collate(self.cache, indices, self.pad_id, packed=self.packed)
+        if self.images is None:
+            return batch
+        extra = dict(self.images.text_inputs(batch.inputs["input_ids"]))
+        paths = [p for i in indices for p in self.cache.images(i)]
+        if paths:
+            extra.update(self.images.pixels(paths))
+        return replace(batch, inputs={**batch.inputs, **extra})
+
+
 def _supervised(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions of one sequence whose next token is supervised, and those next tokens."""
     nxt = labels[1:]
@@ -180,7 +213,7 @@ class TokenLoss(torch.nn.Module):
         was_training = self.lm.training  # the model's mode, not this (fresh) wrapper's
         self.eval()
         weight = hf.get_output_embeddings().weight
-        ids = torch.arange(8, device=weight.device).remainder(weight.shape[0]).unsqueeze(0)
+        ids = _probe_ids(hf.config, weight.shape[0], weight.device)
         # Half-precision weights train under autocast (LoRA inputs are then left uncast): probe likewise.
         half = weight.dtype in (torch.float16, torch.bfloat16)
         try:
@@ -219,6 +252,14 @@ def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tens
     return torch.nn.functional.cross_entropy(head(hidden).float(), targets, reduction="sum")
 
 
+def _probe_ids(config, vocab: int, device) -> torch.Tensor:
+    """Eight token ids for the head probe: text only (an image token without its image would
+    not match any image features in a vision-language model)."""
+    special = {getattr(config, k, None) for k in ("image_token_id", "video_token_id", "image_token_index")}
+    ids = [i % vocab for i in range(8 + len(special)) if i % vocab not in special][:8]
+    return torch.tensor(ids, device=device).unsqueeze(0)
+
+
 def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own logits, and its LM head applied to its decoder's last hidden states."""
     logits = hf(input_ids=ids, use_cache=False).logits.float()
@@ -244,10 +285,10 @@ def num_batches(cache, micro_batch: int, max_batches: int | None = None) -> int:
 
 
 @torch.no_grad()
-def batch_loss_sums(loss_model: TokenLoss, cache, batch_ids: list[int], *, pad_id: int, micro_batch: int, device,
+def batch_loss_sums(loss_model: TokenLoss, collator: Collator, batch_ids: list[int], *, micro_batch: int, device,
                     autocast, should_stop=None) -> list[tuple[float, int]] | None:
     """(loss sum, supervised tokens) of each batch in `batch_ids`; batch b holds records
-    [b * micro_batch, (b + 1) * micro_batch) of the cache, collated as in training.
+    [b * micro_batch, (b + 1) * micro_batch) of the collator's cache, collated as in training.
 
     Runs in eval mode (no dropout) and consumes no RNG, so evaluating inside a
     stage does not change what training computes afterwards. `should_stop()` is
@@ -261,8 +302,8 @@ def batch_loss_sums(loss_model: TokenLoss, cache, batch_ids: list[int], *, pad_i
         for b in batch_ids:
             if should_stop is not None and should_stop():
                 return None
-            records = list(range(b * micro_batch, min(len(cache), (b + 1) * micro_batch)))
-            batch = collate(cache, records, pad_id).to(device)
+            records = list(range(b * micro_batch, min(len(collator.cache), (b + 1) * micro_batch)))
+            batch = collator(records).to(device)
             with autocast():
                 sums.append(loss_model(batch).float())
             tokens.append(batch.supervised)
@@ -281,8 +322,8 @@ def mean_loss(sums: list[tuple[float, int]]) -> dict:
     return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens}
 
 
-def validation_loss(loss_model: TokenLoss, cache, *, pad_id: int, micro_batch: int, device, autocast) -> dict:
-    """Token-weighted mean loss over the whole cache, in this process (see `batch_loss_sums`)."""
-    ids = list(range(num_batches(cache, micro_batch)))
-    return mean_loss(batch_loss_sums(loss_model, cache, ids, pad_id=pad_id, micro_batch=micro_batch, device=device,
+def validation_loss(loss_model: TokenLoss, collator: Collator, *, micro_batch: int, device, autocast) -> dict:
+    """Token-weighted mean loss over the collator's whole cache, in this process (see `batch_loss_sums`)."""
+    ids = list(range(num_batches(collator.cache, micro_batch)))
+    return mean_loss(batch_loss_sums(loss_model, collator, ids, micro_batch=micro_batch, device=device,
                                      autocast=autocast))

@@ -14,15 +14,22 @@ dealt to the ranks in turn (micro-batch j to rank j % world), so every rank
 gets a share of long and short ones and each rank's first micro-batch is its
 longest (an out-of-memory shows at once). Padding shrinks to what differs
 within a micro-batch; the update's gradient is the same sum in another order.
+
+Making a batch can be slow (a vision-language batch decodes its images into
+pixels): `TrainBatches.prefetch` then runs the batches of the coming updates in
+DataLoader worker processes, ahead of the loop. What a batch holds is still a
+pure function of its update index; the workers only change when it is made.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX
-from pipeline.model.loss import Batch, collate
+from pipeline.model.loss import Batch, Collator
 
 
 class RunSampler:
@@ -93,22 +100,47 @@ class TrainBatches:
     `supervised(step)` counts the supervised tokens of the update's whole
     global batch from the cache's labels: every rank gets the same number
     without communicating, and the loss is normalized by it; `tokens(step)`
-    its tokens (padding not included), the same way. `packed`: each
-    micro-batch as one packed row (`pipeline.model.loss.collate`).
+    its tokens (padding not included), the same way. `collator` makes the
+    micro-batches (`pipeline.model.loss.Collator`: padded or packed rows, and
+    a vision-language model's pixels).
     """
 
-    def __init__(self, cache, *, global_batch: int, micro_batch: int, seed: int, pad_id: int, rank: int, world: int,
-                 group_by_length: bool = False, packed: bool = False):
-        self.cache, self.micro, self.pad_id, self.packed = cache, micro_batch, pad_id, packed
-        self.rank, self.world = rank, world
+    def __init__(self, collator: Collator, *, global_batch: int, micro_batch: int, seed: int, rank: int, world: int,
+                 group_by_length: bool = False, workers: int = 0):
+        """`workers`: DataLoader processes for `prefetch` (0: every batch is made when asked for)."""
+        cache = collator.cache
+        self.workers = workers
         self.sampler = RunSampler(len(cache), global_batch, seed, cache.lengths if group_by_length else None)
         self.counts = supervised_counts(cache)
         self.lengths = cache.lengths
+        self._updates = _Updates(collator, self.sampler, rank=rank, world=world, micro=micro_batch)
+        self._ahead = None  # iterator of (step, micro-batches) from the workers
+
+    def prefetch(self, start: int, end: int) -> None:
+        """Make the batches of updates [start, end) in the worker processes, in order, ahead of use.
+
+        The loader gets a generator of its own: creating its iterator draws a
+        seed, which must not come from (and shift) the run's global RNG stream.
+        """
+        if not self.workers or start >= end:
+            return
+        loader = torch.utils.data.DataLoader(self._updates, batch_size=None, sampler=range(start, end),
+                                             num_workers=self.workers, prefetch_factor=2, worker_init_fn=_worker_init,
+                                             generator=torch.Generator().manual_seed(0))
+        self._ahead = iter(loader)
 
     def micro_batches(self, step: int) -> list[Batch]:
-        """This rank's share of update `step`, as collated CPU batches."""
-        return [collate(self.cache, mb, self.pad_id, packed=self.packed)
-                for mb in self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)]
+        """This rank's share of update `step`, as collated CPU batches (prefetched ones in order)."""
+        if self._ahead is None:
+            return self.make(step)
+        made, batches = next(self._ahead)
+        if made != step:
+            raise RuntimeError(f"prefetched update {made} arrived for update {step}: the loop skipped an update")
+        return batches
+
+    def make(self, step: int) -> list[Batch]:
+        """This rank's share of update `step`, made now in this process."""
+        return self._updates[step][1]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())
@@ -118,3 +150,27 @@ class TrainBatches:
 
     def epoch_of(self, step: int) -> float:
         return self.sampler.epoch_of(step)
+
+
+def _worker_init(_: int) -> None:
+    # SLURM and Snakemake signal the whole process group (SIGTERM / SIGUSR1) to preempt. The
+    # loop acts on that at the next step boundary: it saves, then exits with the retry code;
+    # a worker killed by the same signal would crash the loop before that. Out of the group,
+    # a worker keeps making batches until the loop's loader stops it (or its parent is gone).
+    os.setpgid(0, 0)
+
+
+class _Updates(torch.utils.data.Dataset):
+    """Update index -> (index, that update's micro-batches of this rank): what a worker makes.
+
+    Holds no reference to the loader that runs it, so the loader is freed (and its
+    workers stopped) as soon as the loop drops it.
+    """
+
+    def __init__(self, collator: Collator, sampler: RunSampler, *, rank: int, world: int, micro: int):
+        self.collator, self.sampler = collator, sampler
+        self.rank, self.world, self.micro = rank, world, micro
+
+    def __getitem__(self, step: int):
+        micro_batches = self.sampler.rank_micro_batches(step, self.rank, self.world, self.micro)
+        return step, [self.collator(mb) for mb in micro_batches]

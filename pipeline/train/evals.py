@@ -45,11 +45,12 @@ class Evaluator:
     batch (`strategy.agree`).
     """
 
-    def __init__(self, cfg, val_cache, loss_model, parts, strategy, precision, *, pad_id: int, monitor, checkpointer,
-                 stop, hooks, stage: str):
-        self.cfg, self.val, self.parts, self.strategy = cfg, val_cache, parts, strategy
+    def __init__(self, cfg, val, loss_model, parts, strategy, precision, *, monitor, checkpointer, stop, hooks,
+                 stage: str):
+        """`val`: the `Collator` of the validation cache, or None (no validation set: nothing to evaluate)."""
+        self.cfg, self.val, self.parts, self.strategy = cfg, val, parts, strategy
         self.loss_model = loss_model
-        self.precision, self.pad_id, self.monitor, self.checkpointer = precision, pad_id, monitor, checkpointer
+        self.precision, self.monitor, self.checkpointer = precision, monitor, checkpointer
         self.stop, self.hooks, self.stage = stop, hooks, stage
 
     def due(self, step: int, total: int) -> str | None:
@@ -103,12 +104,12 @@ class Evaluator:
         repeats its first, unused): under FSDP each forward is collective.
         """
         d = self.strategy.d
-        n = num_batches(self.val, self.cfg.micro_batch, max_batches)
+        n = num_batches(self.val.cache, self.cfg.micro_batch, max_batches)
         mine = list(range(d.rank, n, d.world_size))
         rounds = -(-n // d.world_size)
         padded = mine + [mine[0] if mine else 0] * (rounds - len(mine))
-        sums = batch_loss_sums(self.loss_model, self.val, padded, pad_id=self.pad_id, micro_batch=self.cfg.micro_batch,
-                               device=d.device, autocast=self.precision.autocast, should_stop=self._should_stop)
+        sums = batch_loss_sums(self.loss_model, self.val, padded, micro_batch=self.cfg.micro_batch, device=d.device,
+                               autocast=self.precision.autocast, should_stop=self._should_stop)
         if sums is None:
             return None
         everyone = gather_objects(d, list(zip(mine, sums[:len(mine)])))

@@ -6,7 +6,8 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 
 - Every rank builds the same model (in a `TokenLoss`, so the loss's LM head
   runs inside the root's forward, where its weight is gathered) from the same
-  seed on the CPU, then `build_model()` applies `fully_shard` to each decoder layer and to the root: each
+  seed on the CPU, then `build_model()` applies `fully_shard` to each decoder layer
+  (and, in a vision-language model, each vision encoder block) and to the root: each
   parameter becomes a DTensor sharded on dim 0, and each rank holds (on its
   device) only its shard, plus one unsharded layer at a time during forward and
   backward. The parameter names do not change, so the optimizer state, the EMA
@@ -31,6 +32,7 @@ process has nothing to shard over and trains unsharded, like DDP would); the
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -86,8 +88,11 @@ def _shard(model, mesh, compute_dtype: torch.dtype | None):
     layers = loading.decoder_layers(model)
     if not layers:
         log.warning("no decoder layers found (_no_split_modules): sharding the model as one unit")
+    # A vision-language model's _no_split_modules name its vision blocks too: both sides get units.
+    kinds = collections.Counter(type(layer).__name__ for layer in layers)  # before fully_shard renames the classes
     for layer in layers:
         fully_shard(layer, **kwargs)
+    log.info("fully_shard units: %s + root", ", ".join(f"{n} x{c}" for n, c in sorted(kinds.items())) or "none")
     # The root too reshards after forward (FSDP2 keeps it unsharded until the backward by
     # default): an evaluation forward has no backward, and would leave unsharded copies
     # of the embeddings and head behind, which the next forward reuses as they are, blind
@@ -275,8 +280,13 @@ class FSDP:
         """
         skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
                     if cfg.distributed.meta_init else None)
-        trained = {n for n, _ in loading.trainable(skeleton)} if skeleton is not None and cfg.lora.enabled else set()
-        if skeleton is not None and sharded_load.missing_keys(skeleton, cfg.model.path, trained):
+        # Initialized here, not read: the adapter's own weights (a module trained in full as
+        # modules_to_save starts as the base's, and is read like it).
+        keys = sharded_load.StoredKeys(cfg.model.path) if skeleton is not None else None
+        trained = set()
+        if skeleton is not None and cfg.lora.enabled:
+            trained = {n for n, p in loading.trainable(skeleton) if not keys.holds(n, p.shape)}
+        if skeleton is not None and sharded_load.missing_keys(skeleton, keys, trained):
             log.warning("%s: some parameters are not in the weight files under their names; every rank loads "
                         "the whole model instead of its shards", cfg.model.path)
             skeleton = None
@@ -290,7 +300,7 @@ class FSDP:
         # The loss's check of the LM head runs a forward: on a skeleton only once its weights are in.
         loss = _shard(TokenLoss(model, check=skeleton is None), _mesh(self.d, cfg.distributed.hsdp), precision.dtype)
         if skeleton is not None:
-            sharded_load.load_shards(loss.lm, cfg.model.path, skip=trained)
+            sharded_load.load_shards(loss.lm, cfg.model.path, skip=trained, keys=keys)
             loss.check_head()  # through the sharded root: every rank takes part
         return loss
 

@@ -11,7 +11,14 @@ model about once, whatever the number of ranks.
 
 Parameter names map to checkpoint keys as stored by `save_pretrained`; under
 LoRA the adapter's own parameters (already initialized) are skipped and peft's
-wrapping (`base_model.model.` prefix, `.base_layer` infix) is removed.
+wrapping (`base_model.model.` prefix, `.base_layer` infix, and for a module
+trained in full, `modules_to_save`, the `.original_module` / `.modules_to_save.default`
+infixes: both copies start as the base's) is removed. Where the files keep
+another layout than the live model's names (Transformers 5 renames the modules
+of LLaVA, Qwen2-VL and other vision-language families on load), the name is
+mapped back as `save_pretrained` would write it (`pipeline.model.base_keys`).
+A model with parameters the files still do not hold (under that key, in that
+shape) is loaded whole instead (`pipeline.train.fsdp`).
 """
 
 from __future__ import annotations
@@ -21,25 +28,52 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from pipeline.errors import UserError
+from pipeline.model.base_keys import BaseKeys
 from pipeline.storage import hf_dir
 
 _PEFT_PREFIX = "base_model.model."
-_PEFT_BASE_LAYER = ".base_layer."
+_PEFT_INFIXES = (".base_layer.", ".original_module.", ".modules_to_save.default.")
 
 
 def checkpoint_key(name: str) -> str:
     """The key a parameter of the (possibly peft-wrapped) model has in the base model's files."""
-    return name.removeprefix(_PEFT_PREFIX).replace(_PEFT_BASE_LAYER, ".")
+    name = name.removeprefix(_PEFT_PREFIX)
+    for infix in _PEFT_INFIXES:
+        name = name.replace(infix, ".")
+    return name
 
 
-def missing_keys(model, model_dir: str | Path, skip: set[str]) -> list[str]:
-    """Parameters (other than `skip`) whose key the weight files do not hold: nothing to load them from."""
-    stored = set(hf_dir.find_weights(model_dir, "model").all_specs)
-    return [name for name, _ in model.named_parameters() if name not in skip and checkpoint_key(name) not in stored]
+class StoredKeys:
+    """Parameter name of the (possibly peft-wrapped) live model -> its key in `model_dir`'s weight
+    files (`checkpoint_key`, then the base's layout: `BaseKeys`); `specs` the stored tensors."""
+
+    def __init__(self, model_dir: str | Path):
+        self.specs = hf_dir.find_weights(model_dir, "model").all_specs
+        self._base = BaseKeys(Path(model_dir), set(self.specs))
+
+    def __call__(self, name: str) -> str:
+        key = checkpoint_key(name)
+        if key in self.specs:
+            return key
+        try:
+            return self._base(key)
+        except UserError:  # an architecture that cannot be built here: no renamings known
+            return key
+
+    def holds(self, name: str, shape) -> bool:
+        spec = self.specs.get(self(name))
+        return spec is not None and tuple(spec.shape) == tuple(shape)
+
+
+def missing_keys(model, keys: StoredKeys, skip: set[str]) -> list[str]:
+    """Parameters (other than `skip`) the weight files do not hold (under their key, in their shape):
+    nothing to load them from."""
+    return [name for name, p in model.named_parameters() if name not in skip and not keys.holds(name, p.shape)]
 
 
 @torch.no_grad()
-def load_shards(model, model_dir: str | Path, skip: set[str]) -> int:
+def load_shards(model, model_dir: str | Path, skip: set[str], keys: StoredKeys | None = None) -> int:
     """Fill every parameter but `skip` with this rank's rows of it; returns the bytes read.
 
     Parameters may be DTensors sharded on dim 0 (FSDP, HSDP) or plain tensors
@@ -47,15 +81,16 @@ def load_shards(model, model_dir: str | Path, skip: set[str]) -> int:
     """
     weights = hf_dir.find_weights(model_dir, "model")
     where = {spec.name: weights.root / file for file, specs in weights.specs.items() for spec in specs}
+    keys = keys or StoredKeys(model_dir)
     read = 0
     for name, param in model.named_parameters():
         if name in skip:
             continue
         local, offset = _local_rows(param)
         if local.numel():
-            read += _read_rows(where[checkpoint_key(name)], checkpoint_key(name), offset, local)
+            read += _read_rows(where[keys(name)], keys(name), offset, local)
     for name, buffer in model.named_buffers():
-        key = checkpoint_key(name)
+        key = keys(name)
         if key in where:
             read += _read_rows(where[key], key, 0, buffer)
     return read

@@ -49,6 +49,7 @@ from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
+from pipeline.model.loss import Collator
 from pipeline.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.batches import TrainBatches
 from pipeline.train.ema import EMA
@@ -140,15 +141,14 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    pad_id = loading.pad_token_id(cfg.model.path)
-    train = TrainBatches(train_cache, global_batch=cfg.optim.global_batch, micro_batch=micro,
-                         seed=cfg.seed, pad_id=pad_id, rank=d.rank, world=d.world_size,
-                         group_by_length=cfg.data.group_by_length, packed=loading.packing(cfg))
-    val = TokenCache(cfg.data.val_cache) if cfg.data.val_cache else None
+    train_collator, val = _collators(cfg, d, train_cache)
+    train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
+                         seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.data.group_by_length,
+                         workers=cfg.vision.loader_workers if train_collator.images is not None else 0)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     preemption = distributed.Preemption(d)
-    evaluator = Evaluator(cfg.eval, val, loss_model, parts, strategy, precision, pad_id=pad_id, monitor=monitor,
+    evaluator = Evaluator(cfg.eval, val, loss_model, parts, strategy, precision, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
@@ -160,6 +160,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         if preemption.requested():
             return checkpointer.save_preempted(state)
     model.train()
+    train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
     while state.step < stage.end:
         started = time.perf_counter()
         result = update(state)  # update number state.step; state.step counts it done afterwards
@@ -191,6 +192,29 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache) -> tuple[Collator,
+                                                                                                    Collator | None]:
+    """Batch makers of the train and (if any) validation caches; a vision-language model's carry images.
+
+    Several ranks must all run the vision tower in a forward or none may (FSDP
+    gathers its shards in the forward, DDP waits for the gradients of a trained
+    projector; validation batches are spread over the ranks too): the records of
+    a distributed vision-language run must each have an image.
+    """
+    images = loading.image_text(cfg)
+    pad_id = loading.pad_token_id(cfg.model.path)
+    packed = loading.packing(cfg, vision_language=images is not None)
+    train = Collator(train_cache, pad_id, packed=packed, images=images)
+    val = Collator(TokenCache(cfg.data.val_cache), pad_id, images=images) if cfg.data.val_cache else None
+    if images is not None and d.enabled:
+        for split, collator in (("training", train), ("validation", val)):
+            without = 0 if collator is None else int((collator.cache.image_counts == 0).sum())
+            if without:
+                raise UserError(f"{collator.cache.path}: {without} {split} record(s) have no image; a vision-language "
+                                f"model trained on {d.world_size} processes needs one in every record")
+    return train, val
 
 
 def _deterministic() -> None:

@@ -70,6 +70,13 @@ CASES = [
     ("image_missing.jsonl", "train", "image_missing", " record 1 (line 2, id 'm-1') image[0]"),
     ("image_corrupt.jsonl", "train", "image_undecodable", " record 1 (line 2, id 'm-1') image[0]"),
     ("image_empty.jsonl", "train", "image_undecodable", " record 1 (line 2, id 'm-1') image[0]"),
+    ("image_too_small.jsonl", "train", "image_size", " record 1 (line 2, id 'm-1') image[0]"),
+    ("image_placeholder_missing.jsonl", "train", "image_placeholder_mismatch", " record 1 (line 2, id 'm-1') image"),
+    ("image_placeholder_extra.json", "train", "image_placeholder_mismatch", " record 0 (id 'o-1') messages"),
+    ("image_in_assistant_turn.jsonl", "train", "image_outside_user_turn",
+     " record 0 (line 1, id 'm-1') conversations[1].value"),
+    ("image_remote.json", "train", "bad_image_field", " record 0 (id 'o-1') messages[0].content[0]"),
+    ("bad_content_part.json", "train", "bad_content_part", " record 0 (id 'o-1') messages[0].content[0]"),
     # --- length, duplicates, leakage between splits
     ("too_long.jsonl", "train", "too_long", " record 1 (line 2, id 'm-1')"),
     ("all_too_long.jsonl", "train", "no_usable_records", ""),  # under too_long=drop (EXTRA_ARGS)

@@ -31,6 +31,12 @@ def openai(i: int, turns=CONVERSATION, **extra) -> dict:
     return {"id": f"r{i}", "messages": [{"role": r, "content": t} for r, t in turns], **extra}
 
 
+def pictured(i: int, *images: str, shape=None) -> dict:
+    """A record with one image placeholder per image, in its first user turn."""
+    turns = [("user", "<image>" * len(images) + "\nwhat is it?"), ("assistant", "a shape")]
+    return (shape or sharegpt)(i, turns, image=list(images) if len(images) != 1 else images[0])
+
+
 def write(path: Path, records: list, layout: str | None = None) -> Path:
     layout = layout or ("jsonl" if path.suffix == ".jsonl" else "json")
     if layout == "jsonl":
@@ -64,7 +70,7 @@ def test_role_aliases_and_system_field(tmp_path):
 def test_images_resolve_against_the_dataset_file(tmp_path):
     sub = tmp_path / "sets"
     sub.mkdir()
-    records = [sharegpt(0, image="img/a.png"), sharegpt(1, image=["b.png", "/abs/c.png"]), sharegpt(2)]
+    records = [pictured(0, "img/a.png"), pictured(1, "b.png", "/abs/c.png"), sharegpt(2)]
     parsed = load_records(write(sub / "d.jsonl", records))
     assert parsed[0].images == [str(sub / "img" / "a.png")]
     assert parsed[1].images == [str(sub / "b.png"), os.path.normpath("/abs/c.png")]
@@ -163,7 +169,7 @@ def test_only_one_object_per_line_gets_the_jsonl_hint(tmp_path, content, message
 
 def test_duplicates_are_exact_copies_of_messages_and_images(tmp_path):
     records = load_records(write(tmp_path / "d.jsonl", [
-        sharegpt(0), sharegpt(1, image="a.png"), sharegpt(2), sharegpt(3, image="a.png"), sharegpt(4, image="b.png"),
+        sharegpt(0), pictured(1, "a.png"), sharegpt(2), pictured(3, "a.png"), pictured(4, "b.png"),
         sharegpt(5),
     ]))
     # ids do not matter; images do
@@ -235,3 +241,50 @@ def test_record_fault_is_located_among_clean_records(tmp_path, name, reason):
     parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(0), bad, sharegpt(2)]))
     assert [(p.index, p.line, p.reason) for p in parsed.problems] == [(1, 2, reason)]
     assert [r.index for r in parsed.records] == [0, 2]
+
+
+# --- images: placeholders and OpenAI content parts ----------------------------------------------------
+
+
+def test_openai_content_parts_become_one_placeholder_per_image(tmp_path):
+    raw = {"id": "o", "messages": [
+        {"role": "user", "content": [
+            {"type": "text", "text": "compare "}, {"type": "image", "image": "a.png"},
+            {"type": "text", "text": " with "}, {"type": "image_url", "image_url": {"url": "file://b.png"}},
+            {"type": "image", "path": "/abs/c.png"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "the same"}]},
+    ]}
+    (record,) = load_records(write(tmp_path / "d.jsonl", [raw]))
+    assert record.messages == [{"role": "user", "content": "compare <image> with <image><image>"},
+                               {"role": "assistant", "content": "the same"}]
+    assert record.images == [str(tmp_path / "a.png"), str(tmp_path / "b.png"), "/abs/c.png"]
+    # the same conversation in LLaVA's spelling is the same record
+    llava = sharegpt(0, [("user", "compare <image> with <image><image>"), ("assistant", "the same")],
+                     image=["a.png", "b.png", "/abs/c.png"])
+    (same,) = load_records(write(tmp_path / "l.jsonl", [llava]))
+    assert (same.messages, same.images) == (record.messages, record.images)
+
+
+@pytest.mark.parametrize(("record", "reason", "field"), [
+    (pictured(0, "a.png") | {"image": ["a.png", "b.png"]}, "image_placeholder_mismatch", "image"),
+    (sharegpt(0, [("user", "<image> and <image>"), ("assistant", "two")], image="a.png"),
+     "image_placeholder_mismatch", "image"),
+    (sharegpt(0, [("user", "what is <image>?"), ("assistant", "a tag")]), "image_placeholder_mismatch",
+     "conversations"),
+    (sharegpt(0, [("user", "draw it"), ("assistant", "<image>")], image="a.png"), "image_outside_user_turn",
+     "conversations[1].value"),
+    (sharegpt(0, [("user", "what?"), ("assistant", "a")], image="a.png", system="<image> rules"),
+     "image_outside_user_turn", "system"),
+    (openai(0, [("user", [{"type": "image", "url": "https://x/a.png"}]), ("assistant", "a")]), "bad_image_field",
+     "messages[0].content[0]"),
+    (openai(0, [("user", [{"type": "image"}]), ("assistant", "a")]), "bad_image_field", "messages[0].content[0]"),
+    (openai(0, [("user", [{"type": "video", "video": "v.mp4"}]), ("assistant", "a")]), "bad_content_part",
+     "messages[0].content[0]"),
+    (openai(0, [("user", [{"type": "image", "image": "a.png"}]), ("assistant", "a")], image="b.png"),
+     "bad_image_field", "image"),
+], ids=["more-images", "more-placeholders", "placeholder-without-image", "in-assistant-turn", "in-system",
+        "remote", "no-path", "unknown-part", "parts-and-field"])
+def test_image_faults_are_one_problem_each(tmp_path, record, reason, field):
+    parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(9), record]))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(1, reason, field)]
+    assert [r.id for r in parsed.records] == ["r9"]

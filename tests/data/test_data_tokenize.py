@@ -265,3 +265,54 @@ def test_duplicates_drop_caches_each_conversation_once(tmp_path, tokenizer_dir, 
     cache = TokenCache(out)
     assert len(cache) == cached and cache.metadata["duplicates"] == policy
     assert len({tuple(cache[i][0].tolist()) for i in range(len(cache))}) == 2  # x and y, x once under drop
+
+
+# --- vision-language models ------------------------------------------------------------------------
+
+
+def _vlm_record(image: str, index: int = 0, turns=(("<image>\nwhat color is it?", "red"), ("and now?", "still red"))):
+    messages = []
+    for user, assistant in turns:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return Record(id=f"v{index}", messages=messages, images=[image], index=index, line=index + 1)
+
+
+@pytest.mark.parametrize(("family", "per_image"), [("tiny_llava", 16), ("tiny_qwen2_vl", 4)])
+def test_vision_language_tokens_expand_each_image_and_never_supervise_it(request, family, per_image, tmp_path):
+    data = request.getfixturevalue(family)
+    tokenizer, images = tk.load_chat(data["model"])
+    image = str(data["data"] / "images" / "train-00000.png")
+    rec = _vlm_record(image)
+    enc = tk.encode_records([rec], tokenizer, max_length=512, too_long="error", source="mem", images=images)
+    is_image = enc.input_ids == images.image_token_id
+    assert is_image.sum() == per_image == len(images.expansion(image).split(images.image_token)) - 1
+    assert (enc.labels[is_image] == -100).all()
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == ["red" + END, "still red" + END]
+    assert enc.images == [[image]] and enc.stats["images"] == 1
+    # the cache keeps each record's images with its tokens
+    tk.tokenize_file(data["data"] / "val.jsonl", tokenizer, out_path=tmp_path / "val.safetensors", max_length=96,
+                     too_long="error", fingerprint="x", split="val", images=images)
+    cache = TokenCache(tmp_path / "val.safetensors")
+    records = load_records(data["data"] / "val.jsonl")
+    assert cache.has_images and [cache.images(i) for i in range(len(cache))] == [r.images for r in records]
+    assert all(int((cache[i][0] == images.image_token_id).sum()) == per_image for i in range(len(cache)))
+
+
+def test_truncation_never_cuts_an_image(tiny_llava):
+    tokenizer, images = tk.load_chat(tiny_llava["model"])
+    image = str(tiny_llava["data"] / "images" / "train-00000.png")
+    early = _vlm_record(image, 0)  # the image comes first: truncation keeps it whole
+    late = _vlm_record(image, 1, turns=(("hello", "hi " * 20), ("<image>\nwhat color is it?", "red")))
+    enc = tk.encode_records([early, late], tokenizer, max_length=50, too_long="truncate", source="mem", images=images)
+    assert enc.stats["records"] == 1 and enc.stats["truncated"] == 1 and enc.stats["dropped_image_cut"] == 1
+    assert enc.images == [[image]] and int((enc.input_ids == images.image_token_id).sum()) == 16
+
+
+def test_text_only_cache_holds_no_image_tensors(tokenizer, tmp_path):
+    tk.tokenize_file(GOOD / "train.jsonl", tokenizer, out_path=tmp_path / "t.safetensors", max_length=512,
+                     too_long="error", fingerprint="x", split="train")
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "t.safetensors"), "np") as f:
+        assert sorted(f.keys()) == ["input_ids", "labels", "offsets"]  # as before images existed
+    assert not TokenCache(tmp_path / "t.safetensors").has_images

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -105,19 +105,27 @@ def test_unloadable_tokenizer_is_a_user_error(tmp_path):
         v.validate_dataset(train, tokenizer_dir=tmp_path, max_length=128, too_long="error")
 
 
-def test_image_check_without_pillow_uses_magic_numbers(tmp_path, monkeypatch):
-    good = str(GOOD / "images" / "red.png")
-    empty = str(HERE / "malformed" / "images" / "empty.png")
+def test_image_check_decodes_the_whole_file_and_bounds_its_size(tmp_path):
+    from PIL import Image
+
+    from pipeline.data.images import check_image
+
+    good = tmp_path / "ok.png"
+    Image.new("RGB", (32, 24), (200, 10, 10)).save(good)
+    assert check_image(str(good)) is None
     text = tmp_path / "notes.png"
     text.write_text("not an image")
-    assert v.check_image(good) is None
-    assert v.check_image(str(text))[0] == "image_undecodable"
-    monkeypatch.setitem(sys.modules, "PIL", None)  # `from PIL import Image` now raises ImportError
-    assert v.check_image(good) is None
-    assert v.check_image(empty)[0] == "image_undecodable"
-    assert v.check_image(str(text))[0] == "image_undecodable"
-    assert v.check_image(str(tmp_path / "absent.png"))[0] == "image_missing"
-
+    assert check_image(str(text))[0] == "image_undecodable"
+    truncated = tmp_path / "cut.jpg"  # a valid header, half the data: only decoding it finds out
+    Image.effect_noise((64, 64), 50).convert("RGB").save(tmp_path / "full.jpg")
+    truncated.write_bytes((tmp_path / "full.jpg").read_bytes()[:600])
+    assert check_image(str(truncated))[0] == "image_undecodable"
+    assert check_image(str(tmp_path / "absent.png"))[0] == "image_missing"
+    for size, why in (((3, 32), "under 4 px"), ((4000, 16), "aspect ratio over 200")):
+        path = tmp_path / f"{size[0]}x{size[1]}.png"
+        Image.new("RGB", size).save(path)
+        reason, message = check_image(str(path))
+        assert reason == "image_size" and why in message and f"{size[0]}x{size[1]}" in message
 
 
 # --- the duplicates policy ------------------------------------------------------------------------
@@ -326,9 +334,37 @@ def test_reports_are_replaced_atomically(tmp_path, tokenizer_dir, monkeypatch):
     def crash(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(v.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)  # what publish's atomic rename calls
     report.problems.append(("train", v.Problem(str(train), "empty_text", "x", index=0)))
     with pytest.raises(OSError, match="disk full"):
         v.write_report(report, out_json, out_csv)
     assert out_json.read_text() == before  # the old report is whole, not half overwritten
     assert sorted(p.name for p in out_json.parent.iterdir()) == ["v.csv", "v.json"]  # and no temp file is left
+
+
+def test_vision_language_lengths_count_the_image_tokens(tiny_llava):
+    """The demo's records are ~40 text tokens plus 16 image tokens: max_length 48 holds the text only."""
+    data = tiny_llava["data"]
+    fits = v.validate_dataset(data / "val.jsonl", tokenizer_dir=tiny_llava["model"], max_length=80, too_long="error")
+    assert fits.ok, fits.summary()
+    report = v.validate_dataset(data / "val.jsonl", tokenizer_dir=tiny_llava["model"], max_length=48, too_long="error")
+    assert {p.reason for _, p in report.problems} == {"too_long"}
+    assert report.files["train"]["tokens_per_record"]["max"] > 48
+
+
+def test_same_question_is_a_leak_only_with_the_same_image(tmp_path, tokenizer_dir):
+    from PIL import Image
+
+    for name, color in (("a.png", "red"), ("b.png", "blue")):
+        Image.new("RGB", (8, 8), color).save(tmp_path / name)
+    (tmp_path / "a_copy.png").write_bytes((tmp_path / "a.png").read_bytes())
+
+    def asked(i: int, image: str) -> dict:
+        return {"id": f"q{i}", "image": image, "conversations": [
+            {"from": "human", "value": "<image>\nwhat color?"}, {"from": "gpt", "value": "a color"}]}
+
+    train = write_jsonl(tmp_path / "train.jsonl", [asked(0, "a.png"), sample(1)])
+    val = write_jsonl(tmp_path / "val.jsonl", [asked(2, "b.png"), asked(3, "a_copy.png")])
+    report = v.validate_dataset(train, val=val, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    assert [(p.index, p.reason, p.message) for _, p in report.problems] == [
+        (1, "split_overlap", "same conversation as train record 0")]  # a.png under another name; b.png is new

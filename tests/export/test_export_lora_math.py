@@ -13,13 +13,18 @@ from pipeline.export import lora_math
 from pipeline.export.merge import merge_dirs
 
 
-def _peft_reference(model, config, seed=1):
-    """(base state dict, adapter state dict, adapter config dict, merged state dict) from peft."""
+def _peft_reference(model, config, seed=1, train=None):
+    """(base state dict, adapter state dict, adapter config dict, merged state dict) from peft.
+
+    `train(peft_model)`: changes the trained weights first (a module saved whole starts as a copy).
+    """
     from peft import get_peft_model, get_peft_model_state_dict
 
     base = {k: v.clone() for k, v in model.state_dict().items()}
     torch.manual_seed(seed)
     peft_model = get_peft_model(model, config)
+    if train is not None:
+        train(peft_model)
     adapter = {k: v.clone() for k, v in get_peft_model_state_dict(peft_model, save_embedding_layers=False).items()}
     config_dict = json.loads(json.dumps(config.to_dict(), default=sorted))  # as adapter_config.json holds it
     merged = peft_model.merge_and_unload().state_dict()
@@ -47,6 +52,22 @@ def test_merge_state_dict_matches_peft(overrides):
     base, adapter, config, expected = _peft_reference(model, lora_config(**overrides))
     ours = lora_math.merge_state_dict(base, adapter, config)
     _assert_matches(ours, expected)
+
+
+def test_modules_to_save_replace_their_base_tensors_like_peft():
+    """A module trained in full (a vision-language projector) is saved whole; the merge puts it in place."""
+    def train(peft_model):
+        with torch.no_grad():
+            for name, param in peft_model.named_parameters():
+                if "modules_to_save" in name:
+                    param.add_(torch.randn_like(param))
+
+    model, _ = tiny_llama()
+    base, adapter, config, expected = _peft_reference(model, lora_config(modules_to_save=["lm_head"]), train=train)
+    assert "base_model.model.lm_head.weight" in adapter
+    ours = lora_math.merge_state_dict(base, adapter, config)
+    _assert_matches(ours, expected)
+    assert not torch.equal(ours["lm_head.weight"], base["lm_head.weight"])
 
 
 def test_patterns_resolve_like_peft():
@@ -120,7 +141,6 @@ def test_non_finite_merge_is_refused():
         ({"peft_type": "IA3"}, "only LORA"),
         ({"lora_bias": True}, "lora_bias"),
         ({"bias": "all"}, "bias"),
-        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
         ({"alora_invocation_tokens": [1, 2]}, "activated LoRA"),
         ({"init_lora_weights": "pissa_niter_4"}, "rewrites the base"),
     ],

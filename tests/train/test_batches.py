@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
-from pipeline.model.loss import collate
+from pipeline.model.loss import Collator, collate
 from pipeline.train.batches import RunSampler, TrainBatches, padding_fraction
 
 
@@ -41,8 +41,8 @@ def test_grouping_cuts_the_padding(cache):
 
 
 def test_token_counts_come_from_the_cache_without_collating(cache, tiny):
-    kw = dict(global_batch=8, micro_batch=2, seed=0, pad_id=0, world=2, group_by_length=True)
-    ranks = [TrainBatches(cache, rank=r, **kw) for r in range(2)]
+    kw = dict(global_batch=8, micro_batch=2, seed=0, world=2, group_by_length=True)
+    ranks = [TrainBatches(Collator(cache, pad_id=0), rank=r, **kw) for r in range(2)]
     for step in range(5):
         batches = [b for data in ranks for b in data.micro_batches(step)]
         assert ranks[0].tokens(step) == sum(b.tokens for b in batches)

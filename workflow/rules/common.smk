@@ -9,6 +9,7 @@ from snakemake.utils import validate
 from pipeline.errors import UserError
 from pipeline.plan import world_size as plan_world_size
 from pipeline.schedule import PILOT, plan_stages
+from pipeline.workflow_config import EMBEDDED_KINDS
 
 
 def _check_config():
@@ -29,8 +30,8 @@ _check_config()
 RUN = config["run"]
 R = f"results/{RUN}"  # declared outputs of this run
 WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a failed attempt
-EMBEDDED = "results/embedded"  # the embedded default's base model and demo dataset
-EMBEDDED_MODEL = f"{EMBEDDED}/model"
+# The embedded defaults (`model` values, EMBEDDED_KINDS), each built by `prepare_base` into
+# results/<name>/: its base model in model/, its demo dataset in data/.
 
 _sched = config["schedule"]
 STAGES = [s.name for s in plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])]
@@ -38,10 +39,12 @@ LAST_STAGE = STAGES[-1]
 
 
 def is_embedded(value):
-    return value == "embedded"
+    return value in EMBEDDED_KINDS
 
 
-MODEL = EMBEDDED_MODEL if is_embedded(config["model"]) else config["model"]
+# The demo whose dataset `data: embedded` means: the embedded model's own, else the text demo's.
+DEMO = config["model"] if is_embedded(config["model"]) else "embedded"
+MODEL = f"results/{config['model']}/model" if is_embedded(config["model"]) else config["model"]
 
 
 def _check_base_untouched():
@@ -59,11 +62,13 @@ _check_base_untouched()
 
 
 def data_file(split):
-    """Path of a dataset split, the embedded demo's, or None when the config says null."""
+    """Path of a dataset split, an embedded demo's ("embedded": the embedded model's), or None when the config says null."""
     value = config["data"][split]
     if value is None:
         return None
-    return f"{EMBEDDED}/data/{split}.jsonl" if is_embedded(value) else value
+    if is_embedded(value):
+        return f"results/{DEMO if value == 'embedded' else value}/data/{split}.jsonl"
+    return value
 
 
 def model_inputs():

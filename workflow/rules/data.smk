@@ -1,4 +1,4 @@
-# The base model (embedded default only), dataset validation, tokenization cache.
+# The base model (embedded defaults only), dataset validation, tokenization cache.
 
 # Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so
 # `validate` also leaves its reports here when it fails (and clears them when it passes).
@@ -7,20 +7,24 @@ VALIDATION_FAILED = f"{R}/data/validation_failed"
 
 rule prepare_base:
     output:
-        model=directory(EMBEDDED_MODEL),
-        train=f"{EMBEDDED}/data/train.jsonl",
-        val=f"{EMBEDDED}/data/val.jsonl",
-        test=f"{EMBEDDED}/data/test.jsonl",
+        model=directory("results/{demo}/model"),
+        train="results/{demo}/data/train.jsonl",
+        val="results/{demo}/data/val.jsonl",
+        test="results/{demo}/data/test.jsonl",
+    wildcard_constraints:
+        demo="|".join(EMBEDDED_KINDS),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/prepare_base/embedded.log",
+        "logs/prepare_base/{demo}.log",
     benchmark:
-        "benchmarks/prepare_base/embedded.tsv"
+        "benchmarks/prepare_base/{demo}.tsv"
     params:
+        kind=lambda wc: EMBEDDED_KINDS[wc.demo],
         data_dir=lambda wc, output: os.path.dirname(output.train),
     shell:
-        launch() + "python -m pipeline prepare-base --model-dir {output.model} --data-dir {params.data_dir}"
+        launch() + "python -m pipeline prepare-base --kind {params.kind} --model-dir {output.model} "
+        "--data-dir {params.data_dir}"
 
 
 rule validate_dataset:

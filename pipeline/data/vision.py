@@ -1,0 +1,223 @@
+"""A vision-language model's processor, as the pipeline uses it: tokens at tokenize time, pixels at batch time.
+
+A model is vision-language when its config has a vision part and Transformers
+maps it to `AutoModelForImageTextToText` (LLaVA, Qwen2-VL, ...); `is_vision_language`
+decides from the config alone. Everything else here is `ImageText`, built from the
+model's own `AutoProcessor`:
+
+* text: a record's messages become the content-part conversation the processor's
+  chat template expects (an ``{"type": "image"}`` part per `IMAGE_PLACEHOLDER`),
+  rendered to text; each image token the template writes is then expanded to
+  the processor's own replacement for that image (`replace_image_token`: 576
+  ``<image>`` for LLaVA-1.5, ``<|image_pad|>`` x (grid / merge^2) for Qwen2-VL).
+  Tokenization caches the expanded tokens, so a training step never re-renders
+  anything.
+* pixels: `pixels(paths)` decodes a batch's images and runs the processor's image
+  processor, returning what the model's forward takes (``pixel_values``, and
+  ``image_grid_thw`` for Qwen2-VL); `text_inputs(input_ids)` adds what the model
+  derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE).
+  The expansion and the pixels come from the same image processor with the same
+  settings, so the image tokens of the cache always match the features.
+
+One case builds the processor from its parts: in Transformers 5 the Qwen2-VL
+processor also holds a video processor that needs torchvision, which an
+image-only run does not. Without torchvision, `load_image_text` takes the
+tokenizer and image processor on their own and calls the processor class's own
+`replace_image_token` on just the attributes it reads (see `_ImageHalf`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pipeline.data.formats import IMAGE_PLACEHOLDER
+from pipeline.data.images import open_rgb
+from pipeline.errors import DataError, UserError
+
+log = logging.getLogger(__name__)
+
+MM_TOKEN_TYPE_IDS = "mm_token_type_ids"  # model input derived from the tokens (1 = image token)
+
+
+def model_config(model: str | Path, trust_remote_code: bool = False):
+    """The model's `AutoConfig`, or None where there is none (a tokenizer-only dir)."""
+    from transformers import AutoConfig
+
+    if Path(model).is_dir() and not (Path(model) / "config.json").is_file():
+        return None
+    try:
+        return AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError):
+        return None
+
+
+def is_vision_language(model: str | Path, trust_remote_code: bool = False) -> bool:
+    """True for an image-text-to-text model (a vision part in its config, an `AutoModelForImageTextToText` class)."""
+    return config_is_vision_language(model_config(model, trust_remote_code))
+
+
+def config_is_vision_language(config) -> bool:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    return (config is not None and getattr(config, "vision_config", None) is not None
+            and config.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+
+
+@dataclass
+class ImageText:
+    """The processor of a vision-language model, reduced to what training and evaluation need.
+
+    `replace(processed, i)` is the processor's `replace_image_token`: the text
+    that stands for image `i` of an image-processor output. Expansions are
+    cached per image path (an image shared by many records is processed once).
+    """
+
+    tokenizer: object
+    image_processor: object
+    chat_template: str
+    image_token: str
+    image_token_id: int
+    replace: Callable[[dict, int], str]
+    pixel_names: tuple[str, ...]  # image-processor outputs the model takes
+    token_types: bool  # the model takes MM_TOKEN_TYPE_IDS
+    _expansions: dict[str, str] = field(default_factory=dict, repr=False)
+
+    # --- text -----------------------------------------------------------------------------
+
+    @staticmethod
+    def conversation(messages: list[dict[str, str]]) -> list[dict]:
+        """Messages as content parts: text, and an image part where each placeholder was."""
+        out = []
+        for message in messages:
+            parts = []
+            for k, text in enumerate(message["content"].split(IMAGE_PLACEHOLDER)):
+                if k:
+                    parts.append({"type": "image"})
+                if text:
+                    parts.append({"type": "text", "text": text})
+            out.append({"role": message["role"], "content": parts})
+        return out
+
+    def expansion(self, path: str) -> str:
+        """The processor's text for the image at `path` (its image tokens)."""
+        if path not in self._expansions:
+            try:
+                processed = self.image_processor(images=[open_rgb(path)], return_tensors="np")
+            except (OSError, ValueError) as err:
+                raise DataError(f"cannot process image {path}: {err}") from None
+            self._expansions[path] = str(self.replace(processed, 0))
+        return self._expansions[path]
+
+    def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
+        """`text` with its k-th image token replaced by the expansion of `paths[k]`.
+
+        `complete`: the text must hold one image token per path (a whole
+        conversation); otherwise it may hold fewer (a prefix of one).
+        """
+        pieces = text.split(self.image_token)
+        found = len(pieces) - 1
+        if found > len(paths) or (complete and found != len(paths)):
+            raise DataError(f"the chat template wrote {found} image token(s) {self.image_token!r} "
+                            f"for {len(paths)} image(s)")
+        out = [pieces[0]]
+        for path, piece in zip(paths, pieces[1:]):
+            out += [self.expansion(path), piece]
+        return "".join(out)
+
+    # --- batch time -------------------------------------------------------------------------
+
+    def pixels(self, paths: list[str]) -> dict:
+        """The model's image inputs for these images, in order (decoded here: run it in a loader worker)."""
+        processed = self.image_processor(images=[open_rgb(p) for p in paths], return_tensors="pt")
+        return {k: v for k, v in processed.items() if k in self.pixel_names}
+
+    def text_inputs(self, input_ids) -> dict:
+        """Inputs the model derives from the tokens: Qwen2-VL's modality ids (1 on image tokens)."""
+        if not self.token_types:
+            return {}
+        return {MM_TOKEN_TYPE_IDS: (input_ids == self.image_token_id).to(input_ids.dtype)}
+
+
+def load_image_text(model: str | Path, trust_remote_code: bool = False) -> ImageText:
+    """The `ImageText` of a vision-language model dir or hub id; `UserError` if it has no usable processor."""
+    from transformers import AutoProcessor
+
+    config = model_config(model, trust_remote_code)
+    if not config_is_vision_language(config):
+        raise UserError(f"{model} is not an image-text-to-text model (no vision part in its config)")
+    try:
+        processor = AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except ImportError as err:
+        if "torchvision" not in str(err).lower():
+            raise
+        return _from_parts(model, config, trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot load the processor of {model}: {err}") from None
+    if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
+        raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
+    tokenizer = processor.tokenizer
+    template = processor.chat_template or tokenizer.chat_template
+    names = set(processor.model_input_names)
+    return _image_text(model, config, tokenizer, processor.image_processor, template, processor.replace_image_token,
+                       pixel_names=tuple(n for n in processor.image_processor.model_input_names if n in names),
+                       token_types=bool(getattr(type(processor), "return_mm_token_type_ids", False)))
+
+
+def _image_text(model, config, tokenizer, image_processor, template, replace, *, pixel_names, token_types) -> ImageText:
+    if not template:
+        raise UserError(f"the processor of {model} has no chat template")
+    token_id = config.image_token_id
+    token = tokenizer.convert_ids_to_tokens(token_id)
+    if token_id is None or token is None:
+        raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
+    return ImageText(tokenizer, image_processor, template, token, token_id, replace, pixel_names, token_types)
+
+
+class _ImageHalf:
+    """What a processor's `replace_image_token` reads of itself: the image processor, the
+    image token and the processor's saved settings (patch size, ...), without its video half."""
+
+    def __init__(self, image_processor, image_token: str, settings: dict):
+        self.__dict__.update(settings)
+        self.image_processor = image_processor
+        self.image_token = image_token
+
+
+def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
+    """The processor's image half, when its video half cannot be built (no torchvision)."""
+    import transformers
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    settings = _processor_settings(model)
+    cls = getattr(transformers, str(settings.get("processor_class")), None)
+    if cls is None or not hasattr(cls, "replace_image_token"):
+        raise UserError(f"cannot load the processor of {model}: it needs torchvision, and its class "
+                        f"{settings.get('processor_class')!r} is unknown here")
+    tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    token = tokenizer.convert_ids_to_tokens(config.image_token_id)
+    half = _ImageHalf(image_processor, token, {k: v for k, v in settings.items() if not isinstance(v, dict)})
+    log.warning("%s: torchvision is not installed, so its %s cannot be built; using its image half only",
+                model, cls.__name__)
+    return _image_text(model, config, tokenizer, image_processor, settings.get("chat_template") or tokenizer.chat_template,
+                       functools.partial(cls.replace_image_token, half),
+                       pixel_names=tuple(image_processor.model_input_names),
+                       token_types=bool(getattr(cls, "return_mm_token_type_ids", False)))
+
+
+def _processor_settings(model) -> dict:
+    """processor_config.json of a local dir, with the processor class from the tokenizer config as a fallback."""
+    root = Path(model)
+    settings: dict = {}
+    for name in ("tokenizer_config.json", "processor_config.json"):
+        if (root / name).is_file():
+            data = json.loads((root / name).read_text())
+            settings.update({k: v for k, v in data.items() if name == "processor_config.json" or k == "processor_class"})
+    if (root / "chat_template.jinja").is_file():
+        settings["chat_template"] = (root / "chat_template.jinja").read_text()
+    return settings

@@ -1,0 +1,56 @@
+"""Prompts for generation: chat messages (and their images) -> the model's inputs, and generated ids -> text.
+
+Evaluation's exact match and the smoke test decode greedily from prompts built
+here, with the chat template and the generation prompt, left-padded (a
+decoder-only model continues from the right edge). A vision-language model's
+prompts go through the same `ImageText` as its training data: the same
+template, the same image-token expansion, pixels from the same image processor.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.data.vision import ImageText
+
+
+class Prompts:
+    """Encoder of prompts for `model.generate`; `images` is the processor of a vision-language model."""
+
+    def __init__(self, tokenizer, images: ImageText | None = None):
+        self.tokenizer, self.images = tokenizer, images
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def encode(self, conversations: list[list[dict]], images: list[list[str]]) -> dict[str, torch.Tensor]:
+        """Left-padded inputs (CPU tensors) of the prompts, each with its images in placeholder order."""
+        if self.images is None:
+            texts = [self.tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True)
+                     for m in conversations]
+        else:
+            texts = [self.images.expand(self.tokenizer.apply_chat_template(
+                self.images.conversation(m), tokenize=False, add_generation_prompt=True,
+                chat_template=self.images.chat_template), paths) for m, paths in zip(conversations, images)]
+        side = self.tokenizer.padding_side
+        self.tokenizer.padding_side = "left"
+        try:
+            batch = dict(self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
+        finally:
+            self.tokenizer.padding_side = side
+        if self.images is not None:
+            batch.update(self.images.text_inputs(batch["input_ids"]))
+            paths = [p for own in images for p in own]
+            if paths:
+                batch.update(self.images.pixels(paths))
+        return batch
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

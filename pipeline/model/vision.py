@@ -1,0 +1,78 @@
+"""The parts of a vision-language model, and which of them are trained.
+
+An image-text-to-text model has three parts: the vision tower (encoder), the
+projector that maps its features into the language model's embedding space,
+and the language model. Transformers names them per family (LLaVA:
+`model.vision_tower`, `model.multi_modal_projector`, `model.language_model`;
+Qwen2-VL: `model.visual`, `model.visual.merger`, `model.language_model`);
+`find_parts` finds the shallowest module under each known name.
+
+What is trained (`vision` config group, `lora` group for the language model):
+
+    language model   LoRA adapters on lora.target_modules (or every weight in full FT)
+    projector        frozen; vision.train_projector: in full (under LoRA as PEFT modules_to_save,
+                     so the adapter dir holds it and stock peft loads it)
+    vision tower     frozen; vision.train_tower: adapters on the same target names inside it
+                     (LoRA) or every weight (full FT)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.errors import UserError
+
+# Module names of each part across families, most common first.
+TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder")
+PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector")
+LANGUAGE_NAMES = ("language_model", "text_model")
+
+
+@dataclass(frozen=True)
+class VisionParts:
+    """Qualified module names of the three parts (as `model.named_modules()` gives them)."""
+
+    language: str
+    tower: str
+    projector: str
+
+
+def find_parts(model) -> VisionParts:
+    """The three parts of an (unwrapped) vision-language model; `UserError` naming what is missing."""
+    found = {}
+    for part, names in (("language", LANGUAGE_NAMES), ("tower", TOWER_NAMES), ("projector", PROJECTOR_NAMES)):
+        matches = [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+        if not matches:
+            raise UserError(f"cannot find the {part} of {type(model).__name__} (a module named one of {names})")
+        found[part] = min(matches, key=lambda n: n.count("."))
+    return VisionParts(**found)
+
+
+def in_lora_scope(parts: VisionParts, name: str, *, tower: bool) -> bool:
+    """Is module `name` one LoRA may adapt: inside the language model (or, with `tower`, the vision
+    tower), never inside the projector (which trains in full or not at all)?"""
+    if name.startswith(parts.projector + "."):
+        return False
+    return name.startswith(parts.language + ".") or (tower and name.startswith(parts.tower + "."))
+
+
+def lora_targets(parts: VisionParts, target_modules: list[str], *, tower: bool) -> str:
+    """PEFT `target_modules` as a regex: the target names inside the language model (and the tower),
+    none inside the projector (`in_lora_scope`).
+
+    A plain list would match the same names in the vision tower too (CLIP has
+    q_proj, k_proj, v_proj); PEFT full-matches a string against module names.
+    """
+    scopes = [parts.language] + ([parts.tower] if tower else [])
+    return (rf"(?!{re.escape(parts.projector)}\.)(?:{'|'.join(map(re.escape, scopes))})\..*\."
+            rf"(?:{'|'.join(map(re.escape, target_modules))})")
+
+
+def freeze_for_full_finetuning(model, parts: VisionParts, *, train_projector: bool, train_tower: bool) -> None:
+    """Full fine-tuning: everything trains but the tower and projector, unless asked (tower first:
+    a projector may live inside it, Qwen2-VL's merger does)."""
+    modules = dict(model.named_modules())
+    model.requires_grad_(True)
+    modules[parts.tower].requires_grad_(train_tower)
+    modules[parts.projector].requires_grad_(train_projector)
