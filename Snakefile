@@ -20,6 +20,7 @@ include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/export.smk"
+include: "workflow/rules/sweep.smk"
 
 
 # Seconds of work on small JSON files: run them where snakemake runs, not as cluster jobs.
@@ -29,26 +30,18 @@ localrules:
     pilot_gate,
     summarize,
     export_best,
+    sweep_prune,
+    sweep_compare,
+    plan_base,
 
 
 rule all:
     input:
         # Every stage is a target: a deleted stage dir is retrained (with what follows),
-        # not silently skipped because the exports downstream of it still exist.
-        expand(f"{R}/stages/{{stage}}", stage=STAGES),
-        expand(f"{R}/eval/{{stage}}.json", stage=STAGES),
-        f"{R}/eval/summary.csv",
-        f"{R}/eval/loss.png",
-        f"{R}/eval/val_loss.png",
-        # pages `snakemake --report` shows inline: the eval table, the plan, the pilot gate
-        f"{R}/report/summary.html",
-        f"{R}/report/plan.html",
-        f"{R}/report/pilot_gate.html",
-        # the exported adapters (PeftModel.from_pretrained): a deleted one is made again
-        f"{R}/export/adapter_final",
-        [f"{R}/export/adapter_ema"] if HAS_EMA else [],
-        f"{R}/export/verification.json",
-        f"{R}/export/smoke_test.json",
-        # the run's best raw / EMA weights by validation loss (tracked only with a validation set)
-        best_exports(),
+        # not silently skipped because the exports downstream of it still exist. Per variant:
+        # its stages and their evaluations, its summary and report pages, its exports
+        # (run_targets in workflow/rules/common.smk); a sweep adds the comparison.
+        lambda wc: [target for vrun in VARIANTS for target in run_targets(vrun)],
+        [f"{R}/sweep/comparison.csv", f"{R}/sweep/loss.png", f"{R}/sweep/comparison.html",
+         f"{R}/sweep/best.json"] if SWEEP else [],
     default_target: True

@@ -26,6 +26,8 @@ COMMANDS = {
     "merge": ("pipeline.export.merge", "streaming LoRA merge, shard by shard"),
     "verify-merge": ("pipeline.export.verify", "merged logits vs base + adapter"),
     "smoke-test": ("pipeline.evaluate.smoke", "merged model answers held-out prompts"),
+    "sweep-prune": ("pipeline.evaluate.compare:main_prune", "a sweep's prune point: which variants go on"),
+    "sweep-compare": ("pipeline.evaluate.compare:main_compare", "a sweep's comparison table, plot, best variant"),
 }
 
 
@@ -45,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    module_name, _, entry = COMMANDS[name][0].partition(":")
+    command = getattr(importlib.import_module(module_name), entry or "main")
     try:
-        return int(module.main(rest) or 0)
+        return int(command(rest) or 0)
     except UserError as err:
         # Bad input is the user's to fix: one clear message, no traceback.
         print(f"error: {err}", file=sys.stderr)

@@ -41,19 +41,24 @@ def snakemake(workdir: Path, *args: str, timeout: float = 900, env: dict | None 
                           text=True, env=full_env, timeout=timeout)
 
 
-_JOB_START = re.compile(r"^\s*(?:local)?rule (\w+):\s*$")
-_WILDCARD_STAGE = re.compile(r"^\s*wildcards: .*\bstage=(\w+)")
+_JOB_START = re.compile(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):\s*$")
+_WILDCARDS = re.compile(r"^\s*wildcards: (.*)$")
+
+
+def jobs_with_wildcards(text: str) -> list[tuple[str, dict[str, str]]]:
+    """(rule, its wildcards) for every job snakemake listed (dry run) or ran, in order."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in text.splitlines():
+        if m := _JOB_START.match(line):
+            jobs.append((m.group(1), {}))
+        elif jobs and (m := _WILDCARDS.match(line)) and not jobs[-1][1]:
+            jobs[-1][1].update(item.split("=", 1) for item in m.group(1).split(", "))
+    return [j for j in jobs if j[0] != "all"]
 
 
 def jobs_in_log(text: str) -> list[tuple[str, str | None]]:
     """(rule, stage or None) for every job snakemake listed (dry run) or ran, in order."""
-    jobs: list[tuple[str, str | None]] = []
-    for line in text.splitlines():
-        if m := _JOB_START.match(line):
-            jobs.append((m.group(1), None))
-        elif jobs and (m := _WILDCARD_STAGE.match(line)) and jobs[-1][1] is None:
-            jobs[-1] = (jobs[-1][0], m.group(1))
-    return [j for j in jobs if j[0] != "all"]
+    return [(rule, wildcards.get("stage")) for rule, wildcards in jobs_with_wildcards(text)]
 
 
 def sha256(path: Path) -> str:

@@ -215,12 +215,12 @@ td.best { font-weight: 700; color: #0b6e4f; }
 """
 
 
-def _page(title: str, body: str) -> str:
+def html_page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{_CSS}</style></head><body>\n<h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n")
 
 
-def _fmt(value, digits: int = 4) -> str:
+def fmt_cell(value, digits: int = 4) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     if isinstance(value, float):
@@ -228,7 +228,7 @@ def _fmt(value, digits: int = 4) -> str:
     return html.escape(str(value))
 
 
-def _table(header: list[str] | None, rows: list[list[str]], left: int = 1) -> str:
+def html_table(header: list[str] | None, rows: list[list[str]], left: int = 1) -> str:
     """An HTML table of already-escaped cells (header cells may hold markup); the first `left`
     columns are left-aligned. A cell that is already a <td ...> element is kept as it is."""
     def cls(i):
@@ -262,7 +262,7 @@ def _pivot(table: pd.DataFrame, column: str, best, fmt) -> str:
             mark = ' class="best"' if top else ""
             row.append(f"<td{mark}>{'' if v is None else fmt(v)}</td>")
         rows.append(row)
-    return _table(header, rows)
+    return html_table(header, rows)
 
 
 def summary_html(table: pd.DataFrame, run: str = "") -> str:
@@ -278,9 +278,9 @@ def summary_html(table: pd.DataFrame, run: str = "") -> str:
         f"{int(n_test.max()) if not n_test.empty else 0} test prompts)</h2>",
         _pivot(table, "exact_match", max, lambda v: f"{100 * v:.1f}%"),
         "<h2>All rows (summary.csv)</h2>",
-        _table([html.escape(c) for c in COLUMNS], [[_fmt(v) for v in r] for r in table[COLUMNS].itertuples(index=False)], left=1),
+        html_table([html.escape(c) for c in COLUMNS], [[fmt_cell(v) for v in r] for r in table[COLUMNS].itertuples(index=False)], left=1),
     ]
-    return _page(f"Evaluation{' of run ' + run if run else ''}", "\n".join(body))
+    return html_page(f"Evaluation{' of run ' + run if run else ''}", "\n".join(body))
 
 
 def plan_html(plan: dict, gate: dict | None = None, run: str = "") -> str:
@@ -299,7 +299,7 @@ def plan_html(plan: dict, gate: dict | None = None, run: str = "") -> str:
         "compute exactly what one long run computes. The pilot runs first and is checked by the pilot gate "
         "before any chunk starts.</p>",
         f"<div class=\"bar\">{''.join(bars)}</div>",
-        _table(["stage", "first update", "last update", "updates", "share of the run"], rows),
+        html_table(["stage", "first update", "last update", "updates", "share of the run"], rows),
     ]
     if gate is not None:
         eta = gate.get("eta_seconds")
@@ -307,7 +307,7 @@ def plan_html(plan: dict, gate: dict | None = None, run: str = "") -> str:
         body.append(f"<p>Pilot gate: <span class=\"{status}\">{'passed' if gate.get('passed') else 'FAILED'}</span>"
                     + (f"; estimated time for the remaining {gate.get('remaining_updates')} updates: "
                        f"{_duration(eta)}" if eta is not None else "") + ".</p>")
-    return _page(f"Plan{' of run ' + run if run else ''}", "\n".join(body))
+    return html_page(f"Plan{' of run ' + run if run else ''}", "\n".join(body))
 
 
 def _duration(seconds) -> str:
@@ -334,16 +334,16 @@ def gate_html(gate: dict, run: str = "") -> str:
                "FAILED" + (": overridden by gate.override, the chunks ran anyway" if gate.get("override")
                            else ": no chunk starts until the cause is fixed (or gate.override is set)"))
     facts = [["median time per update", _duration(gate.get("median_step_s"))],
-             ["updates after the pilot", _fmt(gate.get("remaining_updates"))],
+             ["updates after the pilot", fmt_cell(gate.get("remaining_updates"))],
              ["estimated time for them", _duration(gate.get("eta_seconds"))],
              ["override set", "yes" if gate.get("override") else "no"]]
     body = [
         f"<p><span class=\"banner {'pass' if passed else 'fail'}\">{html.escape(verdict)}</span></p>",
         "<p class=\"note\">Sanity checks on the pilot stage before the rest of the run is spent.</p>",
-        _table(["check", "result", "detail"], rows, left=3),
-        _table(None, [[html.escape(a), html.escape(b)] for a, b in facts], left=1),
+        html_table(["check", "result", "detail"], rows, left=3),
+        html_table(None, [[html.escape(a), html.escape(b)] for a, b in facts], left=1),
     ]
-    return _page(f"Pilot gate{' of run ' + run if run else ''}", "\n".join(body))
+    return html_page(f"Pilot gate{' of run ' + run if run else ''}", "\n".join(body))
 
 
 def main(argv: list[str]) -> int:

@@ -1,6 +1,8 @@
 # Validated config, the stage list, paths and input functions shared by all rules.
 
+import json
 import os
+import re
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -9,6 +11,7 @@ from snakemake.utils import validate
 from pipeline.errors import UserError
 from pipeline.plan import world_size as plan_world_size
 from pipeline.schedule import PILOT, plan_stages
+from pipeline.sweep import prune_points as sweep_prune_points, variants as sweep_variants
 from pipeline.workflow_config import EMBEDDED_KINDS
 
 
@@ -28,7 +31,7 @@ def _check_config():
 _check_config()
 
 RUN = config["run"]
-R = f"results/{RUN}"  # declared outputs of this run
+R = f"results/{RUN}"  # the run: the shared data and base evaluation, a sweep's comparison
 WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a failed attempt
 # The embedded defaults (`model` values, EMBEDDED_KINDS), each built by `prepare_base` into
 # results/<name>/: its base model in model/, its demo dataset in data/.
@@ -36,6 +39,24 @@ WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a fa
 _sched = config["schedule"]
 STAGES = [s.name for s in plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])]
 LAST_STAGE = STAGES[-1]
+
+
+def _variants():
+    """vrun -> the variant's name and trainer overrides. Without a sweep one variant, the run
+    itself (vrun = run); with one, results/<run>/variants/<name>/ each (vrun = <run>/variants/<name>)."""
+    try:
+        named = sweep_variants(config["sweep"])
+        at, keep = sweep_prune_points(config["sweep"], STAGES)
+    except UserError as err:
+        raise WorkflowError(f"config: {err}") from None
+    if not named:
+        return {RUN: ("", [])}, [], None
+    return {f"{RUN}/variants/{name}": (name, overrides) for name, overrides in named.items()}, at, keep
+
+
+VARIANTS, PRUNE_AT, PRUNE_KEEP = _variants()
+SWEEP = next(iter(VARIANTS)) != RUN
+V = "results/{vrun}"  # one trained variant: its plan, stages, evaluations, exports
 
 
 def is_embedded(value):
@@ -85,11 +106,11 @@ def data_inputs():
     return {split: data_file(split) for split in ("train", "val", "test") if data_file(split)}
 
 
-def train_overrides():
-    """Hydra overrides: the user's, then the paths this workflow owns."""
+def train_overrides(variant_overrides=()):
+    """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
     own = [f"model.path={MODEL}", f"data.train_cache={R}/data/train.safetensors"]
     own.append(f"data.val_cache={R}/data/val.safetensors" if data_file("val") else "data.val_cache=null")
-    return list(config["train"]["overrides"]) + own
+    return list(config["train"]["overrides"]) + list(variant_overrides) + own
 
 
 TRAIN_CONFIG_DIR = "config/train"
@@ -98,31 +119,45 @@ TRAIN_CONFIG_DIR = "config/train"
 WORLD_SIZE = plan_world_size(config["train"]["nodes"], config["train"]["gpus_per_node"], config["train"]["nproc"])
 
 
-def _resolve_train_config():
+def _resolve_train_config(label, overrides):
     """The trainer config as every stage will train with it, checked against this workflow config.
 
     Resolved when the workflow loads, so a bad key, a bad value or a mismatch
     between the two configs stops `snakemake` before any job (the `plan` rule
     runs the same checks). Its content is also the plan's cache key:
-    `TRAIN_CONFIG_ID` changes only when a resolved value does.
+    `config_id` changes only when a resolved value does.
     """
     from pipeline import config as train_config
     from pipeline.plan import config_id, cross_check
 
+    where = f" (sweep variant {label})" if label else ""
     try:
-        cfg = train_config.resolve(TRAIN_CONFIG_DIR, config["train"]["config_name"], train_overrides())
+        cfg = train_config.resolve(TRAIN_CONFIG_DIR, config["train"]["config_name"], overrides)
     except UserError as err:
-        raise WorkflowError(f"config: {err}") from None
+        raise WorkflowError(f"config{where}: {err}") from None
     problems = cross_check(cfg, export_weights=config["export"]["weights"],
                            export_ema_rate=config["export"]["ema_rate"], world=WORLD_SIZE)
     if problems:
-        raise WorkflowError("config: the workflow config (config/config.yaml) and the trainer config "
+        raise WorkflowError(f"config{where}: the workflow config (config/config.yaml) and the trainer config "
                             "(config/train/ + train.overrides) disagree:\n  " + "\n  ".join(problems))
     return cfg, config_id(cfg)
 
 
-TRAIN_CFG, TRAIN_CONFIG_ID = _resolve_train_config()
-HAS_EMA = bool(TRAIN_CFG.ema.rates)
+# vrun -> (resolved trainer config, its id); a sweep's base config (no variant's overrides) too:
+# it is what the base model is evaluated with, once for all variants.
+TRAIN = {vrun: _resolve_train_config(name, train_overrides(overrides)) for vrun, (name, overrides) in VARIANTS.items()}
+BASE_TRAIN = TRAIN[RUN] if not SWEEP else _resolve_train_config("", train_overrides())
+HAS_EMA = bool(next(iter(TRAIN.values()))[0].ema.rates)
+if any(bool(cfg.ema.rates) != HAS_EMA for cfg, _ in TRAIN.values()):
+    raise WorkflowError("config: in one sweep either every variant keeps EMA weights (ema.rates) or none does")
+
+
+def variant_overrides(vrun):
+    return train_overrides(VARIANTS[vrun][1])
+
+
+def variant_name(vrun):
+    return VARIANTS[vrun][0]
 
 
 def previous_stage(stage):
@@ -131,19 +166,20 @@ def previous_stage(stage):
 
 
 def train_inputs(wildcards):
+    v = f"results/{wildcards.vrun}"
     inputs = {
-        "plan": f"{R}/plan.json",
-        "config": f"{R}/train_config.yaml",
+        "plan": f"{v}/plan.json",
+        "config": f"{v}/train_config.yaml",
         "train": f"{R}/data/train.safetensors",
     }
     if data_file("val"):
         inputs["val"] = f"{R}/data/val.safetensors"
     prev = previous_stage(wildcards.stage)
     if prev is not None:
-        inputs["init"] = f"{R}/stages/{prev}"
+        inputs["init"] = f"{v}/stages/{prev}"
     if wildcards.stage != PILOT:
         # No chunk starts before the pilot passed its sanity gate.
-        inputs["gate"] = f"{R}/pilot_report.json"
+        inputs["gate"] = f"{v}/pilot_report.json"
     return inputs
 
 
@@ -212,7 +248,7 @@ def train_resources():
 
 
 def export_adapter():
-    return f"{R}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{R}/export/adapter_final"
+    return f"{V}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{V}/export/adapter_final"
 
 
 def ema_rate_flag():
@@ -220,11 +256,51 @@ def ema_rate_flag():
     return f"--ema-rate {rate}" if rate is not None else ""
 
 
-def best_exports():
-    """The run's best raw (and EMA, when it keeps any) weights; tracked only with a validation set."""
+def best_exports(v):
+    """A run's best raw (and EMA, when it keeps any) weights; tracked only with a validation set."""
     if not data_file("val"):
         return []
-    return [f"{R}/export/adapter_best"] + ([f"{R}/export/adapter_best_ema"] if HAS_EMA else [])
+    return [f"{v}/export/adapter_best"] + ([f"{v}/export/adapter_best_ema"] if HAS_EMA else [])
+
+
+def reached_stages(vrun):
+    """(the stages a variant trains, whether it goes on to the end): a sweep's pruning stops a
+    variant at the first prune point where it is not among the best (a Snakemake checkpoint:
+    known once every variant has finished and been evaluated at that stage)."""
+    for i, stage in enumerate(STAGES):
+        if stage in PRUNE_AT:
+            decision = json.loads(Path(checkpoints.sweep_prune.get(stage=stage).output[0]).read_text())
+            if variant_name(vrun) not in decision["kept"]:
+                return STAGES[:i + 1], False
+    return STAGES, True
+
+
+def run_targets(vrun):
+    """What `snakemake` makes of one variant: every stage it reaches and its evaluation, and, when
+    it goes on to the end, its summary, report pages and exports."""
+    v = f"results/{vrun}"
+    stages, finished = reached_stages(vrun)
+    targets = [f"{v}/stages/{s}" for s in stages] + [f"{v}/eval/{s}.json" for s in stages]
+    if finished:
+        targets += [f"{v}/eval/summary.csv", f"{v}/eval/loss.png", f"{v}/eval/val_loss.png",
+                    f"{v}/report/summary.html", f"{v}/report/plan.html", f"{v}/report/pilot_gate.html",
+                    f"{v}/export/adapter_final", *([f"{v}/export/adapter_ema"] if HAS_EMA else []),
+                    f"{v}/export/verification.json", f"{v}/export/smoke_test.json", *best_exports(v)]
+    return targets
+
+
+def compare_inputs(wildcards):
+    """Every variant's evaluations and stages as far as it got, its smoke test when it finished, and
+    the prune decisions: the sweep comparison waits for all of them."""
+    inputs = {"prune": [checkpoints.sweep_prune.get(stage=s).output[0] for s in PRUNE_AT]}
+    for i, vrun in enumerate(VARIANTS):
+        stages, finished = reached_stages(vrun)
+        v = f"results/{vrun}"
+        key = f"variant{i}"
+        inputs[key] = [f"{v}/stages/{s}" for s in stages] + [f"{v}/eval/{s}.json" for s in stages]
+        if finished:
+            inputs[key].append(f"{v}/export/smoke_test.json")
+    return {key: value for key, value in inputs.items() if value}
 
 
 def optional(flag, value):
@@ -233,3 +309,4 @@ def optional(flag, value):
 
 wildcard_constraints:
     stage="|".join(STAGES),
+    vrun="|".join(re.escape(v) for v in VARIANTS),

@@ -6,6 +6,7 @@ report: "../report/workflow.rst"
 
 
 rule evaluate_base:
+    # The base model, once for all variants of a sweep (with the sweep's base config).
     input:
         config=f"{R}/train_config.yaml",
         val=f"{R}/data/val.safetensors" if data_file("val") else [],
@@ -27,15 +28,15 @@ rule evaluate_base:
 
 rule evaluate_stage:
     input:
-        stage=f"{R}/stages/{{stage}}",
+        stage=f"{V}/stages/{{stage}}",
         val=f"{R}/data/val.safetensors" if data_file("val") else [],
         test=data_file("test") or [],
     output:
-        f"{R}/eval/{{stage}}.json",
+        f"{V}/eval/{{stage}}.json",
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/evaluate_stage/{RUN}/{{stage}}.log",
+        "logs/evaluate_stage/{vrun}/{stage}.log",
     params:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
@@ -45,28 +46,34 @@ rule evaluate_stage:
         "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} --out {output}"
 
 
+SUB = "{vrun}" if SWEEP else None  # a sweep's report pages, one subcategory per variant
+
+
 rule summarize:
     input:
-        evals=[f"{R}/eval/base.json"] + expand(f"{R}/eval/{{stage}}.json", stage=STAGES),
-        stages=expand(f"{R}/stages/{{stage}}", stage=STAGES),
-        smoke=f"{R}/export/smoke_test.json",
-        plan=f"{R}/plan.json",
-        gate=f"{R}/pilot_report.json",
+        evals=[f"{R}/eval/base.json"] + [f"{V}/eval/{s}.json" for s in STAGES],
+        stages=[f"{V}/stages/{s}" for s in STAGES],
+        smoke=f"{V}/export/smoke_test.json",
+        plan=f"{V}/plan.json",
+        gate=f"{V}/pilot_report.json",
     output:
         # Categories of `snakemake --report report.html`: Training, Evaluation, Run. The HTML
         # pages show the table, plan and gate inline (the report only offers CSV/JSON as downloads).
-        loss=report(f"{R}/eval/loss.png", caption="../report/loss.rst", category="Training"),
-        val=report(f"{R}/eval/val_loss.png", caption="../report/val_loss.rst", category="Evaluation"),
-        html=report(f"{R}/report/summary.html", caption="../report/summary_html.rst", category="Evaluation"),
-        csv=report(f"{R}/eval/summary.csv", caption="../report/summary.rst", category="Evaluation"),
-        plan=report(f"{R}/report/plan.html", caption="../report/plan_html.rst", category="Run"),
-        gate=report(f"{R}/report/pilot_gate.html", caption="../report/pilot_gate_html.rst", category="Run"),
+        loss=report(f"{V}/eval/loss.png", caption="../report/loss.rst", category="Training", subcategory=SUB),
+        val=report(f"{V}/eval/val_loss.png", caption="../report/val_loss.rst", category="Evaluation",
+                   subcategory=SUB),
+        html=report(f"{V}/report/summary.html", caption="../report/summary_html.rst", category="Evaluation",
+                    subcategory=SUB),
+        csv=report(f"{V}/eval/summary.csv", caption="../report/summary.rst", category="Evaluation", subcategory=SUB),
+        plan=report(f"{V}/report/plan.html", caption="../report/plan_html.rst", category="Run", subcategory=SUB),
+        gate=report(f"{V}/report/pilot_gate.html", caption="../report/pilot_gate_html.rst", category="Run",
+                    subcategory=SUB),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/summarize/{RUN}.log",
+        "logs/summarize/{vrun}.log",
     params:
-        run=RUN,
+        run="{vrun}",
     shell:
         launch() + "python -m pipeline summarize --eval {input.evals} --metrics {input.stages} --smoke {input.smoke} "
         "--plan {input.plan} --gate {input.gate} --run {params.run} "

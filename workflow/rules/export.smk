@@ -4,16 +4,16 @@
 
 rule consolidate:
     input:
-        stage=f"{R}/stages/{LAST_STAGE}",
+        stage=f"{V}/stages/{LAST_STAGE}",
         model=model_inputs(),
     output:
-        adapter=directory(f"{R}/export/adapter_final"),
+        adapter=directory(f"{V}/export/adapter_final"),
         # a run that keeps no EMA (ema.rates=[]) has none to export
-        adapter_ema=directory(f"{R}/export/adapter_ema") if HAS_EMA else [],
+        adapter_ema=directory(f"{V}/export/adapter_ema") if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/consolidate/{RUN}.log",
+        "logs/consolidate/{vrun}.log",
     params:
         model=base_model,
         ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
@@ -26,14 +26,14 @@ rule consolidate:
 rule export_best:
     input:
         # every stage: the best weights live in the stage that found them
-        stages=expand(f"{R}/stages/{{stage}}", stage=STAGES),
+        stages=[f"{V}/stages/{s}" for s in STAGES],
     output:
-        best=directory(f"{R}/export/adapter_best"),
-        best_ema=directory(f"{R}/export/adapter_best_ema") if HAS_EMA else [],
+        best=directory(f"{V}/export/adapter_best"),
+        best_ema=directory(f"{V}/export/adapter_best_ema") if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/export_best/{RUN}.log",
+        "logs/export_best/{vrun}.log",
     params:
         stages=lambda wc, input: os.path.dirname(input.stages[0]),
         last=LAST_STAGE,
@@ -48,13 +48,13 @@ rule merge_lora:
         adapter=export_adapter(),
         model=model_inputs(),
     output:
-        directory(f"{R}/export/merged"),
+        directory(f"{V}/export/merged"),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/merge_lora/{RUN}.log",
+        "logs/merge_lora/{vrun}.log",
     benchmark:
-        f"benchmarks/merge_lora/{RUN}.tsv"
+        "benchmarks/merge_lora/{vrun}.tsv"
     params:
         model=base_model,
         dtype=config["export"]["dtype"],
@@ -65,15 +65,15 @@ rule merge_lora:
 
 rule verify_merge:
     input:
-        merged=f"{R}/export/merged",
+        merged=f"{V}/export/merged",
         adapter=export_adapter(),
         model=model_inputs(),
     output:
-        f"{R}/export/verification.json",
+        f"{V}/export/verification.json",
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/verify_merge/{RUN}.log",
+        "logs/verify_merge/{vrun}.log",
     params:
         model=base_model,
     shell:
@@ -83,15 +83,15 @@ rule verify_merge:
 
 rule smoke_test:
     input:
-        merged=f"{R}/export/merged",
-        verified=f"{R}/export/verification.json",
+        merged=f"{V}/export/merged",
+        verified=f"{V}/export/verification.json",
         test=data_file("test") or [],
     output:
-        f"{R}/export/smoke_test.json",
+        f"{V}/export/smoke_test.json",
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/smoke_test/{RUN}.log",
+        "logs/smoke_test/{vrun}.log",
     params:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),

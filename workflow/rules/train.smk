@@ -9,20 +9,21 @@ rule plan:
     input:
         model=model_inputs(),
     output:
-        plan=report(f"{R}/plan.json", caption="../report/plan.rst", category="Run"),
-        config=f"{R}/train_config.yaml",
+        plan=report(f"{V}/plan.json", caption="../report/plan.rst", category="Run",
+                    subcategory="{vrun}" if SWEEP else None),
+        config=f"{V}/train_config.yaml",
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/plan/{RUN}.log",
+        "logs/plan/{vrun}.log",
     params:
         total=config["schedule"]["total_updates"],
         fraction=config["schedule"]["pilot_fraction"],
         chunks=config["schedule"]["num_chunks"],
-        config_id=TRAIN_CONFIG_ID,
+        config_id=lambda wc: TRAIN[wc.vrun][1],
         config_dir=TRAIN_CONFIG_DIR,
         config_name=config["train"]["config_name"],
-        override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
+        override_flags=lambda wc: " ".join(f"--override '{o}'" for o in variant_overrides(wc.vrun)),
         export_weights=config["export"]["weights"],
         export_ema_rate=config["export"]["ema_rate"],
         world=f"--world-size {WORLD_SIZE}" if WORLD_SIZE else "",
@@ -38,15 +39,15 @@ rule train_stage:
     input:
         unpack(train_inputs),
     output:
-        directory(f"{R}/stages/{{stage}}"),
+        directory(f"{V}/stages/{{stage}}"),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/train_stage/{RUN}/{{stage}}.log",
+        "logs/train_stage/{vrun}/{stage}.log",
     benchmark:
-        f"benchmarks/train_stage/{RUN}/{{stage}}.tsv"
+        "benchmarks/train_stage/{vrun}/{stage}.tsv"
     params:
-        scratch=lambda wc: f"{WORK}/{wc.stage}",
+        scratch=lambda wc: f"work/{wc.vrun}/{wc.stage}",
         init=init_flag,
     threads: train_threads()
     resources:
@@ -62,14 +63,15 @@ rule train_stage:
 
 rule pilot_gate:
     input:
-        pilot=f"{R}/stages/{PILOT}",
-        plan=f"{R}/plan.json",
+        pilot=f"{V}/stages/{PILOT}",
+        plan=f"{V}/plan.json",
     output:
-        report(f"{R}/pilot_report.json", caption="../report/pilot_gate.rst", category="Run"),
+        report(f"{V}/pilot_report.json", caption="../report/pilot_gate.rst", category="Run",
+               subcategory="{vrun}" if SWEEP else None),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/pilot_gate/{RUN}.log",
+        "logs/pilot_gate/{vrun}.log",
     params:
         override="--override" if config["gate"]["override"] else "",
     shell:

@@ -1,0 +1,65 @@
+# A sweep (config `sweep`): the base config its base evaluation uses, the pruning at chosen stage
+# ends, and the comparison of every variant. Without a sweep none of these rules exists.
+
+if SWEEP:
+
+    rule plan_base:
+        # The trainer config without any variant's overrides: what the base model is evaluated with,
+        # once for the whole sweep (a new variant does not evaluate the base again).
+        input:
+            model=model_inputs(),
+        output:
+            plan=f"{R}/plan.json",
+            config=f"{R}/train_config.yaml",
+        log:
+            f"logs/plan/{RUN}.log",
+        params:
+            total=config["schedule"]["total_updates"],
+            fraction=config["schedule"]["pilot_fraction"],
+            chunks=config["schedule"]["num_chunks"],
+            config_id=BASE_TRAIN[1],
+            config_dir=TRAIN_CONFIG_DIR,
+            config_name=config["train"]["config_name"],
+            override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
+        shell:
+            launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
+            "--num-chunks {params.chunks} --train-config-dir {params.config_dir} "
+            "--train-config-name {params.config_name} {params.override_flags} "
+            "--out-plan {output.plan} --out-config {output.config}"
+
+    checkpoint sweep_prune:
+        # At a prune point only the `keep` best variants (lowest validation loss at that stage's end)
+        # go on. A checkpoint: which later stages exist as targets is known only once it ran.
+        # Raising sweep.prune.keep re-runs it (params) and brings the newly kept variants back.
+        input:
+            evals=lambda wc: [f"results/{v}/eval/{wc.stage}.json" for v in VARIANTS],
+        output:
+            f"{R}/sweep/prune/{{stage}}.json",
+        log:
+            f"logs/sweep_prune/{RUN}/{{stage}}.log",
+        params:
+            keep=PRUNE_KEEP,
+            variants=lambda wc, input: " ".join(f"{variant_name(v)}={e}" for v, e in zip(VARIANTS, input.evals)),
+        shell:
+            launch() + "python -m pipeline sweep-prune --stage {wildcards.stage} --keep {params.keep} "
+            "--variant {params.variants} --out {output}"
+
+    rule sweep_compare:
+        input:
+            unpack(compare_inputs),
+        output:
+            csv=report(f"{R}/sweep/comparison.csv", caption="../report/sweep_csv.rst", category="Sweep"),
+            plot=report(f"{R}/sweep/loss.png", caption="../report/sweep_loss.rst", category="Sweep"),
+            html=report(f"{R}/sweep/comparison.html", caption="../report/sweep_html.rst", category="Sweep"),
+            best=f"{R}/sweep/best.json",
+        log:
+            f"logs/sweep_compare/{RUN}.log",
+        params:
+            variants=lambda wc: " ".join(f"{variant_name(v)}=results/{v}" for v in VARIANTS),
+            overrides=lambda wc: " ".join(f"'{variant_name(v)}={json.dumps(VARIANTS[v][1])}'" for v in VARIANTS),
+            prune=lambda wc, input: " ".join(input.get("prune", [])) or "none",
+            stages=" ".join(STAGES),
+        shell:
+            launch() + "python -m pipeline sweep-compare --run {R} --variant {params.variants} "
+            "--overrides {params.overrides} --stages {params.stages} --prune {params.prune} --out-csv {output.csv} "
+            "--out-plot {output.plot} --out-html {output.html} --out-best {output.best}"
