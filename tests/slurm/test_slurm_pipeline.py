@@ -33,6 +33,7 @@ from runkit import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
 pytestmark = pytest.mark.slurm
 
 RUN = "results/demo"
+VRUN = "demo"  # the {vrun} wildcard of a run without a sweep: the run itself
 # What one job gets on the test node (2 CPUs, ~22 GB; tests/slurm/cluster.sh): two jobs at once.
 JOB_CPUS, JOB_MEM_MB = 1, 6000
 
@@ -62,9 +63,14 @@ def _slurm_workdir(dest: Path) -> Path:
     return workdir
 
 
+def _job_wildcards(stage: str) -> str:
+    """How the plugin writes a training job's wildcards (vrun, stage) in its log dir and comment."""
+    return f"{VRUN}_{stage}"
+
+
 def _stage_logs(workdir: Path, stage: str) -> list[Path]:
     """The plugin's per-job logs of one training stage, oldest job first."""
-    logs = (workdir / ".snakemake/slurm_logs/rule_train_stage" / stage).glob("*.log")
+    logs = (workdir / ".snakemake/slurm_logs/rule_train_stage" / _job_wildcards(stage)).glob("*.log")
     return sorted(logs, key=lambda p: int(p.stem))
 
 
@@ -140,7 +146,7 @@ def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_
     job_id, deadline = None, time.monotonic() + 900
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            job_id = job_id or _running_job(slurm_cluster, "rule_train_stage_wildcards_chunk02", workdir)
+            job_id = job_id or _running_job(slurm_cluster, f"rule_train_stage_wildcards_{_job_wildcards('chunk02')}", workdir)
             if job_id and _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl") >= signal_after:
                 subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
                 break
