@@ -91,8 +91,10 @@ def random_word(rng: random.Random, lo: int = 3, hi: int = 7) -> str:
     return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(lo, hi)))
 
 
-def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
-    """Teach the base the raw copy skill; returns its held-out exact match."""
+def train_from_scratch(model, batches, *, steps: int, lr: float, seed: int) -> float:
+    """Train every weight of `model` for `steps` updates (AdamW, one-cycle schedule) on
+    `batches(rng)` -> (model inputs, labels), `rng` seeded from `seed`; leaves the model in eval
+    mode and returns the seconds it took. How the demo bases learn their skill before any SFT."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -100,13 +102,8 @@ def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
     model.train()
     t0 = time.time()
     for step in range(steps):
-        lines = [
-            tokenizer.bos_token + PRETRAIN_LINE.format(word=random_word(rng)) + tokenizer.eos_token
-            for _ in range(batch)
-        ]
-        enc = tokenizer(lines, return_tensors="pt", padding=True, add_special_tokens=False)
-        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, IGNORE_INDEX)
-        loss = model(**enc, labels=labels).loss
+        inputs, labels = batches(rng)
+        loss = model(**inputs, labels=labels).loss
         loss.backward()
         opt.step()
         sched.step()
@@ -114,6 +111,20 @@ def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
         if step % 100 == 0:
             log.info("pretrain step %d loss %.4f", step, loss.item())
     model.eval()
+    return round(time.time() - t0, 1)
+
+
+def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
+    """Teach the base the raw copy skill; returns its held-out exact match."""
+    def copy_lines(rng):
+        lines = [
+            tokenizer.bos_token + PRETRAIN_LINE.format(word=random_word(rng)) + tokenizer.eos_token
+            for _ in range(batch)
+        ]
+        enc = tokenizer(lines, return_tensors="pt", padding=True, add_special_tokens=False)
+        return enc, enc["input_ids"].masked_fill(enc["attention_mask"] == 0, IGNORE_INDEX)
+
+    seconds = train_from_scratch(model, copy_lines, steps=steps, lr=lr, seed=seed)
     prompts = [random_word(random.Random(10_000 + i)) for i in range(64)]
     correct = 0
     for word in prompts:
@@ -121,7 +132,7 @@ def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
         out = model.generate(**ids, max_new_tokens=12, do_sample=False, pad_token_id=tokenizer.pad_token_id)
         text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
         correct += text == word
-    return {"steps": steps, "seconds": round(time.time() - t0, 1), "copy_exact_match": correct / len(prompts)}
+    return {"steps": steps, "seconds": seconds, "copy_exact_match": correct / len(prompts)}
 
 
 def conversation(word: str, idx: int, split: str) -> dict:
@@ -166,10 +177,15 @@ def prepare_base(model_dir: Path, data_dir: Path, *, pretrain_steps: int = 400, 
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
     report = pretrain(model, tokenizer, steps=pretrain_steps, seed=seed)
-    model_dir = Path(model_dir)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_base(model, tokenizer, Path(model_dir), report, pad_token_id=tokenizer.pad_token_id)
     build_dataset(Path(data_dir))
-    (model_dir / "pretrain_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def save_base(model, beside, model_dir: Path, report: dict, *, pad_token_id: int) -> None:
+    """Save a demo base as a Hugging Face dir: the model, `beside` it its tokenizer (or processor),
+    and the pre-training report."""
+    model.generation_config.pad_token_id = pad_token_id
+    model.save_pretrained(model_dir)
+    beside.save_pretrained(model_dir)
+    (model_dir / "pretrain_report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -22,9 +22,7 @@ the question (exact match ~1 after a hundred updates).
 from __future__ import annotations
 
 import json
-import logging
 import random
-import time
 from pathlib import Path
 
 import torch
@@ -33,7 +31,6 @@ from pipeline import demo
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 
-log = logging.getLogger(__name__)
 
 IMAGE_SIZE = 32
 PATCH = 8
@@ -130,23 +127,8 @@ def _captions(processor, rng: random.Random, n: int):
 
 def pretrain(model, processor, *, steps=300, batch=32, lr=3e-3, seed=0) -> dict:
     """Teach the whole base to caption; returns its held-out colour accuracy from the caption."""
-    rng = random.Random(seed)
-    torch.manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    model.train()
-    t0 = time.time()
-    for step in range(steps):
-        inputs, labels = _captions(processor, rng, batch)
-        loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 100 == 0:
-            log.info("pretrain step %d loss %.4f", step, loss.item())
-    seconds = round(time.time() - t0, 1)
-    model.eval()
+    seconds = demo.train_from_scratch(model, lambda rng: _captions(processor, rng, batch), steps=steps, lr=lr,
+                                      seed=seed)
     rng = random.Random(10_000)
     refs = [(rng.choice(list(COLORS)), rng.choice(SHAPES)) for _ in range(64)]
     tokenizer = processor.tokenizer
@@ -201,10 +183,6 @@ def prepare_base(model_dir: Path, data_dir: Path, *, pretrain_steps: int = 300, 
     processor = build_processor(tokenizer)
     model = build_model(tokenizer, seed=seed)
     report = pretrain(model, processor, steps=pretrain_steps, seed=seed)
-    model_dir = Path(model_dir)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(model_dir)
-    processor.save_pretrained(model_dir)
+    demo.save_base(model, processor, Path(model_dir), report, pad_token_id=tokenizer.pad_token_id)
     build_dataset(Path(data_dir))
-    (model_dir / "pretrain_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
