@@ -4,7 +4,7 @@
 
 The embedded default's model and validation cache (128 records), the default
 run's trainer settings, `optim.lr=0` (so both runs hold the very same weights)
-and a full evaluation after the single update: raw weights and both EMA rates,
+and one full evaluation, after the second of 2 updates: raw weights and both EMA rates,
 3 passes over the validation set. Each rank runs one torch thread. The eval's
 wall time is what the trainer logs in the metrics' eval event; the validation
 losses must be equal to the last bit.
@@ -24,8 +24,9 @@ import _common as C  # noqa: E402
 
 def evaluate(root: Path, default: dict, ranks: int, repeat: int) -> dict:
     work = root / f"r{ranks}_{repeat}"
-    plan = C.plan_run(work / "plan", default, total=1, single_stage=True, overrides=[
-        *C.workflow_overrides(), "optim.lr=0.0", "eval.eval_every=1", "checkpoint.save_every=0"])
+    # 2 updates: a plan needs a pilot and a chunk of at least one update each (then made one stage).
+    plan = C.plan_run(work / "plan", default, total=2, single_stage=True, overrides=[
+        *C.workflow_overrides(), "optim.lr=0.0", "eval.eval_every=2", "checkpoint.save_every=0"])
     train = ["-m", "pipeline", "train", "--plan", str(plan["plan"]), "--config", str(plan["config"]),
              "--stage", "all", "--scratch", str(work / "scratch"), "--out", str(work / "stage")]
     cmd = [sys.executable, *train] if ranks == 1 else [
