@@ -106,3 +106,23 @@ def step_losses(stage_dirs: list[Path]) -> list[tuple[int, float]]:
             if "loss" in r:
                 rows.append((r["step"], r["loss"]))
     return rows
+
+
+def final_digests(run: Run, stage: str = "all") -> dict[str, str]:
+    """`checkpoint_digests` of one stage's final checkpoint."""
+    return checkpoint_digests(run.stage_dir(stage) / "checkpoint")
+
+
+def chain_and_compare(run: Run, reference: Run) -> list[str]:
+    """Train `run` as pilot, chunk01, chunk02, tail (one process each) and check it computed what
+    `reference` did in one stage: the adapter, every EMA shadow and the optimizer state byte for
+    byte, and every update's loss. Returns the stage names."""
+    names = stage_names(run)
+    assert names == ["pilot", "chunk01", "chunk02", "tail"]
+    run.chain(names)
+    digests = final_digests(run, "tail")
+    assert {"adapter/adapter_model.safetensors", "ema/0.9/adapter_model.safetensors",
+            "ema/0.99/adapter_model.safetensors", "training_state/optimizer.safetensors"} <= set(digests)
+    assert digests == final_digests(reference)
+    assert step_losses([run.stage_dir(s) for s in names]) == step_losses([reference.stage_dir("all")])
+    return names

@@ -144,12 +144,9 @@ class SlurmCluster:
             text=True,
             check=True,
         ).stdout
-        root = str(Path(workdir).resolve())
-        return [
-            line.rsplit("|", 1)[0]
-            for line in out.splitlines()
-            if line.rsplit("|", 1)[-1].strip() == root or line.rsplit("|", 1)[-1].strip().startswith(root + "/")
-        ]
+        root = Path(workdir).resolve()
+        jobs = (line.rsplit("|", 1) for line in out.splitlines())
+        return [job for job, cwd in jobs if Path(cwd.strip()).is_relative_to(root)]
 
     def check_no_job_left(self, workdir: Path, grace_s: float = 30.0) -> None:
         """Every job a finished snakemake submitted from `workdir` has left the queue. A job that

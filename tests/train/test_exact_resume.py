@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from trainkit import checkpoint_digests, make_run, pipeline_env, stage_names, step_losses
+from trainkit import chain_and_compare, final_digests, make_run, pipeline_env, stage_names, step_losses
 
 TOTAL = 12  # pilot 3 + chunk01 4 + chunk02 4 + tail 1 at fraction 0.25
 
@@ -23,21 +22,9 @@ def reference(tiny, tmp_path_factory):
     return run
 
 
-def _final(run, stage="all"):
-    return checkpoint_digests(run.stage_dir(stage) / "checkpoint")
-
-
 def test_chunked_run_equals_one_run(tiny, tmp_path, reference):
     run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25)
-    names = stage_names(run)
-    assert names == ["pilot", "chunk01", "chunk02", "tail"]
-    run.chain(names)
-    digests = _final(run, "tail")
-    # adapter, every EMA shadow and the optimizer state, byte for byte
-    assert {"adapter/adapter_model.safetensors", "ema/0.9/adapter_model.safetensors",
-            "ema/0.99/adapter_model.safetensors", "training_state/optimizer.safetensors"} <= set(digests)
-    assert digests == _final(reference)
-    assert step_losses([run.stage_dir(s) for s in names]) == step_losses([reference.stage_dir("all")])
+    names = chain_and_compare(run, reference)  # adapter, every EMA shadow and the optimizer state, byte for byte
     assert [s for s, _ in step_losses([run.stage_dir(s) for s in names])] == list(range(1, TOTAL + 1))
 
 
@@ -73,7 +60,7 @@ def test_sigkill_at_many_points_resumes_bitwise(tiny, tmp_path, reference):
         proc.wait(timeout=60)
         assert not run.stage_dir("all").exists(), "a killed stage must not publish its output"
     run.train("all")
-    assert _final(run) == _final(reference)
+    assert final_digests(run) == final_digests(reference)
     assert step_losses([run.stage_dir("all")]) == step_losses([reference.stage_dir("all")])
 
 
@@ -93,7 +80,7 @@ def test_corrupt_checkpoints_are_skipped_with_a_warning(tiny, tmp_path, referenc
     assert f"{flipped} does not match its sha256" in proc.stderr
     assert f"{truncated} has" in proc.stderr and "truncated" in proc.stderr
     assert "start from " + str(scratch / "step_000004") in proc.stdout
-    assert _final(run) == _final(reference)
+    assert final_digests(run) == final_digests(reference)
 
 
 def test_preemption_signal_saves_and_exits_with_retry_code(tiny, tmp_path, reference):
@@ -114,7 +101,7 @@ def test_preemption_signal_saves_and_exits_with_retry_code(tiny, tmp_path, refer
     saved = json.loads((latest / "MANIFEST.json").read_text())
     assert 5 <= saved["step"] < TOTAL
     run.train("all")
-    assert _final(run) == _final(reference)
+    assert final_digests(run) == final_digests(reference)
 
 
 def test_nan_gradient_skips_the_update(tiny, tmp_path):
@@ -151,7 +138,7 @@ def test_ddp_two_ranks_chunked_equals_one_run(tiny, tmp_path):
     chunked.chain(names, nproc=2)
     one = make_run(tmp_path / "one", tiny, total=8, fraction=0.25, chunks=2, single_stage=True)
     one.train("all", nproc=2)
-    assert _final(chunked, names[-1]) == _final(one)
+    assert final_digests(chunked, names[-1]) == final_digests(one)
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
     ckpt = one.stage_dir("all") / "checkpoint" / "training_state"
     assert (ckpt / "rng_rank000.json").is_file() and (ckpt / "rng_rank001.json").is_file()
@@ -164,7 +151,7 @@ def test_full_finetuning_chunked_equals_one_run(tiny, tmp_path):
     one = make_run(tmp_path / "one", tiny, total=6, fraction=0.34, chunks=2, overrides=["lora=full"],
                    single_stage=True)
     one.train("all")
-    digests = _final(one)
+    digests = final_digests(one)
     assert "model/model.safetensors" in digests and "ema/0.9/model.safetensors" in digests
-    assert _final(chunked, names[-1]) == digests
+    assert final_digests(chunked, names[-1]) == digests
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])

@@ -8,13 +8,9 @@ import signal
 
 import pytest
 from safetensors import safe_open
-from trainkit import REPO, checkpoint_digests, make_run, stage_names, step_losses
+from trainkit import REPO, chain_and_compare, final_digests, make_run, stage_names, step_losses
 
 PROJECTOR = ["vision.train_projector=true"]
-
-
-def _final(run, stage="all"):
-    return checkpoint_digests(run.stage_dir(stage) / "checkpoint")
 
 
 def _keys(path) -> list[str]:
@@ -33,14 +29,7 @@ def llava_reference(tiny_llava, tmp_path_factory):
 
 def test_llava_lora_and_projector_chunked_equals_one_run(tiny_llava, tmp_path, llava_reference):
     run = make_run(tmp_path, tiny_llava, total=9, fraction=0.25, overrides=PROJECTOR)
-    names = stage_names(run)
-    assert names == ["pilot", "chunk01", "chunk02", "tail"]
-    run.chain(names)
-    digests = _final(run, "tail")
-    assert {"adapter/adapter_model.safetensors", "ema/0.9/adapter_model.safetensors",
-            "ema/0.99/adapter_model.safetensors", "training_state/optimizer.safetensors"} <= set(digests)
-    assert digests == _final(llava_reference)
-    assert step_losses([run.stage_dir(s) for s in names]) == step_losses([llava_reference.stage_dir("all")])
+    chain_and_compare(run, llava_reference)
     # the projector is trained (and averaged) in full; the vision tower is not trained at all
     ckpt = run.stage_dir("tail") / "checkpoint"
     for weights in ("adapter", "ema/0.9", "ema/0.99"):
@@ -79,7 +68,7 @@ def test_preemption_of_the_process_group_saves_at_a_step_boundary(tiny_llava, tm
     assert proc.returncode == layout.EXIT_PREEMPTED, err[-3000:]
     assert "preempted at update" in out and "DataLoader worker" not in err
     run.train("all")
-    assert _final(run) == _final(llava_reference)
+    assert final_digests(run) == final_digests(llava_reference)
 
 
 @pytest.mark.parametrize("family", ["tiny_llava", "tiny_qwen2_vl"])
@@ -94,7 +83,7 @@ def test_family_trains_one_stage_and_resumes_bitwise(family, request, tmp_path):
     assert run.train("all", faults={"sigkill_in_save_at": 4}, check=False).returncode == -signal.SIGKILL
     proc = run.train("all")
     assert "start from " + str(run.scratch("all") / "step_000002") in proc.stdout
-    assert _final(run) == _final(reference)
+    assert final_digests(run) == final_digests(reference)
     losses = step_losses([run.stage_dir("all")])
     assert losses == step_losses([reference.stage_dir("all")]) and losses[-1][1] < losses[0][1]
 
@@ -107,7 +96,7 @@ def test_llava_ddp_two_ranks_chunked_equals_one_run(tiny_llava, tmp_path):
     one = make_run(tmp_path / "one", tiny_llava, total=6, fraction=0.34, chunks=1, overrides=PROJECTOR,
                    single_stage=True)
     one.train("all", nproc=2)
-    assert _final(chunked, names[-1]) == _final(one)
+    assert final_digests(chunked, names[-1]) == final_digests(one)
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
 
 
@@ -180,9 +169,9 @@ def test_llava_full_finetuning_keeps_the_tower_frozen_and_consolidates(tiny_llav
     chunked.chain(names)
     one = make_run(tmp_path / "one", tiny_llava, **kw, single_stage=True)
     one.train("all")
-    digests = _final(one)
+    digests = final_digests(one)
     assert {"model/model.safetensors", "ema/0.99/model.safetensors"} <= set(digests)
-    assert _final(chunked, names[-1]) == digests
+    assert final_digests(chunked, names[-1]) == digests
     trained = _keys(one.stage_dir("all") / "checkpoint" / "model" / "model.safetensors")
     assert "model.multi_modal_projector.linear_1.weight" in trained and "lm_head.weight" in trained
     assert not [k for k in trained if "vision_tower" in k]
