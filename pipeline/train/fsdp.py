@@ -278,6 +278,8 @@ class FSDP:
         sharding from the same seed on every rank; a model whose parameter names
         the weight files do not all hold is loaded whole on every rank instead.
         """
+        if cfg.distributed.meta_init:
+            sharded_load.pin_mmap_threshold()  # before fully_shard frees the skeleton's blocks
         skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
                     if cfg.distributed.meta_init else None)
         # Initialized here, not read: the adapter's own weights (a module trained in full as

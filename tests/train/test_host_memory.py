@@ -1,0 +1,63 @@
+"""glibc heap retention: what `sharded_load.pin_mmap_threshold` is for.
+
+glibc raises its mmap threshold when it frees a block it had mmapped (FSDP
+frees the skeleton's parameters); later buffers under the new threshold then
+come from the heap and stay resident after they are freed. Each case runs in
+a fresh process (the setting is process-wide): free one 24 MiB block, then
+allocate 40 blocks of 8 MiB interleaved with small long-lived tensors (as a
+training step leaves them), free the big ones and see how much memory goes
+back to the system.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r"""
+import sys, torch
+from pipeline.train import sharded_load
+
+def anon_mb():
+    return next(int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+pinned = sharded_load.pin_mmap_threshold() if sys.argv[1] == "pin" else False
+big = torch.ones(6 * 2**20)  # 24 MiB: mmapped, and its free raises glibc's threshold to 24 MiB
+del big
+blocks, small = [], []
+for _ in range(40):
+    blocks.append(torch.ones(2 * 2**20))  # 8 MiB each
+    small.append(torch.ones(4096))
+held = anon_mb()
+del blocks
+print(pinned, held - anon_mb())
+"""
+
+
+def _returned_mb(mode: str, env_extra: dict | None = None) -> tuple[bool, float]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.update(env_extra or {})
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True,
+                         env=env).stdout.split()
+    return out[0] == "True", float(out[1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc's mallopt")
+def test_freed_buffers_leave_the_resident_set_once_the_threshold_is_pinned():
+    pinned, returned = _returned_mb("pin")
+    assert pinned
+    assert returned > 0.9 * 320, f"only {returned:.0f} of 320 MiB went back to the system"
+    # Without it the same buffers stay resident: the case the pin exists for.
+    pinned, returned = _returned_mb("none")
+    assert not pinned
+    assert returned < 0.1 * 320, f"{returned:.0f} MiB went back without the pin: glibc no longer adjusts?"
+
+
+def test_a_threshold_the_user_set_is_left_alone():
+    pinned, returned = _returned_mb("pin", {"MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert not pinned
+    assert returned > 0.9 * 320  # the user's own threshold (64 KiB) mmaps the blocks
