@@ -1,7 +1,7 @@
 """Run the benchmarks and (re)write bench/RESULTS.md, the one table of every figure.
 
     python bench/run_all.py                  # train, checkpoint, stages, gpu, memory (~20 min on 2 cores), then RESULTS.md
-    python bench/run_all.py --run all        # also data and merge (+ ~3 min, and a 2 GB model on disk)
+    python bench/run_all.py --run all        # also data, merge, fsdp_memory, eval_ranks (+ ~15 min, 2 GB models on disk)
     python bench/run_all.py --run none       # only rebuild RESULTS.md from bench/results/
     python bench/run_all.py --run train,gpu
 
@@ -31,6 +31,9 @@ BENCHES = {  # name -> script (default arguments)
     "memory": "bench_memory.py",
     "data": "bench_data.py",
     "merge": "bench_merge.py",
+    "fsdp_memory": "bench_fsdp_memory.py",
+    "fsdp_memory_checkpointing": "bench_fsdp_memory.py --models 40x1024 --checkpointing on",
+    "eval_ranks": "bench_eval_ranks.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -87,6 +90,7 @@ def _met(train: dict, ema: str) -> str:
 
 def build_results() -> str:
     train, ckpt, stages, gpu, mem = (_load(n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
+    fsdp_mems, eval_ranks = [(n, _load(n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")], _load("eval_ranks")
     data, merge = _parse_md("data"), _parse_md("merge")
     table: list[tuple] = []  # (figure, value, goal, source)
     sources: list[tuple[str, dict]] = []
@@ -167,6 +171,25 @@ def build_results() -> str:
             ("padding fraction of the default data: micro-batches as sampled / grouped by length",
              f"{100 * pad['before']:.1f}% / {100 * pad['after']:.1f}%", "", s),
         ]
+    for name, fsdp_mem in fsdp_mems:
+        if not fsdp_mem or not isinstance(fsdp_mem["figures"], list):
+            continue
+        s = src(name, fsdp_mem)
+        for m in fsdp_mem["figures"]:
+            worst = max(m["rounds"], key=lambda rnd: max(rnd["meta_init=True"]["rank_peak_rss_mb"])
+                        / max(rnd["meta_init=False"]["rank_peak_rss_mb"]))
+            before, after = (max(worst[f"meta_init={x}"]["rank_peak_rss_mb"]) for x in ("False", "True"))
+            table.append((f"**FSDP peak host RSS per rank**, 2 CPU ranks, {m['params'] / 1e6:.0f}M parameters "
+                          f"({m['shape']}), LoRA, activation checkpointing {fsdp_mem['checkpointing']}: whole-model "
+                          f"load / sharded load (worst of {len(m['rounds'])} rounds)",
+                          f"{before:,.0f} MiB / {after:,.0f} MiB = **{m['ratio']:.3f}x**; final shards "
+                          f"{'bit-identical' if m['identical'] else 'DIFFER'}",
+                          "<= 0.6x: " + ("met" if m["ratio"] <= 0.6 else "NOT met"), s))
+    if eval_ranks:
+        f, s = eval_ranks["figures"], src("eval_ranks", eval_ranks)
+        table.append(("evaluation of the default validation set (raw + 2 EMA rates), CPU: 1 rank / 2 ranks",
+                      f"{f['seconds']['1']:.2f} s / {f['seconds']['2']:.2f} s = {f['speedup']:.2f}x; losses "
+                      f"{'identical' if f['identical'] else 'DIFFER'}", "", s))
     if gpu:
         s = src("gpu", gpu)
         if gpu.get("status") == "measured" and "mfu_6n" in gpu["figures"]:
@@ -232,9 +255,10 @@ def main() -> None:
     if unknown:
         sys.exit(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}")
     for name in names:
-        script = C.REPO / "bench" / BENCHES[name]
-        print(f"== {name}: python {script.relative_to(C.REPO)}", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, str(script)], cwd=C.REPO, check=True)
+        script, *extra = BENCHES[name].split()
+        script = C.REPO / "bench" / script
+        print(f"== {name}: python {' '.join([str(script.relative_to(C.REPO)), *extra])}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, str(script), *extra], cwd=C.REPO, check=True)
     out = C.REPO / "bench" / "RESULTS.md"
     out.write_text(build_results())
     print(f"wrote {out}", file=sys.stderr)
