@@ -49,9 +49,9 @@ def pin_mmap_threshold() -> bool:
     it had mmapped. The skeleton's parameters are such blocks, freed by
     `fully_shard`; without this, every later buffer under that size (a
     layer's all-gathered weights, its gradients) comes from the heap, where
-    freed memory stays resident. Measured on 2 CPU ranks of a 222M model: +660
-    MB per rank after the first forward, more after each update
-    (`bench/results/fsdp_memory.md`). Setting the threshold, here to glibc's
+    freed memory stays resident: on 2 CPU ranks of a 222M model, a rank's
+    peak was 1.29x the whole-model load's (`bench/results/fsdp_memory.md`),
+    against 0.74-0.77x with the pin. Setting the threshold, here to glibc's
     own default, turns the adjustment off. Returns whether it was set: not
     where the C library is not glibc, nor where MALLOC_MMAP_THRESHOLD_ already
     decides.

@@ -11,6 +11,7 @@ back to the system.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,8 +38,6 @@ print(pinned, held - anon_mb())
 
 
 def _returned_mb(mode: str, env_extra: dict | None = None) -> tuple[bool, float]:
-    import os
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.update(env_extra or {})
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=True,
