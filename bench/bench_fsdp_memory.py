@@ -1,15 +1,15 @@
 """Host memory of an FSDP run: every rank loading the whole base vs each rank reading its shards.
 
-    python bench/bench_fsdp_memory.py [--models 16x1024 40x1024]
+    python bench/bench_fsdp_memory.py [--models 16x1024 40x1024] [--rounds 2] [--checkpointing off|on]
 
 For each model (layers x hidden: Llama-style, vocabulary 32k, tied
-embeddings, random weights in fp32 safetensors; 222M and 470M parameters by
+embeddings, random weights in fp32 safetensors; 222M and 505M parameters by
 default), trains 2 LoRA updates with `distributed.strategy=fsdp` on 2 gloo
 ranks (CPU), twice: `distributed.meta_init=false` (each rank loads the whole
 base, then shards it: the behaviour before) and `true` (each rank builds an
 empty skeleton, shards it, reads only its rows of each tensor). While each run
 lasts, the peak resident memory (VmHWM) of both rank processes is read from
-/proc. The two runs of a model must end with identical shards.
+/proc. The final shards of every run of a model are compared: they must be identical.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run the benchmarks and (re)write bench/RESULTS.md, the one table of every figure.
 
     python bench/run_all.py                  # train, checkpoint, stages, gpu, memory (~20 min on 2 cores), then RESULTS.md
-    python bench/run_all.py --run all        # also data, merge, fsdp_memory, eval_ranks (+ ~15 min, 2 GB models on disk)
+    python bench/run_all.py --run all        # also data, merge, fsdp_memory(+_checkpointing), eval_ranks (+ ~30 min, 2 GB models on disk)
     python bench/run_all.py --run none       # only rebuild RESULTS.md from bench/results/
     python bench/run_all.py --run train,gpu
 
@@ -172,12 +172,11 @@ def build_results() -> str:
              f"{100 * pad['before']:.1f}% / {100 * pad['after']:.1f}%", "", s),
         ]
     for name, fsdp_mem in fsdp_mems:
-        if not fsdp_mem or not isinstance(fsdp_mem["figures"], list):
+        if not fsdp_mem:
             continue
         s = src(name, fsdp_mem)
         for m in fsdp_mem["figures"]:
-            worst = max(m["rounds"], key=lambda rnd: max(rnd["meta_init=True"]["rank_peak_rss_mb"])
-                        / max(rnd["meta_init=False"]["rank_peak_rss_mb"]))
+            worst = m["rounds"][m["ratios"].index(m["ratio"])]  # the round the ratio comes from
             before, after = (max(worst[f"meta_init={x}"]["rank_peak_rss_mb"]) for x in ("False", "True"))
             table.append((f"**FSDP peak host RSS per rank**, 2 CPU ranks, {m['params'] / 1e6:.0f}M parameters "
                           f"({m['shape']}), LoRA, activation checkpointing {fsdp_mem['checkpointing']}: whole-model "
