@@ -13,13 +13,13 @@ import sys
 from pipeline.errors import ERROR_FILE_ENV, UserError
 
 COMMANDS = {
-    "prepare-base": ("pipeline.demo_cli", "embedded default: tiny base model, tokenizer, demo dataset"),
+    "prepare-base": ("pipeline.demo.cli", "embedded default: tiny base model, tokenizer, demo dataset"),
     "fetch-model": ("pipeline.storage.hub", "download a hub model into the Hugging Face cache, pin its commit"),
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),
-    "plan": ("pipeline.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
+    "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
     "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
     "status": ("pipeline.train.status", "where each stage of a run is (files only: works from a login node)"),
     "pilot-gate": ("pipeline.evaluate.gate", "sanity checks on the pilot before the chunks start"),

@@ -32,7 +32,7 @@ def tiny(tmp_path_factory) -> dict:
     """A 2-layer Llama (random init), the demo tokenizer, and train/val caches."""
     import torch
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
     from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
 
     root = tmp_path_factory.mktemp("tiny")

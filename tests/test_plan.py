@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import config as train_config
-from pipeline import plan
+from pipeline.planning import plan
 from pipeline.errors import UserError
 
 CONF = Path(__file__).resolve().parents[1] / "config" / "train"

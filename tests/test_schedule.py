@@ -3,7 +3,7 @@ import math
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.schedule import lr_factor, plan_stages
+from pipeline.planning.schedule import lr_factor, plan_stages
 
 
 def test_seed_schedule_15000_updates():

@@ -1,5 +1,5 @@
-"""Sweep variants from the config, and the decisions made on them (pipeline/sweep.py,
-pipeline/evaluate/compare.py); the sweep through Snakemake: tests/workflow/test_sweep.py."""
+"""Sweep variants from the config, and the decisions made on them (pipeline/planning/sweep.py:
+variants and prune decisions); the sweep through Snakemake: tests/workflow/test_sweep.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.evaluate import compare
-from pipeline.sweep import prune_points, variants
+from pipeline.planning import sweep
+from pipeline.planning.sweep import prune_points, variants
 
 STAGES = ["pilot", "chunk01", "chunk02", "tail"]
 
@@ -68,9 +68,9 @@ def test_prune_keeps_the_k_lowest_by_their_best_weight_set_and_says_why_the_rest
              "b": _eval(tmp_path / "b.json", raw=1.2, ema_0_9=1.9),
              "c": _eval(tmp_path / "c.json", raw=1.7),
              "d": _eval(tmp_path / "d.json", raw=1.5)}  # ties with a: listed later, ranked later
-    decision = compare.prune("pilot", 2, evals)
+    decision = sweep.prune("pilot", 2, evals)
     assert decision["ranking"] == ["b", "a", "d", "c"] and decision["kept"] == ["b", "a"]
     assert decision["stopped"]["d"] == ("pruned after pilot: rank 3 of 4 by validation loss (1.5000; the last "
                                         "kept had 1.5000), sweep.prune.keep=2")
     assert set(decision["stopped"]) == {"c", "d"}
-    assert compare.prune("pilot", 4, evals)["stopped"] == {}
+    assert sweep.prune("pilot", 4, evals)["stopped"] == {}

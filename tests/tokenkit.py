@@ -21,7 +21,7 @@ def base_tokenizer(extra_special: list[str] = ()):
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.demo import ALPHABET
+    from pipeline.demo.text import ALPHABET
 
     special = ["<pad>", "<unk>", "<s>", "</s>", *extra_special]
     vocab = {tok: i for i, tok in enumerate(special)}
@@ -39,7 +39,7 @@ def make_base(root: Path, template: str, *, tied: bool = False) -> dict:
     """Base dir (no chat template), run tokenizer dir, train/val caches; paths in a dict."""
     import torch
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
     from pipeline.data.prepare import prepare
     from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
 

@@ -62,7 +62,7 @@ class Run:
 def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunks: int = 2,
              overrides: list[str] = (), single_stage: bool = False) -> Run:
     """Plan + resolved config for a run; `single_stage` plans one stage `all` over every update."""
-    from pipeline import plan as planner
+    from pipeline.planning import plan as planner
 
     root.mkdir(parents=True, exist_ok=True)
     base = [f"model.path={tiny['model']}", f"data.train_cache={tiny['train']}", f"data.val_cache={tiny['val']}",

@@ -1,6 +1,6 @@
 """Tiny random-weight vision-language models of two families, saved as real HF dirs, and their data.
 
-LLaVA comes from the embedded default's builder (`pipeline.demo_vlm`) at test
+LLaVA comes from the embedded default's builder (`pipeline.demo.vlm`) at test
 size. Qwen2-VL is built here: the demo character tokenizer plus Qwen's vision
 tokens, a chat template that writes them for an image part, Qwen2-VL's image
 processor (8x8 patches, 2x2 merge: a 32x32 image is 4 image tokens) and
@@ -32,7 +32,7 @@ QWEN_TEMPLATE = (
 
 def save_llava(path: Path, *, seed: int = 0) -> Path:
     """A tiny random LLaVA (1-layer CLIP tower, 2-layer Llama) with the demo processor."""
-    from pipeline import demo_vlm
+    from pipeline.demo import vlm as demo_vlm
 
     tokenizer = demo_vlm.build_tokenizer()
     model = demo_vlm.build_model(tokenizer, vision_hidden=16, vision_layers=1, hidden=32, layers=2, heads=2, seed=seed)
@@ -46,7 +46,7 @@ def save_qwen2_vl(path: Path, *, seed: int = 0) -> Path:
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
 
     tokenizer = demo.build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS)})
@@ -76,7 +76,7 @@ def save_qwen2_vl(path: Path, *, seed: int = 0) -> Path:
 
 def make_vlm_data(root: Path, model_dir: Path, *, n_train=32, n_val=8, n_test=8, max_length=96) -> dict:
     """The demo's colour questions for `model_dir`, tokenized into train / val caches."""
-    from pipeline import demo_vlm
+    from pipeline.demo import vlm as demo_vlm
     from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
 
     paths = demo_vlm.build_dataset(root / "data", n_train=n_train, n_val=n_val, n_test=n_test)

@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,31 +51,6 @@ def _rank_files(rank: int) -> str:
     return f"__{rank}_*"
 
 
-@dataclass
-class TrainingParts:
-    """Everything a checkpoint holds of the model side of a stage.
-
-    `model` is the unwrapped model (no DDP wrapper; FSDP shards it in place);
-    `named` its trained parameters in a fixed order, whose names key every
-    saved state.
-    """
-
-    model: torch.nn.Module
-    named: list[tuple[str, torch.nn.Parameter]]
-    ema: object  # pipeline.train.ema.EMA
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-
-    @property
-    def names(self) -> list[str]:
-        return [n for n, _ in self.named]
-
-    @property
-    def lora(self) -> bool:
-        return hasattr(self.model, "peft_config")
-
-
 def fingerprint(config_text: str, plan: dict, stage: str, init: Path | None) -> str:
     """Identity of a stage's computation: scratch checkpoints of another one are stale."""
     h = hashlib.sha256()
@@ -89,9 +63,10 @@ def fingerprint(config_text: str, plan: dict, stage: str, init: Path | None) -> 
 
 
 class Checkpointer:
-    def __init__(self, parts: TrainingParts, strategy, d: Dist, *, scratch: Path, out: Path, stage: str,
+    def __init__(self, parts, strategy, d: Dist, *, scratch: Path, out: Path, stage: str,
                  fingerprint: str, config_text: str, global_batch: int, cfg, hooks):
-        """`cfg`: the trainer's CheckpointConfig (save_every, keep_last, async_save)."""
+        """`parts`: the stage's `pipeline.train.parts.TrainingParts`; `cfg`: the trainer's CheckpointConfig
+        (save_every, keep_last, async_save)."""
         self.parts, self.strategy, self.d = parts, strategy, d
         self.scratch, self.out, self.stage = Path(scratch), Path(out), stage
         self.fingerprint, self.config_text, self.cfg, self.hooks = fingerprint, config_text, cfg, hooks

@@ -33,29 +33,11 @@ import pandas as pd
 
 from pipeline import layout
 from pipeline.errors import UserError
+from pipeline.planning.sweep import prune
 from pipeline.evaluate.summarize import fmt_cell, html_page, html_table
 from pipeline.storage.publish import write_json, write_text
 
 BEST_LINK = "best"
-
-
-def score(eval_file: Path) -> float:
-    """The lowest validation loss over the weight sets of one stage evaluation (nan if none)."""
-    rows = json.loads(Path(eval_file).read_text())["rows"]
-    losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
-    return min(losses) if losses else math.nan
-
-
-def prune(stage: str, keep: int, evals: dict[str, Path]) -> dict:
-    """The decision at one prune point: the `keep` best variants go on, the others stop here."""
-    scores = {name: score(path) for name, path in evals.items()}
-    order = sorted(scores, key=lambda n: (math.isnan(scores[n]), scores[n]))  # stable: ties keep listing order
-    kept = order[:keep]
-    cut = scores[kept[-1]] if kept else math.nan
-    stopped = {name: f"pruned after {stage}: rank {order.index(name) + 1} of {len(order)} by validation loss "
-                     f"({scores[name]:.4f}; the last kept had {cut:.4f}), sweep.prune.keep={keep}"
-               for name in order[keep:]}
-    return {"stage": stage, "keep": keep, "scores": scores, "ranking": order, "kept": kept, "stopped": stopped}
 
 
 def _stopped_at(name: str, stages: list[str], decisions: list[dict]) -> tuple[list[str], str | None]:

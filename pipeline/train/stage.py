@@ -44,13 +44,14 @@ import torch
 from pipeline import config as train_config
 from pipeline import distributed, layout
 from pipeline.checkpoint import io as ckpt_io
-from pipeline.checkpoint.checkpointer import Checkpointer, TrainingParts, fingerprint
+from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
 from pipeline.model.loss import Collator
-from pipeline.schedule import lr_factor, read_plan, stage_from_plan
+from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
+from pipeline.train.parts import TrainingParts
 from pipeline.train.batches import TrainBatches
 from pipeline.train.ema import EMA
 from pipeline.train.evals import Evaluator

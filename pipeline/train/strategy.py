@@ -19,7 +19,7 @@ between them is all in the two classes:
     check_ranks(params, what)        fail if the ranks' weights disagree where they should agree
     consistency                      how that check is done, for the pilot gate's report
 
-`parts` is the `pipeline.checkpoint.checkpointer.TrainingParts` of the stage.
+`parts` is the `pipeline.train.parts.TrainingParts` of the stage.
 """
 
 from __future__ import annotations

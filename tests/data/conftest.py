@@ -16,7 +16,7 @@ DATA_DIR = Path(__file__).resolve().parent
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """The demo char-level tokenizer (with chat template), saved like a real model dir."""
-    from pipeline.demo import build_tokenizer
+    from pipeline.demo.text import build_tokenizer
 
     path = tmp_path_factory.mktemp("tokenizer")
     build_tokenizer().save_pretrained(path)

@@ -17,7 +17,7 @@ SMALL_SHARD = "20KB"  # splits the tiny model into several shards + an index
 def tiny_llama(*, tied: bool = False, seed: int = 0, vocab: int | None = None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline.demo import build_tokenizer
+    from pipeline.demo.text import build_tokenizer
 
     tokenizer = build_tokenizer()
     config = LlamaConfig(

@@ -80,7 +80,7 @@ def save_family(family: str, path) -> None:
     """A random-weight model of `family` with the demo tokenizer, as a Hugging Face dir."""
     from transformers import AutoModelForCausalLM
 
-    from pipeline.demo import build_tokenizer
+    from pipeline.demo.text import build_tokenizer
 
     tokenizer = build_tokenizer()
     torch.manual_seed(0)

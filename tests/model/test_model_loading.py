@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pipeline import config as train_config
-from pipeline import plan
+from pipeline.planning import plan
 from pipeline.errors import UserError
 from pipeline.model import loading
 from pipeline.model.precision import Precision

@@ -15,7 +15,7 @@ import yaml
 from hubkit import add_to_cache
 
 from pipeline import config as train_config
-from pipeline import plan
+from pipeline.planning import plan
 from pipeline.errors import UserError
 from pipeline.storage import hub
 from pipeline.workflow_config import path_problems

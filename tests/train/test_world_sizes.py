@@ -10,7 +10,7 @@ import pytest
 import yaml
 from trainkit import make_run
 
-from pipeline import plan
+from pipeline.planning import plan
 from pipeline.errors import UserError
 
 pytestmark = pytest.mark.distributed

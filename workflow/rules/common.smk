@@ -9,10 +9,10 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from pipeline.errors import UserError
-from pipeline.plan import world_size as plan_world_size
-from pipeline.schedule import PILOT, plan_stages
+from pipeline.planning.plan import world_size as plan_world_size
+from pipeline.planning.schedule import PILOT, plan_stages
 from pipeline.storage import hub
-from pipeline.sweep import prune_points as sweep_prune_points, variants as sweep_variants
+from pipeline.planning.sweep import prune_points as sweep_prune_points, variants as sweep_variants
 from pipeline.workflow_config import EMBEDDED_KINDS
 
 
@@ -162,7 +162,7 @@ def _resolve_train_config(label, overrides):
     `config_id` changes only when a resolved value does.
     """
     from pipeline import config as train_config
-    from pipeline.plan import config_id, cross_check
+    from pipeline.planning.plan import config_id, cross_check
 
     where = f" (sweep variant {label})" if label else ""
     try:

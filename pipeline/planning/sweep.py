@@ -19,7 +19,10 @@ without torch (the Snakefile uses them when it loads).
 from __future__ import annotations
 
 import itertools
+import json
+import math
 import re
+from pathlib import Path
 
 from pipeline.errors import UserError
 
@@ -89,3 +92,24 @@ def _hydra(value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_hydra(v) for v in value) + "]"
     return str(value)
+
+
+# --- prune points: which variants go on (the `sweep-prune` command writes the decision) ---
+
+def score(eval_file: Path) -> float:
+    """The lowest validation loss over the weight sets of one stage evaluation (nan if none)."""
+    rows = json.loads(Path(eval_file).read_text())["rows"]
+    losses = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
+    return min(losses) if losses else math.nan
+
+
+def prune(stage: str, keep: int, evals: dict[str, Path]) -> dict:
+    """The decision at one prune point: the `keep` best variants go on, the others stop here."""
+    scores = {name: score(path) for name, path in evals.items()}
+    order = sorted(scores, key=lambda n: (math.isnan(scores[n]), scores[n]))  # stable: ties keep listing order
+    kept = order[:keep]
+    cut = scores[kept[-1]] if kept else math.nan
+    stopped = {name: f"pruned after {stage}: rank {order.index(name) + 1} of {len(order)} by validation loss "
+                     f"({scores[name]:.4f}; the last kept had {cut:.4f}), sweep.prune.keep={keep}"
+               for name in order[keep:]}
+    return {"stage": stage, "keep": keep, "scores": scores, "ranking": order, "kept": kept, "stopped": stopped}

@@ -1,4 +1,4 @@
-"""`python -m pipeline prepare-base`: build an embedded default (see pipeline.demo and pipeline.demo_vlm)."""
+"""`python -m pipeline prepare-base`: build an embedded default (see pipeline.demo.text and pipeline.demo.vlm)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import logging
 import sys
 from pathlib import Path
 
-KINDS = ("text", "vlm")  # pipeline.demo (a causal LM), pipeline.demo_vlm (a LLaVA-style vision-language model)
+KINDS = ("text", "vlm")  # pipeline.demo.text (a causal LM), pipeline.demo.vlm (a LLaVA-style vision-language model)
 
 
 def main(argv: list[str]) -> int:
-    from pipeline import demo, demo_vlm
+    from pipeline.demo import text as demo, vlm as demo_vlm
 
     ap = argparse.ArgumentParser(prog="python -m pipeline prepare-base", description=demo.__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -47,7 +47,7 @@ from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.layout import ema_tag
 from pipeline.model import memory
-from pipeline.schedule import plan_stages
+from pipeline.planning.schedule import plan_stages
 from pipeline.storage import hub
 from pipeline.storage.publish import write_text
 

@@ -6,7 +6,7 @@ schedule, EMA and data order span the whole run; a stage is only a window
 [start, end) of global update indices, which is what makes a chunked run the
 same computation as one long run.
 
-The `plan` command (`pipeline.plan`) writes these stages to plan.json.
+The `plan` command (`pipeline.planning.plan`) writes these stages to plan.json.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The embedded vision-language default: a tiny LLaVA-style model, its processor and a demo dataset.
 
-Nothing is downloaded; like `pipeline.demo`, `prepare_base` writes real Hugging
+Nothing is downloaded; like `pipeline.demo.text`, `prepare_base` writes real Hugging
 Face directories (`save_pretrained`), which `AutoModelForImageTextToText` and
 `AutoProcessor` load, so the whole DAG runs through the code a real LLaVA takes.
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline import demo
+from pipeline.demo import text as demo
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 
