@@ -129,7 +129,7 @@ def build_default(root: Path, *, max_length: int = 128) -> dict:
     of `prepare_base` is skipped; the architecture, tokenizer, dataset and
     max_length are the workflow's.
     """
-    from pipeline import demo
+    from pipeline.demo import text as demo
     from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
 
     root = Path(root)
@@ -166,7 +166,7 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     `single_stage` replaces the plan's stages by one stage `all` over every
     update (what one uninterrupted process computes).
     """
-    from pipeline import plan as planner
+    from pipeline.planning import plan as planner
 
     root.mkdir(parents=True, exist_ok=True)
     if single_stage:  # any valid split: the stages are replaced below

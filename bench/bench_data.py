@@ -81,7 +81,7 @@ def main() -> None:
 
     from pipeline.data import tokenize, validate
     from pipeline.data.cache import TokenCache
-    from pipeline.demo import build_tokenizer
+    from pipeline.demo.text import build_tokenizer
     import_s = time.perf_counter() - t0
 
     with tempfile.TemporaryDirectory(prefix="bench_data_") as tmp:

@@ -30,7 +30,7 @@ import _common as C  # noqa: E402
 def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, int]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
 
     tok = demo.build_tokenizer()
     config = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=int(hidden * 2.75),

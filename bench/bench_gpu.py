@@ -93,7 +93,7 @@ def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
 
     tok = demo.build_tokenizer()
     spec = dict(preset)

@@ -57,7 +57,7 @@ def _model(root: Path) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline import demo
+    from pipeline.demo import text as demo
 
     tok = demo.build_tokenizer()
     spec = dict(SHAPE)
