@@ -1,14 +1,20 @@
-"""Reading chat datasets: LLaVA/ShareGPT and OpenAI records, as JSON arrays or JSONL.
+"""Reading chat datasets: every file kind and record shape, normalized to one `Record`.
 
-Two record shapes are accepted, in either file layout:
+Which files (`pipeline.data.readers`): JSON arrays, JSON Lines, Parquet, and
+Arrow (IPC files, or a ``datasets`` ``save_to_disk`` directory), chosen by the
+name and confirmed by the content; the file kind is named in every problem.
+Which records (`pipeline.data.shapes`): OpenAI ``messages``, ShareGPT/LLaVA
+``conversations``, TRL ``prompt`` / ``completion`` (strings or message lists)
+and Alpaca ``instruction`` / ``input`` / ``output``, each with optional ``id``,
+``system`` and ``image`` / ``images``; a `FieldMap` (``data.columns`` /
+``data.roles``) maps a dataset's own key and role names onto these. A file in
+which no record has a shape gets one problem naming the keys it has.
 
-* LLaVA/ShareGPT: ``{"id": ..., "conversations": [{"from": "human", "value": ...}, ...],
-  "system": "optional prompt", "image": "a.png" | ["a.png", ...]}``
-* OpenAI: ``{"messages": [{"role": "user", "content": ...}, ...]}``, where ``content``
-  is a string or a list of content parts (an assistant turn may carry its reasoning as
-  ``reasoning_content``, kept in the normalized message under that key): ``{"type": "text", "text": ...}`` and
-  ``{"type": "image", "image" | "path" | "url": "a.png"}`` or
-  ``{"type": "image_url", "image_url": {"url": "a.png"}}`` (local files only)
+Turns: ``content`` is a string or, in a message list, a list of content parts
+(an assistant turn may carry its reasoning as ``reasoning_content``, kept in
+the normalized message under that key): ``{"type": "text", "text": ...}`` and
+``{"type": "image", "image" | "path" | "url": "a.png"}`` or
+``{"type": "image_url", "image_url": {"url": "a.png"}}`` (local files only).
 
 Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
 (``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
@@ -16,17 +22,13 @@ becomes one. A record must hold exactly as many placeholders as images, all in
 user turns (the model's processor puts each image's tokens where its
 placeholder is, and a label never covers them).
 
-Layout: a ``.json`` file must hold one JSON array of records (anything else at
-its top level is a problem); a ``.jsonl`` / ``.ndjson`` file is JSON Lines (one
-object per non-blank line); any other name is read as an array if its first
-non-blank character is ``[``, else as JSON Lines.
-
 Every record is normalized to a `Record`: roles mapped to user / assistant /
 system, the system prompt first, content parts joined into one string with a
-placeholder per image, image paths resolved against the dataset file's directory. `parse_file` never raises on bad content: it returns the
-well-formed records and a `Problem` for every fault it finds, so validation can
-report all of them at once. `load_records` is the strict front door for the
-stages that only want clean data.
+placeholder per image, image paths resolved against the dataset file's
+directory (a ``save_to_disk`` directory's parent). `parse_file` never raises
+on bad content: it returns the well-formed records and a `Problem` for every
+fault it finds, so validation can report all of them at once. `load_records`
+is the strict front door for the stages that only want clean data.
 
 Exact duplicates (same messages and images) are found by `duplicate_of`; what
 happens to them is the user's ``duplicates`` policy (`DUPLICATE_POLICIES`),
@@ -36,29 +38,18 @@ applied by validation and, for ``drop``, by tokenization (`drop_duplicates`).
 from __future__ import annotations
 
 import hashlib
-import io
-import itertools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pipeline.data import readers
+from pipeline.data.readers import KindError, Unreadable, describe_kind, json_type as _json_type
+from pipeline.data.shapes import ROLE_ALIASES, FieldMap, accepted_text, detect
 from pipeline.errors import DataError
 
-# Accepted spellings of a role (matched case-insensitively) -> canonical role.
-ROLE_ALIASES = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
-    "system": "system",
-}
-
-# (turns key, role key, text key) per record shape.
-_SHAPES = {
-    "conversations": ("conversations", "from", "value"),
-    "messages": ("messages", "role", "content"),
-}
+__all__ = ["ROLE_ALIASES", "FieldMap"]  # re-exported: callers read roles and mappings from here
 
 # Where an image sits in a turn's text (LLaVA's spelling; OpenAI image parts become one).
 IMAGE_PLACEHOLDER = "<image>"
@@ -70,12 +61,8 @@ _REMOTE_SCHEMES = ("http://", "https://", "data:")
 # error (a problem), warn (kept, reported), drop (every copy after the first removed).
 DUPLICATE_POLICIES = ("error", "warn", "drop")
 
-_BOM = b"\xef\xbb\xbf"
-_JSONL_SUFFIXES = (".jsonl", ".ndjson")
-
-# Placeholder for a JSONL line that could not be decoded: it keeps the record
-# numbering aligned with the file but yields no further problems.
-_UNREADABLE = object()
+# Records of an unknown shape whose keys the file-level problem lists.
+_KEYS_SHOWN = 12
 
 
 @dataclass(frozen=True)
@@ -103,7 +90,8 @@ class Problem:
 
     `index` / `line` / `id` locate the record (None for file-level faults such
     as invalid JSON in an array file); `field` names the offending key, e.g.
-    ``conversations[2].from``.
+    ``conversations[2].from``; `kind` is the file kind it was read as
+    (`readers.KINDS`; None when that is not known).
     """
 
     file: str
@@ -113,15 +101,16 @@ class Problem:
     line: int | None = None
     id: str | None = None
     field: str | None = None
+    kind: str | None = None
 
     def where(self) -> str:
-        """'train.jsonl record 3 (line 4, id 'x')' -- as much as is known."""
+        """'train.jsonl (JSON Lines) record 3 (line 4, id 'x')' -- as much as is known."""
         parts = []
         if self.line is not None:
             parts.append(f"line {self.line}")
         if self.id is not None:
             parts.append(f"id {self.id!r}")
-        text = self.file
+        text = self.file + (f" ({describe_kind(self.kind)})" if self.kind else "")
         if self.index is not None:
             text += f" record {self.index}"
         elif self.line is not None:
@@ -144,54 +133,86 @@ class ParsedFile:
     """What `parse_file` found: clean records plus every problem, in file order."""
 
     path: Path
-    layout: str  # "json" | "jsonl" | "unknown" (unreadable)
+    layout: str  # the file kind, a key of `readers.KINDS`, or "unknown" (unreadable)
     sha256: str
     records: list[Record] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     records_seen: int = 0  # records in the file, including rejected ones
 
 
-def parse_file(path: str | Path) -> ParsedFile:
+def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
     """Read and normalize every record of `path`, collecting (not raising) problems.
 
-    A missing or unreadable file is itself a problem (reason ``file_not_found``).
+    A missing or unreadable path, or one that is no dataset kind, is itself a
+    problem (reason ``file_not_found``, ``not_parquet``, ...). `fields`: the
+    user's key and role names (`FieldMap`; none by default).
     """
     path = Path(path)
+    fields = fields or FieldMap()
     name = str(path)
+    parsed = ParsedFile(path, "unknown", "")
+    if not path.exists():
+        parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
+        return parsed
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        parsed = ParsedFile(path, "unknown", "")
-        parsed.problems.append(Problem(name, "file_not_found", f"cannot read the file: {err.strerror}"))
+        kind = readers.sniff(path)
+    except KindError as err:
+        parsed.problems.append(Problem(name, err.reason, str(err)))
         return parsed
-    parsed = ParsedFile(path, "unknown", hashlib.sha256(data).hexdigest())
-    if data.startswith(_BOM):
-        data = data[len(_BOM):]
-    if not data.strip():
-        parsed.problems.append(Problem(name, "empty_file", "the file is empty (or only whitespace)"))
+    parsed.layout = kind
+    parsed.sha256 = readers.fingerprint(path)
+    unshaped = _unshaped_columns(path, kind, fields)
+    if unshaped is not None:
+        parsed.problems.append(Problem(name, "unknown_shape", unshaped, kind=kind))
         return parsed
-    suffix = path.suffix.lower()
-    if suffix == ".json" or (suffix not in _JSONL_SUFFIXES and data.lstrip()[:1] == b"["):
-        parsed.layout = "json"
-        raws = _read_json_array(data, name, parsed.problems)
-    else:
-        parsed.layout = "jsonl"
-        raws = _read_jsonl(data, name, parsed.problems)
     base_dir = os.path.dirname(os.path.abspath(path))
-    for index, (line, raw) in enumerate(raws):
-        record, problems = _normalize_record(raw, index=index, line=line, file=name, base_dir=base_dir)
+    faults: list[tuple] = []
+    shaped = 0
+    unknown: list[Problem] = []  # one per record with no shape: one line for the file if no record has one
+    keys: dict[str, None] = {}
+    for index, (line, raw) in enumerate(readers.read_raw(path, kind, faults)):
+        parsed.records_seen += 1
+        if isinstance(raw, Unreadable):
+            parsed.problems.append(Problem(name, raw.reason, raw.message, index=index, line=line, kind=kind))
+            continue
+        record, problems = _normalize_record(raw, index=index, line=line, file=name, kind=kind, base_dir=base_dir,
+                                             fields=fields)
+        if any(p.reason == "missing_turns" for p in problems):
+            unknown += problems
+            keys.update(dict.fromkeys(raw))
+        elif isinstance(raw, dict):
+            shaped += 1
         parsed.problems.extend(problems)
         if record is not None:
             parsed.records.append(record)
-    parsed.records_seen = len(raws)
-    if not raws and not parsed.problems:
-        parsed.problems.append(Problem(name, "no_records", "the file holds no records"))
+    parsed.problems += [Problem(name, reason, message, line=line, kind=kind) for reason, message, line in faults]
+    if unknown and not shaped:
+        dropped = {id(p) for p in unknown}
+        parsed.problems = [p for p in parsed.problems if id(p) not in dropped]
+        parsed.problems.append(Problem(name, "unknown_shape", _unknown_shape_text(list(keys)), kind=kind))
+    if not parsed.records_seen and not parsed.problems:
+        parsed.problems.append(Problem(name, "no_records", "the file holds no records", kind=kind))
     return parsed
 
 
-def load_records(path: str | Path) -> list[Record]:
+def _unshaped_columns(path: Path, kind: str, fields: FieldMap) -> str | None:
+    """For Parquet / Arrow, the one-line problem when the schema's columns make no shape (no row read)."""
+    names = readers.columns(path, kind)
+    if names is None or detect(fields.view(dict.fromkeys(names))) is not None:
+        return None
+    return _unknown_shape_text(names, "columns")
+
+
+def _unknown_shape_text(keys: list[str], what: str = "keys") -> str:
+    shown = ", ".join(repr(k) for k in keys[:_KEYS_SHOWN]) + (" ..." if len(keys) > _KEYS_SHOWN else "")
+    return (f"no record has a shape this pipeline reads: the {what} are {shown or 'none'}; accepted: "
+            f"{accepted_text()}; if your keys are named otherwise, map them with data.columns "
+            "(e.g. {prompt: question, completion: answer})")
+
+
+def load_records(path: str | Path, fields: FieldMap | None = None) -> list[Record]:
     """All records of `path`, normalized; raises `DataError` listing the problems if any."""
-    parsed = parse_file(path)
+    parsed = parse_file(path, fields)
     if parsed.problems:
         raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
     return parsed.records
@@ -252,232 +273,201 @@ def drop_duplicates(records: list[Record]) -> list[Record]:
     return [r for position, r in enumerate(records) if position not in copies]
 
 
-# --- file layouts ---------------------------------------------------------------------------------
-
-
-def _read_json_array(data: bytes, name: str, problems: list[Problem]) -> list[tuple[None, object]]:
-    text = _decode_whole(data, name, problems)
-    if text is None:
-        return []
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        message = _extra_data_message(text, err) if err.msg == "Extra data" else _decode_error_text(err, err.lineno)
-        problems.append(Problem(name, "invalid_json", message, line=err.lineno))
-        return []
-    if not isinstance(doc, list):
-        problems.append(Problem(
-            name, "wrong_top_level_type", f"expected a JSON array of records, found a JSON {_json_type(doc)}",
-        ))
-        return []
-    return [(None, raw) for raw in doc]
-
-
-def _read_jsonl(data: bytes, name: str, problems: list[Problem]) -> list[tuple[int, object]]:
-    """One record per non-blank line; a bad line is a problem, the others still count."""
-    raws: list[tuple[int, object]] = []
-    for lineno, raw_line in enumerate(data.split(b"\n"), start=1):
-        try:
-            text = raw_line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            col = len(raw_line[:err.start].decode("utf-8", errors="replace")) + 1
-            problems.append(Problem(
-                name, "invalid_utf8", f"invalid UTF-8 byte 0x{raw_line[err.start]:02x} at line {lineno} column {col}",
-                index=len(raws), line=lineno,
-            ))
-            raws.append((lineno, _UNREADABLE))
-            continue
-        if not text.strip():
-            continue
-        try:
-            raws.append((lineno, json.loads(text)))
-        except json.JSONDecodeError as err:
-            problems.append(Problem(
-                name, "invalid_json", _decode_error_text(err, lineno), index=len(raws), line=lineno,
-            ))
-            raws.append((lineno, _UNREADABLE))
-    return raws
-
-
-def _decode_error_text(err: json.JSONDecodeError, line: int) -> str:
-    """json's reason plus where, e.g. 'Unterminated string starting at line 2 column 9'.
-
-    Some of json's reasons already end in " at" ("Unterminated string starting
-    at", "Invalid control character at"): appending " at line ..." would say
-    "at at", so that trailing word is dropped first.
-    """
-    return f"{err.msg.removesuffix(' at')} at line {line} column {err.colno}"
-
-
-def _extra_data_message(text: str, err: json.JSONDecodeError) -> str:
-    """The text for a whole-file parse that found more after its first JSON value.
-
-    Only content that looks like JSON Lines gets the "name the file .jsonl"
-    hint; a complete array followed by anything else (a record pasted after
-    the closing bracket, a merge leftover) is reported as exactly that.
-    """
-    where = f"line {err.lineno} column {err.colno}"
-    if _looks_like_jsonl(text):
-        return (f"several JSON objects, one per line (the second starts at {where}): "
-                "this looks like JSON Lines; name the file .jsonl, or wrap the records in a JSON array")
-    start = len(text) - len(text.lstrip(" \t\n\r"))  # JSON's own whitespace, as json.loads skips it
-    first, _ = json.JSONDecoder().raw_decode(text, start)  # cannot fail: json.loads got past this value
-    return (f"extra data after the JSON {_json_type(first)} at {where}: "
-            "the file must hold exactly one JSON array of records")
-
-
-def _looks_like_jsonl(text: str) -> bool:
-    """True if the first two non-blank lines are each a complete JSON object (one record per line)."""
-    first_two = list(itertools.islice((line for line in io.StringIO(text) if line.strip()), 2))
-    return len(first_two) == 2 and all(_is_json_object(line) for line in first_two)
-
-
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
-        return False
-
-
-def _decode_whole(data: bytes, name: str, problems: list[Problem]) -> str | None:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        line_start = data.rfind(b"\n", 0, err.start) + 1
-        col = len(data[line_start:err.start].decode("utf-8", errors="replace")) + 1
-        problems.append(Problem(
-            name, "invalid_utf8", f"invalid UTF-8 byte 0x{data[err.start]:02x} at line {line} column {col}", line=line,
-        ))
-        return None
-
-
-def _json_type(value: object) -> str:
-    if isinstance(value, dict):
-        return "object"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool):
-        return "boolean"
-    if value is None:
-        return "null"
-    return "number"
-
-
 # --- one record -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """One turn as a shape gives it: its role and text, where each is in the record (None: not from the
+    data), the turn dict itself for its extra keys (reasoning), and whether content parts may stand for its text."""
+
+    role: object
+    text: object
+    role_at: str | None
+    text_at: str
+    source: dict | None = None
+    parts: bool = False
+
+
 def _normalize_record(
-    raw: object, *, index: int, line: int | None, file: str, base_dir: str,
+    raw: object, *, index: int, line: int | None, file: str, kind: str | None, base_dir: str,
+    fields: FieldMap | None = None,
 ) -> tuple[Record | None, list[Problem]]:
     """Normalize one parsed JSON value; returns (record or None, every problem found)."""
-    if raw is _UNREADABLE:
-        return None, []  # already reported by the layout reader
+    fields = fields or FieldMap()
     problems: list[Problem] = []
 
     def problem(reason: str, message: str, field_: str | None = None, id_: str | None = None) -> None:
-        problems.append(Problem(file, reason, message, index=index, line=line, id=id_, field=field_))
+        problems.append(Problem(file, reason, message, index=index, line=line, id=id_, field=field_, kind=kind))
 
     if not isinstance(raw, dict):
         problem("not_object", f"a record must be a JSON object, found a JSON {_json_type(raw)}")
         return None, problems
+    view = fields.view(raw)
+    key = fields.key
 
-    record_id = raw.get("id")
+    record_id = view.get("id")
     if isinstance(record_id, int) and not isinstance(record_id, bool):
         record_id = str(record_id)  # LLaVA exports often use numeric ids
     elif record_id is not None and not isinstance(record_id, str):
-        problem("bad_id", f"id must be a string or an integer, found a JSON {_json_type(record_id)}", "id")
+        problem("bad_id", f"id must be a string or an integer, found a JSON {_json_type(record_id)}", key("id"))
         record_id = None
 
     def located(reason: str, message: str, field_: str | None = None) -> None:
         problem(reason, message, field_, record_id)
 
-    shapes = [key for key in _SHAPES if key in raw]
-    if len(shapes) != 1:
-        if shapes:
-            located("ambiguous_format", "record has both 'conversations' and 'messages'")
-        else:
-            located("missing_turns", "record has neither 'conversations' nor 'messages'", "conversations")
+    shape = detect(view)
+    if shape is None:
+        found = ", ".join(repr(k) for k in list(raw)[:_KEYS_SHOWN]) or "none"
+        located("missing_turns", f"record has no accepted shape (its keys: {found}); accepted: {accepted_text()}")
         return None, problems
-    turns_key, role_key, text_key = _SHAPES[shapes[0]]
-    turns = raw[turns_key]
-    if not isinstance(turns, list):
-        located("turns_not_list", f"'{turns_key}' must be a list of turns, found a JSON {_json_type(turns)}", turns_key)
+    if shape == "ambiguous":
+        located("ambiguous_format", f"record has both {key('conversations')!r} and {key('messages')!r}")
         return None, problems
-    if not turns:
-        located("empty_turns", f"'{turns_key}' is empty", turns_key)
+    turns, whole = _SHAPE_TURNS[shape](view, fields, located)
+    if turns is None:
         return None, problems
 
     messages: list[dict[str, str]] = []
     part_images: list[str] = []  # images of OpenAI content parts, in order
     parts_ok = True
-    turn_of: list[int | None] = []  # message position -> index in the record's own turn list
+    turn_at: list[tuple[str | None, str] | None] = []  # message position -> (role field, text field); None: system
     roles_known = True
-    for j, turn in enumerate(turns):
-        where = f"{turns_key}[{j}]"
-        if not isinstance(turn, dict):
-            located("turn_not_object", f"turn {j} must be a JSON object, found a JSON {_json_type(turn)}", where)
+    for turn in turns:
+        if turn is None:  # not an object: reported by the shape
             roles_known = False
             continue
-        role = turn.get(role_key)
-        canonical = ROLE_ALIASES.get(role.strip().lower()) if isinstance(role, str) else None
+        role = turn.role
+        canonical = fields.role(role) if isinstance(role, str) else None
         if canonical is None:
             shown = "missing" if role is None else repr(role)
-            located("unknown_role", f"role {shown} is not one of {', '.join(ROLE_ALIASES)}", f"{where}.{role_key}")
+            located("unknown_role", f"role {shown} is not one of {fields.role_names()}", turn.role_at)
             roles_known = False
-        text = turn.get(text_key)
-        if shapes[0] == "messages" and isinstance(text, list):  # OpenAI content parts
-            text = _content_parts(text, f"{where}.{text_key}", base_dir, part_images, located)
+        text = turn.text
+        if turn.parts and isinstance(text, list):  # OpenAI content parts
+            text = _content_parts(text, turn.text_at, base_dir, part_images, located)
             if text is None:  # reported; the record's images are then unknown too
                 parts_ok = False
                 messages.append({"role": canonical or "", "content": ""})
-                turn_of.append(j)
+                turn_at.append((turn.role_at, turn.text_at))
                 continue
         if text is not None and not isinstance(text, str):
-            located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", f"{where}.{text_key}")
+            located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", turn.text_at)
         elif text is None or not text.strip():
-            located("empty_text", "text is missing or blank", f"{where}.{text_key}")
+            located("empty_text", "text is missing or blank", turn.text_at)
         messages.append({"role": canonical or "", "content": text if isinstance(text, str) else ""})
-        turn_of.append(j)
-        reasoning = turn.get("reasoning_content")
+        turn_at.append((turn.role_at, turn.text_at))
+        reasoning = turn.source.get("reasoning_content") if turn.source else None
         if reasoning is not None:
+            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.reasoning_content"
             if canonical != "assistant" or not isinstance(reasoning, str):
-                located("bad_reasoning", "reasoning_content must be a string, in an assistant turn",
-                        f"{where}.reasoning_content")
+                located("bad_reasoning", "reasoning_content must be a string, in an assistant turn", at)
             elif reasoning.strip():
                 messages[-1]["reasoning_content"] = reasoning
 
-    system = raw.get("system")
+    system = view.get("system")
     if system is not None and not isinstance(system, str):
-        located("bad_system", f"'system' must be a string, found a JSON {_json_type(system)}", "system")
+        located("bad_system", f"'system' must be a string, found a JSON {_json_type(system)}", key("system"))
     elif system and system.strip():
         if messages and messages[0]["role"] == "system":
-            located("bad_system", "record has both a 'system' field and a leading system turn", "system")
+            located("bad_system", "record has both a 'system' field and a leading system turn", key("system"))
         else:
             messages.insert(0, {"role": "system", "content": system})
-            turn_of.insert(0, None)
+            turn_at.insert(0, None)
 
     if roles_known:
         violation = _order_violation(messages)
         if violation is not None:
             k, message = violation
-            j = turn_of[k]
-            located("bad_role_order", message, "system" if j is None else f"{turns_key}[{j}].{role_key}")
+            located("bad_role_order", message, key("system") if turn_at[k] is None else turn_at[k][0] or turn_at[k][1])
         elif not any(m["role"] == "assistant" for m in messages):
-            located("no_assistant_turn", "the conversation has no assistant turn to learn from", turns_key)
+            located("no_assistant_turn", "the conversation has no assistant turn to learn from", whole)
 
-    images = _images(raw, base_dir, located)
+    images = _images(view, base_dir, located, fields)
     if part_images and images:
-        located("bad_image_field", "images given both as content parts and in the record's image field", "image")
-    field_ = next((k for k in ("image", "images") if raw.get(k) is not None), turns_key)  # where the images are
+        located("bad_image_field", "images given both as content parts and in the record's image field",
+                key("image"))
+    field_ = next((key(k) for k in ("image", "images") if view.get(k) is not None), whole)  # where the images are
     images = part_images or images
     if parts_ok:
-        _placeholder_problems(messages, turn_of, images, turns_key, text_key, field_, located)
+        texts_at = [key("system") if at is None else at[1] for at in turn_at]
+        _placeholder_problems(messages, texts_at, images, field_, located)
     if problems:
         return None, problems
     return Record(id=record_id, messages=messages, images=images, index=index, line=line), problems
+
+
+# --- the shapes: each gives its turns (None for one that is not an object) and the field that names them all ---
+
+Located = Callable[..., None]
+
+
+def _turn_list(view: dict, list_key: str, fields: FieldMap, located: Located, *, role_key: str, text_key: str,
+               parts: bool) -> list[_Turn | None] | None:
+    """The turns of a list of turn objects (`list_key`, our name); None (reported) when it is no non-empty list."""
+    name = fields.key(list_key)
+    turns = view[list_key]
+    if not isinstance(turns, list):
+        located("turns_not_list", f"{name!r} must be a list of turns, found a JSON {_json_type(turns)}", name)
+        return None
+    if not turns:
+        located("empty_turns", f"{name!r} is empty", name)
+        return None
+    role_key, text_key = fields.columns.get("role", role_key), fields.columns.get("content", text_key)
+    out: list[_Turn | None] = []
+    for j, turn in enumerate(turns):
+        where = f"{name}[{j}]"
+        if not isinstance(turn, dict):
+            located("turn_not_object", f"turn {j} must be a JSON object, found a JSON {_json_type(turn)}", where)
+            out.append(None)
+            continue
+        out.append(_Turn(turn.get(role_key), turn.get(text_key), f"{where}.{role_key}", f"{where}.{text_key}",
+                         turn, parts))
+    return out
+
+
+def _messages_turns(view, fields, located):
+    turns = _turn_list(view, "messages", fields, located, role_key="role", text_key="content", parts=True)
+    return turns, fields.key("messages")
+
+
+def _conversations_turns(view, fields, located):
+    turns = _turn_list(view, "conversations", fields, located, role_key="from", text_key="value", parts=False)
+    return turns, fields.key("conversations")
+
+
+def _prompt_completion_turns(view, fields, located):
+    """Strings: one user and one assistant turn. Message lists: the prompt's turns, then the completion's."""
+    prompt, completion = view.get("prompt"), view.get("completion")
+    p_name, c_name = fields.key("prompt"), fields.key("completion")
+    if isinstance(prompt, list) and isinstance(completion, list):
+        head = _turn_list(view, "prompt", fields, located, role_key="role", text_key="content", parts=True)
+        tail = _turn_list(view, "completion", fields, located, role_key="role", text_key="content", parts=True)
+        return (None if head is None or tail is None else head + tail), c_name
+    if isinstance(prompt, list) or isinstance(completion, list):
+        located("bad_prompt_completion", f"{p_name!r} and {c_name!r} must both be strings or both be message "
+                f"lists, found a JSON {_json_type(prompt)} and a JSON {_json_type(completion)}", p_name)
+        return None, c_name
+    return [_Turn("user", prompt, None, p_name), _Turn("assistant", completion, None, c_name)], c_name
+
+
+def _alpaca_turns(view, fields, located):
+    """The instruction (a blank line, then the input when there is one) as the user turn; the output as the answer."""
+    instruction, extra = view.get("instruction"), view.get("input")
+    if extra is not None and not isinstance(extra, str):
+        located("text_not_string", f"text must be a string, found a JSON {_json_type(extra)}", fields.key("input"))
+    elif isinstance(instruction, str) and extra and extra.strip():
+        instruction = f"{instruction}\n\n{extra}"
+    return [_Turn("user", instruction, None, fields.key("instruction")),
+            _Turn("assistant", view.get("output"), None, fields.key("output"))], fields.key("output")
+
+
+_SHAPE_TURNS = {
+    "messages": _messages_turns,
+    "conversations": _conversations_turns,
+    "prompt_completion": _prompt_completion_turns,
+    "alpaca": _alpaca_turns,
+}
 
 
 def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
@@ -537,18 +527,15 @@ def _image_ref(part: dict) -> str | None:
     return value if isinstance(value, str) and value.strip() else None
 
 
-def _placeholder_problems(messages, turn_of, images, turns_key: str, text_key: str, images_field: str,
-                          located) -> None:
-    """Every placeholder sits in a user turn, and there is one per image."""
+def _placeholder_problems(messages, texts_at: list[str], images, images_field: str, located) -> None:
+    """Every placeholder sits in a user turn, and there is one per image; `texts_at[k]` names message k's text."""
     count = 0
     for k, message in enumerate(messages):
         n = message["content"].count(IMAGE_PLACEHOLDER)
         count += n
         if n and message["role"] != "user":
-            j = turn_of[k]
             located("image_outside_user_turn", f"{IMAGE_PLACEHOLDER} in a {message['role']} turn: images go in user "
-                    "turns (the tokens of an image are never learned)",
-                    "system" if j is None else f"{turns_key}[{j}].{text_key}")
+                    "turns (the tokens of an image are never learned)", texts_at[k])
     if count != len(images):
         located("image_placeholder_mismatch", f"{count} {IMAGE_PLACEHOLDER} placeholder(s) in the turns but "
                 f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
@@ -558,18 +545,20 @@ def _resolve(base_dir: str, path: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))
 
 
-def _images(raw: dict, base_dir: str, located) -> list[str]:
+def _images(raw: dict, base_dir: str, located, fields: FieldMap) -> list[str]:
     """The record's image paths, resolved against the dataset file's directory."""
     present = [key for key in ("image", "images") if raw.get(key) is not None]
     if not present:
         return []
     if len(present) > 1:
-        located("bad_image_field", "record has both 'image' and 'images'", "image")
+        located("bad_image_field", f"record has both {fields.key('image')!r} and {fields.key('images')!r}",
+                fields.key("image"))
         return []
     key = present[0]
     value = raw[key]
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(p, str) and p.strip() for p in items):
-        located("bad_image_field", f"'{key}' must be a non-empty path string or a list of them", key)
+        located("bad_image_field", f"'{fields.key(key)}' must be a non-empty path string or a list of them",
+                fields.key(key))
         return []
     return [_resolve(base_dir, p) for p in items]

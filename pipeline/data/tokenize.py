@@ -52,6 +52,8 @@ import numpy as np
 from pipeline.data.cache import IGNORE_INDEX, write_cache
 from pipeline.data.chat import REASONING_POLICIES, ChatRender, Rendered, builtin_names, record_name
 from pipeline.data.formats import DUPLICATE_POLICIES, Record, drop_duplicates, load_records
+from pipeline.data.readers import fingerprint as file_fingerprint
+from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
 from pipeline.data.vision import ImageText, is_vision_language, load_image_text
 from pipeline.errors import DataError, UserError
 
@@ -435,18 +437,19 @@ def _percentiles(lengths: np.ndarray) -> dict:
 def tokenize_file(
     path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
     duplicates: str = "error", images: ImageText | None = None, reasoning: str = "auto",
+    fields: FieldMap | None = None,
 ) -> dict:
     """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata).
 
     ``duplicates="drop"`` removes exact-duplicate conversations first (counted
     as ``duplicates_dropped``). Raises `DataError` if no record is left.
     `images`: a vision-language model's processor; the cache then holds each
-    record's image paths too.
+    record's image paths too. `fields`: the dataset's own key and role names.
     """
     if duplicates not in DUPLICATE_POLICIES:
         raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
-    records = load_records(path)
+    records = load_records(path, fields)
     kept = drop_duplicates(records) if duplicates == "drop" else records
     encoded = encode_records(kept, tokenizer, max_length=max_length, too_long=too_long, source=str(path),
                              images=images, reasoning=reasoning)
@@ -454,7 +457,7 @@ def tokenize_file(
         copies = f"dropping {len(records) - len(kept)} duplicate(s) and " if len(kept) < len(records) else ""
         raise DataError(f"{path}: no records left after {copies}applying too_long={too_long!r} "
                         f"at max_length={max_length}")
-    source_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    source_sha = file_fingerprint(path)
     stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats,
              "records_in": len(records), "duplicates_dropped": len(records) - len(kept)}
     write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets,
@@ -489,6 +492,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning", default="auto", choices=REASONING_POLICIES,
                    help="assistant reasoning (<think>...</think>, reasoning_content): auto / keep train it where "
                         "the template renders it, drop removes it")
+    add_field_arguments(p)
     p.add_argument("--out-train", required=True, type=Path)
     p.add_argument("--out-val", type=Path)
     p.add_argument("--out-stats", required=True, type=Path)
@@ -501,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-length must be positive, got {args.max_length}")
     if args.val is not None and args.out_val is None:
         raise UserError("--val needs --out-val")
+    fields = field_map(args.columns, args.roles)
     tokenizer, images = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
     splits = {"train": (args.train, args.out_train)}
@@ -512,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     for split, (source, out) in splits.items():
         stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
                               too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates,
-                              images=images, reasoning=args.reasoning)
+                              images=images, reasoning=args.reasoning, fields=fields)
         report["splits"][split] = {"cache": str(out), **stats}
         print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
               f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "

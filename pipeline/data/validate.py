@@ -46,6 +46,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, conversation_key, duplicate_of, parse_file
+from pipeline.data.readers import describe_kind
+from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
 from pipeline.data.images import check_image, file_digest
 from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING, SETTING, suggest_builtin
 from pipeline.data.tokenize import CHAT_COUNTS, TOO_LONG_POLICIES
@@ -53,7 +55,7 @@ from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
 SPLITS = ("train", "val", "test")
-CSV_COLUMNS = ["split", "file", "index", "line", "id", "field", "reason", "message"]
+CSV_COLUMNS = ["split", "file", "kind", "index", "line", "id", "field", "reason", "message"]
 REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --failed-report-dir
 
 # Per-record overlap rows shown in the failure summary: the one line per pair of
@@ -133,20 +135,23 @@ def validate_dataset(
     too_long: str,
     duplicates: str = "error",
     reasoning: str = "auto",
+    fields: FieldMap | None = None,
 ) -> ValidationReport:
     """Run every check on the given files; never raises for data problems (they go in the report).
 
+    `fields`: the dataset's own key and role names (`pipeline.data.shapes.FieldMap`).
     Raises `UserError` for an unknown policy or a tokenizer that cannot be loaded.
     """
+    fields = fields or FieldMap()
     _check_policy("too_long", too_long, TOO_LONG_POLICIES)
     _check_policy("duplicates", duplicates, DUPLICATE_POLICIES)
     paths = {name: p for name, p in zip(SPLITS, (train, val, test)) if p is not None}
     report = ValidationReport(settings={
         "tokenizer": str(tokenizer_dir), "max_length": max_length, "too_long": too_long, "duplicates": duplicates,
-        "reasoning": reasoning,
+        "reasoning": reasoning, "columns": fields.columns, "roles": fields.roles,
         **{name: str(p) for name, p in paths.items()},
     })
-    parsed = {name: parse_file(p) for name, p in paths.items()}
+    parsed = {name: parse_file(p, fields) for name, p in paths.items()}
     found: dict[str, list[Problem]] = {name: list(pf.problems) for name, pf in parsed.items()}
 
     copies: dict[str, list[Problem]] = {}
@@ -194,7 +199,7 @@ def validate_dataset(
             if len(broken) == pf.records_seen:
                 report.notes.append(f"{pf.path}: {why}")  # each record's own problem is listed already
             else:
-                found[name].append(Problem(str(pf.path), "no_usable_records", why))
+                found[name].append(Problem(str(pf.path), "no_usable_records", why, kind=pf.layout))
         # File-level problems first, then by record.
         found[name].sort(key=lambda p: -1 if p.index is None else p.index)
         stats["problems"] = len(found[name])
@@ -250,7 +255,8 @@ def _check_policy(name: str, value: str, allowed: tuple[str, ...]) -> None:
 def _problem(pf: ParsedFile, position: int, reason: str, message: str, field_: str | None = None) -> Problem:
     """A problem about the `position`-th clean record of `pf`."""
     record = pf.records[position]
-    return Problem(str(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_)
+    return Problem(str(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_,
+                   kind=pf.layout)
 
 
 def _image_problems(pf: ParsedFile, verdicts: dict) -> list[Problem]:
@@ -419,7 +425,7 @@ def _length_check(
 
 
 def _file_stats(pf: ParsedFile) -> dict:
-    return {"path": str(pf.path), "layout": pf.layout, "sha256": pf.sha256, "records": pf.records_seen,
+    return {"path": str(pf.path), "kind": pf.layout, "sha256": pf.sha256, "records": pf.records_seen,
             "images": sum(len(r.images) for r in pf.records)}
 
 
@@ -480,9 +486,10 @@ def _chat_warnings(pf: ParsedFile, split: str, lengths: np.ndarray, flags: np.nd
         positions = np.flatnonzero(hit)
         if positions.size:
             first = pf.records[positions[0]]
-            where = Problem(str(pf.path), reason, "", index=first.index, line=first.line, id=first.id).where()
+            where = Problem(str(pf.path), reason, "", index=first.index, line=first.line, id=first.id,
+                            kind=pf.layout).where()
             found.append(Problem(str(pf.path), reason, message.format(n=positions.size, split=split)
-                                 + f" (first: {where})"))
+                                 + f" (first: {where})", kind=pf.layout))
     return found
 
 
@@ -501,6 +508,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="exact-duplicate conversations within a split (default: error)")
     p.add_argument("--reasoning", default="auto", choices=REASONING_POLICIES,
                    help="assistant reasoning: auto / keep train it where the template renders it, drop removes it")
+    add_field_arguments(p)
     p.add_argument("--out-json", required=True, type=Path)
     p.add_argument("--out-csv", required=True, type=Path)
     p.add_argument("--failed-report-dir", type=Path,
@@ -521,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                         "files themselves; give it a directory of its own")
     report = validate_dataset(args.train, val=args.val, test=args.test, tokenizer_dir=args.tokenizer,
                               max_length=args.max_length, too_long=args.too_long, duplicates=args.duplicates,
-                              reasoning=args.reasoning)
+                              reasoning=args.reasoning, fields=field_map(args.columns, args.roles))
     write_report(report, args.out_json, args.out_csv)
     _print_warnings(report)
     if not report.ok:
@@ -566,4 +574,5 @@ def _ok_line(name: str, stats: dict, args: argparse.Namespace) -> str:
                   f"{stats['reasoning_dropped_by_template']} by the template)")
     if stats.get("eot_not_trained"):
         extra += f", end-of-turn not trained in {stats['eot_not_trained']}"
-    return f"{name}: {stats['records']} records ok ({stats['path']}){extra}"
+    kind = describe_kind(stats["kind"])
+    return f"{name}: {stats['records']} records ok ({stats['path']}, {kind}){extra}"

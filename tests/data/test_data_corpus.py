@@ -49,7 +49,8 @@ CASES = [
     # --- record structure
     ("record_not_object.jsonl", "train", "not_object", " record 0 (line 1)"),
     ("record_not_object.json", "train", "not_object", " record 0"),
-    ("missing_conversations.jsonl", "train", "missing_turns", " record 0 (line 1, id 'm-1') conversations"),
+    # a file in which no record has a shape: one line for the file, naming its keys
+    ("missing_conversations.jsonl", "train", "unknown_shape", ""),
     ("both_formats.jsonl", "train", "ambiguous_format", " record 0 (line 1, id 'm-1')"),
     ("conversations_not_list.jsonl", "train", "turns_not_list", " record 0 (line 1, id 'm-1') conversations"),
     ("empty_conversations.jsonl", "train", "empty_turns", " record 0 (line 1, id 'm-1') conversations"),
@@ -85,6 +86,7 @@ CASES = [
     ("overlap_val.jsonl", "val", "split_overlap", " record 1 (line 2, id 'v-1')"),
     ("overlap_test.jsonl", "test", "split_overlap", " record 1 (line 2, id 't-1')"),
 ]
+_KIND = {".json": "JSON", ".jsonl": "JSON Lines"}
 GOOD_FILES = {"train": GOOD / "train.jsonl", "val": GOOD / "val.json", "test": GOOD / "test.jsonl"}
 # Cases that are faults only under a non-default setting: appended to the command (the last flag wins).
 EXTRA_ARGS = {"all_too_long.jsonl": ["--too-long", "drop"]}
@@ -148,8 +150,8 @@ def test_malformed_file_is_rejected(runs, name, slot, reason, where):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: dataset validation failed")
-    # The message names the file, the record (index / line / id, field) and the reason.
-    assert f"{path}{where}: {reason}: " in proc.stderr
+    # The message names the file, its kind, the record (index / line / id, field) and the reason.
+    assert f"{path} ({_KIND[Path(name).suffix]}){where}: {reason}: " in proc.stderr
     assert "1 problem(s)" in proc.stderr
     # Both reports are written on failure, and hold exactly the one fault.
     assert report["ok"] is False

@@ -96,7 +96,7 @@ def test_every_bad_record_is_reported_not_just_the_first(tmp_path):
         (1, 2, "unknown_role", "conversations[1].from"),
         (1, 2, "empty_text", "conversations[2].value"),
         (2, 3, "not_object", None),
-        (4, 5, "missing_turns", "conversations"),
+        (4, 5, "missing_turns", None),  # no shape, so no field to name: the message lists its keys
     ]
     assert [r.id for r in parsed.records] == ["r0", "r3"]
     assert parsed.records_seen == 5
@@ -191,7 +191,7 @@ def test_load_records_raises_naming_record_and_reason(tmp_path):
     path = write(tmp_path / "d.jsonl", [sharegpt(0), openai(1, turns=[("user", "hi")])])
     with pytest.raises(DataError) as err:
         load_records(path)
-    assert f"{path} record 1 (line 2, id 'r1') messages: no_assistant_turn" in str(err.value)
+    assert f"{path} (JSON Lines) record 1 (line 2, id 'r1') messages: no_assistant_turn" in str(err.value)
 
 
 def test_missing_file_is_a_problem_not_a_crash(tmp_path):

@@ -160,9 +160,9 @@ def test_duplicates_warn_prints_one_warning_line_per_split(tmp_path, tokenizer_d
                            "--duplicates", "warn")) == 0
     out, err = capsys.readouterr()
     assert err.splitlines() == [
-        f"warning: train: 1 duplicate conversation(s) kept (duplicates=warn); first: {train} record 2 (line 3, "
+        f"warning: train: 1 duplicate conversation(s) kept (duplicates=warn); first: {train} (JSON Lines) record 2 (line 3, "
         "id 'r2'): duplicate_sample: same conversation as record 0"]
-    assert out == f"train: 3 records ok ({train}), 1 duplicate(s) kept\n"
+    assert out == f"train: 3 records ok ({train}, JSON Lines), 1 duplicate(s) kept\n"
 
 
 def test_duplicates_drop_counts_them_and_checks_only_the_kept_records(tmp_path, tokenizer_dir, capsys):
@@ -176,7 +176,7 @@ def test_duplicates_drop_counts_them_and_checks_only_the_kept_records(tmp_path, 
     assert (stats["too_long"], stats["truncated"], stats["records_usable"]) == (1, 1, 2)
     assert report["ok"] is True and report["warnings"] == [] and report["settings"]["duplicates"] == "drop"
     assert capsys.readouterr().out == (
-        f"train: 3 records ok ({train}), 1 over max_length (truncate), 1 duplicate(s) dropped\n")
+        f"train: 3 records ok ({train}, JSON Lines), 1 over max_length (truncate), 1 duplicate(s) dropped\n")
 
 
 @pytest.mark.parametrize("policy", ["error", "warn", "drop"])
@@ -204,7 +204,7 @@ def test_every_record_over_max_length_under_drop_fails_validation(tmp_path, toke
         v.main(run_main(tmp_path, tokenizer_dir, "--train", train, "--max-length", 64, "--too-long", "drop"))
     assert str(err.value).splitlines()[:2] == [
         "dataset validation failed (no_usable_records: 1): 1 problem(s)",
-        f"  {train}: no_usable_records: no usable record is left: all 3 records are over max_length 64 "
+        f"  {train} (JSON Lines): no_usable_records: no usable record is left: all 3 records are over max_length 64 "
         "and too_long=drop",
     ]
     report = json.loads((tmp_path / "v.json").read_text())
@@ -254,10 +254,10 @@ def test_val_that_is_train_is_one_line_and_does_not_hide_other_problems(tmp_path
         "dataset validation failed (empty_text: 1, split_overlap: 65): 66 problem(s)",
         f"  val: 40 of 40 records also occur in train (same file as train: {train})",
         "  test: 25 of 26 records also occur in train",
-        f"  {test} record 25 (line 26, id 'r99') conversations[1].value: empty_text: text is missing or blank",
+        f"  {test} (JSON Lines) record 25 (line 26, id 'r99') conversations[1].value: empty_text: text is missing or blank",
     ]
     assert sum(": split_overlap: " in line for line in lines) == v.OVERLAP_EXAMPLES  # examples, not all 65
-    assert lines[4] == f"  {train} record 0 (line 1, id 'r0'): split_overlap: same conversation as train record 0"
+    assert lines[4] == f"  {train} (JSON Lines) record 0 (line 1, id 'r0'): split_overlap: same conversation as train record 0"
     assert lines[-2] == f"  ... and {66 - 1 - v.OVERLAP_EXAMPLES} more"
     table = pd.read_csv(tmp_path / "v.csv")
     assert (table.reason == "split_overlap").sum() == 65  # every overlapping record keeps its row

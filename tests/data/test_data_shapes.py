@@ -1,0 +1,154 @@
+"""Record shapes: Alpaca and TRL prompt/completion become the same conversations as OpenAI messages;
+a mapping (data.columns / data.roles) reads datasets whose keys differ; an unknown shape is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_data_tokenize import END, supervised_runs  # tests/data: the label helpers
+
+from pipeline.data import tokenize as tk
+from pipeline.data.formats import load_records, parse_file
+from pipeline.data.shapes import FieldMap, field_map
+from pipeline.data.validate import main as validate_main, validate_dataset
+from pipeline.errors import UserError
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def messages(user: str, answer: str, system: str | None = None) -> list[dict]:
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+
+
+# Each shape's spelling of the same three conversations (the second with an Alpaca input).
+SHAPED = {
+    "alpaca": [{"instruction": "repeat: alpha", "input": "", "output": "alpha"},
+               {"instruction": "repeat", "input": "beta", "output": "beta", "system": "you copy words."},
+               {"instruction": "spell gamma", "output": "g a m m a"}],
+    "prompt_completion": [{"prompt": "repeat: alpha", "completion": "alpha"},
+                          {"prompt": "repeat\n\nbeta", "completion": "beta", "system": "you copy words."},
+                          {"prompt": "spell gamma", "completion": "g a m m a"}],
+    "prompt_completion_messages": [
+        {"prompt": [{"role": "user", "content": "repeat: alpha"}],
+         "completion": [{"role": "assistant", "content": "alpha"}]},
+        {"prompt": messages("repeat\n\nbeta", "")[:1], "system": "you copy words.",
+         "completion": [{"role": "assistant", "content": "beta"}]},
+        {"prompt": [{"role": "user", "content": "spell gamma"}],
+         "completion": [{"role": "assistant", "content": "g a m m a"}]}],
+}
+EXPECTED = [messages("repeat: alpha", "alpha"), messages("repeat\n\nbeta", "beta", "you copy words."),
+            messages("spell gamma", "g a m m a")]
+
+
+@pytest.mark.parametrize("shape", SHAPED)
+def test_each_shape_is_the_same_conversation(tmp_path, shape):
+    records = load_records(write_jsonl(tmp_path / "d.jsonl", SHAPED[shape]))
+    assert [r.messages for r in records] == EXPECTED
+
+
+@pytest.mark.parametrize("shape", SHAPED)
+def test_each_shape_validates_and_tokenizes_with_the_answer_supervised(tmp_path, tokenizer_dir, tokenizer, shape):
+    path = write_jsonl(tmp_path / "d.jsonl", SHAPED[shape])
+    report = validate_dataset(path, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    assert report.ok, report.summary()
+    enc = tk.encode_records(load_records(path), tokenizer, max_length=128, too_long="error", source=str(path))
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [f"alpha{END}", f"beta{END}", f"g a m m a{END}"]
+
+
+def test_prompt_completion_lists_keep_a_multi_turn_prompt(tmp_path):
+    record = {"prompt": messages("hi", "hello", "be brief.") + [{"role": "user", "content": "bye"}],
+              "completion": [{"role": "assistant", "content": "bye!"}]}
+    (parsed,) = load_records(write_jsonl(tmp_path / "d.jsonl", [record]))
+    assert [m["role"] for m in parsed.messages] == ["system", "user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize(("record", "reason", "field"), [
+    ({"instruction": "repeat", "output": ""}, "empty_text", "output"),
+    ({"output": "alpha"}, "empty_text", "instruction"),
+    ({"instruction": "repeat", "input": 3, "output": "x"}, "text_not_string", "input"),
+    ({"prompt": "repeat", "completion": [{"role": "assistant", "content": "x"}]}, "bad_prompt_completion", "prompt"),
+    ({"completion": "x"}, "empty_text", "prompt"),
+    ({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "bot", "content": "a"}]},
+     "unknown_role", "completion[0].role"),
+], ids=["alpaca-no-output", "alpaca-no-instruction", "alpaca-input-number", "mixed-prompt-completion",
+        "no-prompt", "completion-role"])
+def test_shape_faults_name_the_datasets_field(tmp_path, record, reason, field):
+    parsed = parse_file(write_jsonl(tmp_path / "d.jsonl", [SHAPED["alpaca"][0], record]))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(1, reason, field)]
+
+
+# --- the mapping: data.columns / data.roles ---------------------------------------------------------
+
+
+def test_columns_map_question_answer_to_prompt_completion(tmp_path, tokenizer_dir, tokenizer):
+    path = tmp_path / "qa.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "repeat: alpha", "answer": "alpha"},
+                                         {"question": "spell gamma", "answer": ""}]), path)
+    fields = field_map("prompt=question,completion=answer")
+    parsed = parse_file(path, fields)
+    assert [r.messages for r in parsed.records] == [messages("repeat: alpha", "alpha")]
+    (problem,) = parsed.problems  # named by the dataset's own key
+    assert (problem.reason, problem.field, problem.kind) == ("empty_text", "answer", "parquet")
+    (problem,) = parse_file(path).problems  # unmapped: the one line for the file
+    assert problem.reason == "unknown_shape"
+
+
+def test_columns_and_roles_map_a_turn_list(tmp_path, tokenizer_dir):
+    raw = {"dialog": [{"speaker": "Customer", "text": "repeat: alpha"}, {"speaker": "agent", "text": "alpha"}],
+           "messages": "a stale column the mapping shadows"}
+    path = write_jsonl(tmp_path / "d.jsonl", [raw])
+    fields = FieldMap({"messages": "dialog", "role": "speaker", "content": "text"}, {"customer": "user",
+                                                                                    "agent": "assistant"})
+    (record,) = load_records(path, fields)
+    assert record.messages == messages("repeat: alpha", "alpha")
+    problems = parse_file(path, FieldMap(fields.columns)).problems  # no role mapping: named by their own keys
+    assert [(p.reason, p.field) for p in problems] == [("unknown_role", "dialog[0].speaker"),
+                                                       ("unknown_role", "dialog[1].speaker")]
+
+
+def test_validate_cli_takes_the_mapping_and_reports_it(tmp_path, tokenizer_dir):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "repeat: alpha", "a": "alpha"}])
+    out = tmp_path / "v.json"
+    assert validate_main(["--train", str(path), "--tokenizer", str(tokenizer_dir), "--max-length", "128",
+                          "--too-long", "error", "--columns", "prompt=q,completion=a", "--out-json", str(out),
+                          "--out-csv", str(tmp_path / "v.csv")]) == 0
+    assert json.loads(out.read_text())["settings"]["columns"] == {"prompt": "q", "completion": "a"}
+
+
+@pytest.mark.parametrize(("columns", "roles", "message"), [
+    ("question=prompt", None, "'question' is not one of ours"),
+    ("prompt=q,completion=q", None, "the dataset key 'q' is given for several of ours"),
+    (None, "bot=robot", "'bot' maps to 'robot'"),
+    ("prompt", None, "'prompt' is not key=value"),
+])
+def test_a_bad_mapping_is_a_user_error_naming_the_setting(columns, roles, message):
+    with pytest.raises(UserError, match=message):
+        field_map(columns, roles)
+
+
+# --- a file of no known shape ---------------------------------------------------------------------
+
+
+def test_a_file_of_no_known_shape_is_one_line_naming_its_keys(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"id": i, "question": "q", "answer": "a"} for i in range(200)])
+    parsed = parse_file(path)
+    (problem,) = parsed.problems
+    assert problem.reason == "unknown_shape" and problem.index is None and parsed.records_seen == 200
+    assert "the keys are 'id', 'question', 'answer'" in problem.message
+    for shape in ("messages", "conversations", "prompt + completion", "Alpaca"):
+        assert shape in problem.message
+
+
+def test_one_unshaped_record_among_shaped_ones_is_its_own_problem(tmp_path):
+    records = [SHAPED["alpaca"][0], {"question": "q"}, SHAPED["alpaca"][1]]
+    (problem,) = parse_file(write_jsonl(tmp_path / "d.jsonl", records)).problems
+    assert (problem.index, problem.reason) == (1, "missing_turns")
+    assert "its keys: 'question'" in problem.message
