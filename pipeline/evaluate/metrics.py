@@ -18,6 +18,9 @@ def add_held_out_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--test", type=Path, default=None, help="held-out dataset file for exact match")
     ap.add_argument("--max-test", type=int, default=None, help="evaluate at most this many held-out records")
     ap.add_argument("--max-new-tokens", type=int, default=32, help="greedy decoding budget per prompt")
+    from pipeline.data.shapes import add_arguments
+
+    add_arguments(ap)  # --columns / --roles: the held-out file's own key and role names
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,19 @@ class HeldOut:
     images: list[str]
 
 
-def held_out_examples(path: Path | None, limit: int | None) -> list[HeldOut]:
-    """The first `limit` records of a held-out file, each split into prompt and reference answer."""
+def held_out_examples(path: Path | None, limit: int | None, columns: str | None = None,
+                      roles: str | None = None) -> list[HeldOut]:
+    """The first `limit` records of a held-out file, each split into prompt and reference answer.
+
+    `columns` / `roles`: the ``--columns`` / ``--roles`` values (`pipeline.data.shapes.field_map`).
+    """
     if path is None:
         return []
     from pipeline.data.formats import load_records, prompt_and_reference
+    from pipeline.data.shapes import field_map
 
     # Images sit in user turns only (validation), so all of a record's images are in its prompt.
-    examples = [HeldOut(*prompt_and_reference(r), list(r.images)) for r in load_records(path)]
+    examples = [HeldOut(*prompt_and_reference(r), list(r.images)) for r in load_records(path, field_map(columns, roles))]
     return examples[:limit] if limit else examples
 
 

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
     model = auto_class(config).from_pretrained(args.model).to(device)
     images = load_image_text(args.model) if config_is_vision_language(config) else None  # via AutoProcessor
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(args.model), images)
-    examples = held_out_examples(args.test, args.max_test)
+    examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     if not examples:
         # No held-out set: at least prove the model loads and generates.
         examples = [HeldOut([{"role": "user", "content": "Hello"}], "", [])]

@@ -65,7 +65,7 @@ def evaluate(args) -> dict:
     images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path), images)
     val = Collator(TokenCache(cfg.data.val_cache), prompts.pad_token_id, images=images) if cfg.data.val_cache else None
-    examples = held_out_examples(args.test, args.max_test)
+    examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     samples = getattr(args, "samples", SAMPLES)
     result = {"stage": args.stage, "rows": []}
     t0 = time.time()

@@ -367,7 +367,11 @@ def card_flags(wildcards, input):
 
 
 def optional(flag, value):
-    return f"{flag} {value}" if value is not None else ""
+    """`flag value`, or nothing when there is no value: None, or the empty list Snakemake gives for an
+    input / output declared as [] (a split the config sets to null): a flag without its value is an
+    argparse error after the run has started."""
+    absent = value is None or (isinstance(value, (list, str)) and not value)
+    return "" if absent else f"{flag} {value}"
 
 
 wildcard_constraints:

@@ -6,6 +6,16 @@ VALIDATION_FAILED = f"{R}/data/validation_failed"
 LABEL_VIEW_RECORDS = 5  # records per split on the report's label page (`python -m pipeline labels -n` for more)
 
 
+def field_flags():
+    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles (nothing when empty),
+    for every command that reads the dataset files."""
+    from shlex import quote
+
+    pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
+    return " ".join(f"{flag} {quote(pairs(config['data'][key]))}" for flag, key in
+                    (("--columns", "columns"), ("--roles", "roles")) if config["data"][key])
+
+
 rule prepare_base:
     output:
         model=directory("results/{demo}/model"),
@@ -78,12 +88,13 @@ rule validate_dataset:
         too_long=config["data"]["too_long"],
         duplicates=config["data"]["duplicates"],
         reasoning=config["data"]["reasoning"],
+        fields=field_flags(),
         failed_reports=VALIDATION_FAILED,
     shell:
         launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
         "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
-        "--duplicates {params.duplicates} --reasoning {params.reasoning} --out-json {output.json} --out-csv {output.csv} "
-        "--failed-report-dir {params.failed_reports}"
+        "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} --out-json {output.json} "
+        "--out-csv {output.csv} --failed-report-dir {params.failed_reports}"
 
 
 rule tokenize:
@@ -105,10 +116,11 @@ rule tokenize:
         too_long=config["data"]["too_long"],
         duplicates=config["data"]["duplicates"],
         reasoning=config["data"]["reasoning"],
+        fields=field_flags(),
     shell:
         launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
         "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-        "--reasoning {params.reasoning} "
+        "--reasoning {params.reasoning} {params.fields} "
         "--out-train {output.train} --out-stats {output.stats}"
 
 

@@ -21,9 +21,10 @@ rule evaluate_base:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
+        fields=field_flags(),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --config {input.config} --stage base {params.test} {params.max_test} "
-        "--max-new-tokens {params.max_new_tokens} --out {output}"
+        "--max-new-tokens {params.max_new_tokens} {params.fields} --out {output}"
 
 
 rule evaluate_stage:
@@ -41,9 +42,10 @@ rule evaluate_stage:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
+        fields=field_flags(),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {input.stage}/checkpoint --stage {wildcards.stage} "
-        "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} --out {output}"
+        "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} {params.fields} --out {output}"
 
 
 SUB = "{vrun}" if SWEEP else None  # a sweep's report pages, one subcategory per variant

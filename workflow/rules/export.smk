@@ -112,7 +112,8 @@ rule smoke_test:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
+        fields=field_flags(),  # the held-out file's own key / role names (data.smk)
         min_em=optional("--min-exact-match", config["export"]["min_exact_match"]),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline smoke-test --model {input.merged} {params.test} {params.max_test} "
-        "--max-new-tokens {params.max_new_tokens} {params.min_em} --out {output}"
+        "--max-new-tokens {params.max_new_tokens} {params.min_em} {params.fields} --out {output}"
