@@ -56,3 +56,21 @@ def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
     assert "duplicates drop" in validate and "duplicates drop" in tokenize
     # undeclared, so it outlives a failed job (whose declared outputs Snakemake deletes)
     assert "failed-report-dir results/demo/data/validation_failed" in validate
+
+
+def test_null_val_and_test_pass_no_flag_without_its_value(tmp_path):
+    """data.val / data.test: null (documented "null to skip") leave their flags out, not '--test ' with no value."""
+    workdir = copy_workflow(tmp_path / "wf")
+    (workdir / "nulls.yaml").write_text("data:\n  val: null\n  test: null\n  columns: {prompt: question}\n")
+    proc = snakemake(workdir, "-n", "-p", "--cores", "1", "--configfile", "nulls.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split("python -m pipeline ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+             if "python -m pipeline " in line]
+    commands = {line.split()[0] for line in lines}
+    assert {"validate", "tokenize", "evaluate", "smoke-test"} <= commands
+    for line in lines:
+        words = line.split()
+        for flag in ("--val", "--out-val", "--test"):
+            assert flag not in words, line
+        if words[0] in ("validate", "tokenize", "evaluate", "smoke-test"):
+            assert "--columns prompt=question" in line  # data.columns reaches every reader of the data
