@@ -12,7 +12,7 @@ from pipeline.planning import plan
 from pipeline.errors import UserError
 
 CONF = Path(__file__).resolve().parents[1] / "config" / "train"
-BASE = ["model.path=/m", "data.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
+BASE = ["model.path=/m", "tokens.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
 
 
 def _plan_args(tmp_path, *extra) -> list[str]:

@@ -103,7 +103,7 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
     `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
     """
     shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
-    length = max_length or memory.longest_record(cfg.data.train_cache)
+    length = max_length or memory.longest_record(cfg.tokens.train_cache)
     if shapes is None or length is None:
         print("memory: no estimate (" + ("no model config" if shapes is None else "no data.max_length") + ")")
         return None

@@ -101,7 +101,7 @@ def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
 
 def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference):
     # Quick evaluations (every rank runs the forward, EMA swapped in and out) leave no trace either.
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "eval.quick_every=3"],
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "validation.quick_every=3"],
                    single_stage=True)
     scratch = run.scratch("all")
     # rank 0 is SIGKILLed after the checkpoint of update 4 wrote its files, before its MANIFEST
