@@ -83,9 +83,10 @@ def _setting(name: str, value: Any, field: dataclasses.Field, kind: Any, indent:
     doc = field.metadata.get("doc")
     if not doc:
         raise UserError(f"trainer setting {name} has no doc: declare it with pipeline.config.setting(default, doc)")
+    lines = _comment(doc, indent)
     if isinstance(kind, type) and issubclass(kind, Enum):
-        doc += f". One of: {' | '.join(m.value for m in kind)}"
-    return _comment(doc, indent) + [f"{indent}{name}: {_yaml(value)}"]
+        lines.append(f"{indent}# one of: {' | '.join(m.value for m in kind)}")
+    return lines + [f"{indent}{name}: {_yaml(value)}"]
 
 
 def _comment(text: str, indent: str) -> list[str]:
