@@ -74,10 +74,12 @@ def _run(tree: Path, work: Path, model: Path, cache: Path, *, updates: int, thre
     env = {**C.child_env(), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
     work.mkdir(parents=True)
-    overrides = [f"model.path={model}", f"tokens.train_cache={cache}", "tokens.val_cache=null", "optim.global_batch=8",
+    tokens = "tokens" if (tree / "config" / "train" / "tokens").is_dir() else "data"  # the group's name before issue 26
+    overrides = [f"model.path={model}", f"{tokens}.train_cache={cache}", f"{tokens}.val_cache=null", "optim.global_batch=8",
                  "optim.micro_batch=8", "checkpoint.save_every=0", *C.BENCH_OVERRIDES]
     plan = [sys.executable, "-m", "pipeline", "plan", "--total-updates", str(updates), "--pilot-fraction", "0.5",
             "--num-chunks", "1", "--train-config-dir", str(tree / "config" / "train"),
+            "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(work / "plan.json"), "--out-config", str(work / "train_config.yaml")]
     for o in overrides:
         plan += ["--override", o]

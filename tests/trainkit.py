@@ -69,8 +69,8 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
             "optim.global_batch=8", "optim.micro_batch=4", "optim.lr=1e-3", "ema.rates=[0.9,0.99]",
             "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "validation.batch_size=8"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"),
-            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
+            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config",
+            "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     for o in [*base, *overrides]:
         args += ["--override", o]
     assert planner.main(args) == 0

@@ -88,7 +88,7 @@ def _evaluate_stages(run, names) -> None:
     from pipeline.evaluate.stage import main as evaluate
 
     for s in names:
-        assert evaluate(["--checkpoint", str(run.stage_dir(s) / "checkpoint"), "--stage", s,
+        assert evaluate(["--checkpoint", str(run.stage_dir(s) / "checkpoint"), "--stage", s, "--max-new-tokens", "16",
                          "--out", str(run.root / "eval" / f"{s}.json")]) == 0
 
 

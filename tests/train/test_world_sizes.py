@@ -41,6 +41,7 @@ def test_the_default_config_runs_on_1_2_and_4_ranks(tiny, tmp_path, ranks):
 def test_a_batch_the_ranks_cannot_share_fails_at_plan_naming_the_keys(tiny, tmp_path):
     args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1",
             "--train-config-dir", str(REPO / "config/train"), "--world-size", "3",
+            "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml")]
     for override in [f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", *_default_overrides()]:
         args += ["--override", override]
