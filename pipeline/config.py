@@ -98,8 +98,9 @@ class ModelConfig:
     tokenizer: str | None = setting(None, "the run's tokenizer dir (results/<run>/tokenizer: the chat template "
                                           "trained with, special tokens it added), filled in by the workflow; "
                                           "null = the model dir's own")
-    dtype: Dtype = setting(Dtype.auto, "weights dtype when loading (auto: the compute dtype under autocast, "
-                                       "fp32 on a CPU)")
+    dtype: Dtype = setting(Dtype.auto, "dtype of the frozen base weights under LoRA, and of the weights "
+                                       "evaluated (full fine-tuning trains fp32 weights); auto: the autocast "
+                                       "compute dtype on a GPU, fp32 on a CPU")
     activation_checkpointing: Switch = setting(
         Switch.auto, "recompute each decoder layer's activations in the backward instead of keeping them; "
                      "auto = on when the memory estimate (see `plan`) says the run does not fit without it")
