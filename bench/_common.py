@@ -171,9 +171,9 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     root.mkdir(parents=True, exist_ok=True)
     if single_stage:  # any valid split: the stages are replaced below
         fraction, chunks = 0.5, 1
-    base = [f"model.path={default['model']}", f"data.train_cache={default['train']}", f"data.val_cache={default['val']}"]
+    base = [f"model.path={default['model']}", f"tokens.train_cache={default['train']}", f"tokens.val_cache={default['val']}"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"),
+            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     for o in [*base, *BENCH_OVERRIDES, *overrides]:
         args += ["--override", o]

@@ -96,7 +96,8 @@ def main() -> None:
         n = args.records + args.val_records
         size_mb = (train.stat().st_size + val.stat().st_size) / 2**20
 
-        common = ["--tokenizer", str(tok_dir), "--max-length", str(args.max_length), "--too-long", "truncate"]
+        common = ["--tokenizer", str(tok_dir), "--max-length", str(args.max_length), "--too-long", "truncate",
+                  "--duplicates", "error", "--reasoning", "auto"]
         t0 = time.perf_counter()
         rc = validate.main(["--train", str(train), "--val", str(val), *common,
                             "--out-json", str(tmp / "validation.json"), "--out-csv", str(tmp / "validation.csv")])

@@ -26,7 +26,7 @@ def evaluate(root: Path, default: dict, ranks: int, repeat: int) -> dict:
     work = root / f"r{ranks}_{repeat}"
     # 2 updates: a plan needs a pilot and a chunk of at least one update each (then made one stage).
     plan = C.plan_run(work / "plan", default, total=2, single_stage=True, overrides=[
-        *C.workflow_overrides(), "optim.lr=0.0", "eval.eval_every=2", "checkpoint.save_every=0"])
+        *C.workflow_overrides(), "optim.lr=0.0", "validation.every=2", "checkpoint.save_every=0"])
     train = ["-m", "pipeline", "train", "--plan", str(plan["plan"]), "--config", str(plan["config"]),
              "--stage", "all", "--scratch", str(work / "scratch"), "--out", str(work / "stage")]
     cmd = [sys.executable, *train] if ranks == 1 else [

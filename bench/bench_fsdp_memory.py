@@ -66,7 +66,7 @@ def run(root: Path, default: dict, meta_init: bool, checkpointing: str) -> dict:
     work = root / f"meta_init_{meta_init}"
     plan = C.plan_run(work / "plan", default, total=2, single_stage=True, overrides=[
         "distributed=fsdp", f"distributed.meta_init={str(meta_init).lower()}", "optim.global_batch=4",
-        "optim.micro_batch=2", "ema.rates=[0.99]", "eval.eval_every=0", "checkpoint.save_every=0",
+        "optim.micro_batch=2", "ema.rates=[0.99]", "validation.every=0", "checkpoint.save_every=0",
         "checkpoint.async_save=false", f"model.activation_checkpointing={checkpointing}"])
     out = work / "stage"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pipeline",

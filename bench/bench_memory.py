@@ -23,7 +23,7 @@ Padding fraction of the default data: the embedded demo dataset tokenized as
 the workflow does (max_length 128), the default run's batches (global batch 32,
 micro-batch 16, seed 0) over its 300 updates: padding tokens / tokens the
 forward computes. Before: micro-batches in sampled order (what the trainer did;
-`data.group_by_length=false` does the same); after: grouped by length (the new
+`tokens.group_by_length=false` does the same); after: grouped by length (the new
 default). Computed from the sampler, no training.
 """
 
@@ -74,10 +74,12 @@ def _run(tree: Path, work: Path, model: Path, cache: Path, *, updates: int, thre
     env = {**C.child_env(), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
     work.mkdir(parents=True)
-    overrides = [f"model.path={model}", f"data.train_cache={cache}", "data.val_cache=null", "optim.global_batch=8",
+    tokens = "tokens" if (tree / "config" / "train" / "tokens").is_dir() else "data"  # the group's name before issue 26
+    overrides = [f"model.path={model}", f"{tokens}.train_cache={cache}", f"{tokens}.val_cache=null", "optim.global_batch=8",
                  "optim.micro_batch=8", "checkpoint.save_every=0", *C.BENCH_OVERRIDES]
     plan = [sys.executable, "-m", "pipeline", "plan", "--total-updates", str(updates), "--pilot-fraction", "0.5",
             "--num-chunks", "1", "--train-config-dir", str(tree / "config" / "train"),
+            "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(work / "plan.json"), "--out-config", str(work / "train_config.yaml")]
     for o in overrides:
         plan += ["--override", o]

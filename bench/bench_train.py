@@ -90,7 +90,7 @@ def _child_trl(args) -> None:
     cfg = train_config.load(args.config)
     total = json.loads(Path(args.plan).read_text())["total_updates"]
     order = json.loads(Path(args.order).read_text())
-    cache = TokenCache(cfg.data.train_cache)
+    cache = TokenCache(cfg.tokens.train_cache)
     rows = [cache[i] for i in order]
     dataset = Dataset.from_dict({"input_ids": [ids.tolist() for ids, _ in rows],
                                  "labels": [lab.tolist() for _, lab in rows]})
@@ -232,7 +232,7 @@ def main() -> None:
                               single_stage=True),
         }
         cfg = train_config.load(runs[True]["config"])
-        sampler = RunSampler(len(TokenCache(cfg.data.train_cache)), cfg.optim.global_batch, cfg.seed)
+        sampler = RunSampler(len(TokenCache(cfg.tokens.train_cache)), cfg.optim.global_batch, cfg.seed)
         order = tmp / "order.json"
         order.write_text(json.dumps([i for s in range(args.steps) for i in sampler.global_indices(s)]))
 

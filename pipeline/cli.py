@@ -19,6 +19,8 @@ COMMANDS = {
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),
+    "train-config-reference": ("pipeline.config_reference",
+                              "docs/train_config.yaml: every trainer setting, its default and doc (generated)"),
     "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
     "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
     "status": ("pipeline.train.status", "where each stage of a run is (files only: works from a login node)"),

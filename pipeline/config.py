@@ -1,10 +1,14 @@
 """The trainer's one typed config: Hydra structured configs (dataclasses).
 
+Every setting's default and doc live here, once (`setting`); the reference a
+user reads, docs/train_config.yaml, is generated from them
+(`python -m pipeline train-config-reference`, pipeline/config_reference.py).
 `config/train/` holds one YAML group per dataclass below (model, lora, vision,
-ema, optim, precision, distributed, checkpoint, eval, alerts, data); `resolve()`
+ema, optim, precision, distributed, checkpoint, validation, alerts, tokens), each
+option holding only what it changes (`lora=full`, `distributed=fsdp`); `resolve()`
 composes them with the user's overrides through Hydra's compose API and merges
-the result onto these dataclasses, so an unknown key or a wrong type is an
-error that names the key. The resolved config
+the result onto these dataclasses, so an unknown key, a wrong type or a value
+outside a choice's Enum is an error that names the key. The resolved config
 is written once by the `plan` rule and read back by every stage (and saved in
 every checkpoint), so all stages of a run train with the same settings.
 
@@ -14,7 +18,10 @@ every rank would otherwise create its own timestamped output dir and log file.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -27,117 +34,224 @@ SCHEMA_NAME = "train_schema"
 ALL_LINEAR = "all-linear"  # lora.target_modules=[all-linear]: every Linear / Conv1D layer but the output head
 
 
-SWITCHES = ("auto", "on", "off")
-ATTENTION = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+class Choice(str, Enum):
+    """A setting with a fixed set of values. A `str` too, so `cfg.precision.mode == "bf16"` holds;
+    it prints as its value (`f"{mode}"` is "bf16", not "PrecisionMode.bf16"). OmegaConf takes a
+    member's name, so each name is the value the user writes."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class PrecisionMode(Choice):
+    auto = "auto"
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Dtype(Choice):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class Switch(Choice):
+    """auto | on | off. YAML reads a bare on / off as true / false: those are taken as on / off."""
+
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+class Attention(Choice):
+    sdpa = "sdpa"
+    eager = "eager"
+    flash_attention_2 = "flash_attention_2"
+    flash_attention_3 = "flash_attention_3"
+    flex_attention = "flex_attention"
+
+
+class Strategy(Choice):
+    ddp = "ddp"
+    fsdp = "fsdp"
+
+
+def setting(default: Any, doc: str) -> Any:
+    """A trainer setting: its default and its doc, stated here once. The reference a user reads
+    (docs/train_config.yaml, `python -m pipeline train-config-reference`) is generated from both."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass
 class ModelConfig:
-    path: str = MISSING  # local Hugging Face dir or hub id
-    # the run's tokenizer dir (its chat template, special tokens it added); null = the model's own
-    tokenizer: str | None = None
-    dtype: str = "auto"  # weights dtype when loading: auto | fp32 | bf16 | fp16
-    activation_checkpointing: str = "auto"  # per decoder layer: auto (when the memory estimate needs it) | on | off
-    attn_implementation: str = "sdpa"  # sdpa | eager | flash_attention_2 | flash_attention_3 | flex_attention
-    compile: bool = False  # torch.compile each decoder layer
-    gpu_memory_gb: float | None = None  # memory per GPU to plan for (GiB); null: what the GPUs have
-    trust_remote_code: bool = False
+    """The base model and how it is loaded."""
+
+    path: str = setting(MISSING, "local Hugging Face model dir or hub id; the workflow fills it in "
+                                 "(config/config.yaml's `model`)")
+    tokenizer: str | None = setting(None, "the run's tokenizer dir (results/<run>/tokenizer: the chat template "
+                                          "trained with, special tokens it added), filled in by the workflow; "
+                                          "null = the model dir's own")
+    dtype: Dtype = setting(Dtype.auto, "dtype of the frozen base weights under LoRA, and of the weights "
+                                       "evaluated (full fine-tuning trains fp32 weights); auto: the autocast "
+                                       "compute dtype on a GPU, fp32 on a CPU")
+    activation_checkpointing: Switch = setting(
+        Switch.auto, "recompute each decoder layer's activations in the backward instead of keeping them; "
+                     "auto = on when the memory estimate (see `plan`) says the run does not fit without it")
+    attn_implementation: Attention = setting(
+        Attention.sdpa, "attention kernel (flash_attention_2 needs `pip install flash-attn`)")
+    compile: bool = setting(False, "torch.compile each decoder layer (a GPU feature; the first updates compile)")
+    gpu_memory_gb: float | None = setting(None, "memory per GPU the run must fit (GiB); null = what the GPUs "
+                                                "found have")
+    trust_remote_code: bool = setting(False, "run the model repo's own modelling code (Hugging Face "
+                                             "trust_remote_code)")
 
 
 @dataclass
 class LoraConfig:
-    enabled: bool = True  # false = full fine-tuning
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    # layer name suffixes, or [all-linear]: every Linear / Conv1D layer but the output head
-    target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
-    use_rslora: bool = False
+    """LoRA adapters, or full fine-tuning (the option `lora=full`)."""
+
+    enabled: bool = setting(True, "false = full fine-tuning (all weights trained, EMA over all of them)")
+    r: int = setting(16, "adapter rank")
+    alpha: int = setting(32, "scaling numerator: the update is scaled by alpha / r (alpha / sqrt(r) with rsLoRA)")
+    dropout: float = setting(0.05, "dropout on the adapters' input")
+    target_modules: list[str] = setting([ALL_LINEAR], "layer name suffixes (e.g. [q_proj, v_proj]), or "
+                                                      "[all-linear]: every Linear / Conv1D layer but the output head")
+    use_rslora: bool = setting(False, "rank-stabilized LoRA scaling (alpha / sqrt(r))")
 
 
 @dataclass
 class VisionConfig:
-    # Vision-language models only (an image-text-to-text model, detected from its config);
-    # a text-only model with a setting changed here is an error. The language model is
-    # trained as `lora` says (LoRA adapters or in full); these say what else is trained.
-    train_projector: bool = False  # the vision-to-text projector, in full (under LoRA: PEFT modules_to_save)
-    train_tower: bool = False  # the vision encoder too (under LoRA: adapters on its lora.target_modules)
-    loader_workers: int = 2  # DataLoader processes that decode images into pixels ahead of the step
+    """Vision-language models only (an image-text-to-text model, detected from its config); a
+    text-only model with a setting changed here is an error. The language model is trained as
+    `lora` says (LoRA adapters or in full); the vision encoder stays frozen unless train_tower."""
+
+    train_projector: bool = setting(False, "train the vision-to-text projector in full (under LoRA: PEFT "
+                                           "modules_to_save)")
+    train_tower: bool = setting(False, "also train the vision encoder (under LoRA: adapters on its "
+                                       "lora.target_modules; full fine-tuning: all of it)")
+    loader_workers: int = setting(2, "DataLoader processes decoding images into pixels ahead of each "
+                                     "update (0: in the loop)")
 
 
 @dataclass
 class EmaConfig:
-    rates: list[float] = field(default_factory=lambda: [0.999, 0.9999])  # [] disables EMA
-    every: int = 1  # update every k optimizer steps with beta**k
+    """Exponential moving averages of the trained weights, each an fp32 shadow."""
+
+    rates: list[float] = setting([0.999, 0.9999], "one shadow per rate, each in (0, 1); [] disables EMA")
+    every: int = setting(1, "update the shadows every k optimizer updates, with beta**k")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
-    warmup_fraction: float = 0.03  # of the whole run, not of a stage
-    min_lr_ratio: float = 0.1  # cosine floor as a fraction of lr
-    grad_clip: float = 1.0  # 0 disables clipping
-    global_batch: int = 32  # sequences per optimizer update, all ranks together
-    micro_batch: int = 8  # at most this many sequences per forward on one rank (see batch_split)
+    """AdamW, linear warmup then cosine decay over the whole run (not a stage), and the batch."""
+
+    lr: float = setting(2e-4, "peak learning rate")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    betas: list[float] = setting([0.9, 0.95], "AdamW betas")
+    eps: float = setting(1e-8, "AdamW epsilon")
+    warmup_fraction: float = setting(0.03, "linear warmup over this fraction of the whole run, in [0, 1)")
+    min_lr_ratio: float = setting(0.1, "the cosine ends at lr x min_lr_ratio at the last update of the run")
+    grad_clip: float = setting(1.0, "max gradient norm; 0 disables clipping")
+    global_batch: int = setting(32, "sequences per optimizer update, all ranks together; a multiple of the "
+                                    "world size")
+    micro_batch: int = setting(8, "upper bound on the sequences of one forward on one rank: each rank's "
+                                  "global_batch / world_size sequences are cut into the largest micro-batch "
+                                  "that divides them and is at most this (accumulation = share / micro-batch; "
+                                  "pipeline.config.batch_split)")
 
 
 @dataclass
 class PrecisionConfig:
-    mode: str = "auto"  # auto | bf16 | fp16 | fp32 (auto: bf16 if supported, else fp16; fp32 on CPU)
-    max_consecutive_nonfinite: int = 8  # abort (after a checkpoint) when this many updates in a row are skipped
-    init_scale: float = 65536.0  # fp16: the GradScaler's first loss scale
+    """Mixed precision and what happens to non-finite updates."""
+
+    mode: PrecisionMode = setting(PrecisionMode.auto, "auto: bf16 autocast if the GPU supports it, else fp16 + "
+                                                      "GradScaler; fp32 on a CPU. bf16 / fp16 are honoured on a "
+                                                      "CPU too when asked for (slow; what CI tests)")
+    max_consecutive_nonfinite: int = setting(8, "skipped (non-finite) updates in a row before aborting with a "
+                                                "checkpoint; fp16 scaler calibration (scale halved after an "
+                                                "overflow) is not counted")
+    init_scale: float = setting(65536.0, "fp16: the GradScaler's first loss scale (it halves on overflow, "
+                                         "doubles every 2000 clean updates)")
 
 
 @dataclass
 class DistributedConfig:
-    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
-    strategy: str = "ddp"  # ddp | fsdp
-    timeout_s: int = 1800
-    hsdp: bool = False  # fsdp: replicate across nodes, shard within a node
-    meta_init: bool = True  # fsdp: each rank reads only its shards of the base (false: every rank loads it all)
+    """How several ranks train one model (select FSDP with the option `distributed=fsdp`)."""
+
+    backend: str = setting("auto", "torch.distributed backend; auto: nccl on CUDA, gloo on CPU")
+    strategy: Strategy = setting(Strategy.ddp, "ddp: a full replica per rank; fsdp: FSDP2 (fully_shard per "
+                                               "decoder layer + root) for models that do not fit one device; its "
+                                               "checkpoints hold dcp/ shards instead of adapter/ + ema/")
+    timeout_s: int = setting(1800, "collective timeout (seconds)")
+    hsdp: bool = setting(False, "fsdp: replicate across nodes, shard within a node (collectives stay in a node)")
+    meta_init: bool = setting(True, "fsdp: build empty, shard, read each rank's shards of the base (false: "
+                                    "each rank loads it all)")
 
 
 @dataclass
 class CheckpointConfig:
-    save_every: int = 50  # intra-stage checkpoint every N updates (0: only at stage end)
-    keep_last: int = 2
-    async_save: bool = True
+    """Intra-stage checkpoints (work/<run>/<stage>/), which a retried or preempted stage resumes from."""
+
+    save_every: int = setting(50, "intra-stage checkpoint every N updates (0: only at the stage end)")
+    keep_last: int = setting(2, "intra-stage checkpoints kept")
+    async_save: bool = setting(True, "write on a background thread; the step loop does not wait on the disk")
 
 
 @dataclass
-class EvalConfig:
-    quick_every: int = 0  # quick EMA eval every N updates inside a stage (0: off)
-    quick_batches: int = 4
-    eval_every: int = 0  # full eval (best-weights tracking) every N updates of the run; always after the last
-    micro_batch: int = 16
+class ValidationConfig:
+    """Validation loss inside a training stage, on the validation cache (tokens.val_cache), for
+    the raw weights and every EMA rate. (The workflow's `evaluate` section is the separate
+    evaluation job after each stage.)"""
+
+    quick_every: int = setting(0, "quick validation (the first quick_batches batches) every N updates; 0 = off "
+                                  "(alerts still trigger one)")
+    quick_batches: int = setting(4, "batches of a quick validation")
+    every: int = setting(0, "full validation + best-weights tracking every N updates of the run (always after "
+                            "the last); 0 = after the last only")
+    batch_size: int = setting(16, "sequences per validation forward")
 
 
 @dataclass
 class AlertConfig:
-    tps_drop_fraction: float = 0.5  # alert when tokens/s < this x running median
-    loss_spike_sigma: float = 6.0  # alert when loss > mean + k sigma of recent steps
-    window: int = 50
+    """Alerts raise an immediate validation and a checkpoint, and a line in alerts.jsonl."""
+
+    tps_drop_fraction: float = setting(0.5, "alert when tokens/s fall below this fraction of the running median")
+    loss_spike_sigma: float = setting(6.0, "alert when the loss is above mean + k sigma of the recent window")
+    window: int = setting(50, "updates in the running window")
 
 
 @dataclass
-class DataConfig:
-    # Token caches (safetensors) the tokenize rule writes and the workflow fills in. (The
-    # workflow's own `data.train` / `data.val` are the dataset files they are made from.)
-    train_cache: str = MISSING
-    val_cache: str | None = None
-    group_by_length: bool = True  # micro-batches of similar lengths within each update's batch
-    packing: str = "auto"  # sequences back to back in one row: auto (with flash attention) | on | off
+class TokensConfig:
+    """The token caches (safetensors) the tokenize rule writes, and how their records become
+    batches. (The workflow config's `data` section names the dataset files they are made from.)"""
+
+    train_cache: str = setting(MISSING, "training token cache; the workflow fills it in")
+    val_cache: str | None = setting(None, "validation token cache, filled in by the workflow; null: no "
+                                          "validation set (no in-stage validation, no best weights)")
+    group_by_length: bool = setting(True, "cut each update's batch into micro-batches of similar lengths "
+                                          "(less padding; the same samples)")
+    packing: Switch = setting(Switch.auto, "each micro-batch as one row of sequences back to back; auto = with "
+                                           "flash attention")
 
 
 @dataclass
 class TrainConfig:
-    seed: int = 0
-    deterministic: bool = False  # deterministic GPU kernels (bitwise-reproducible across processes); slower
-    log_every: int = 1
-    tensorboard: bool = False  # also write the metrics as TensorBoard scalars (needs `pip install tensorboard`)
+    """The trainer config: top-level keys, then one group per dataclass."""
+
+    seed: int = setting(0, "LoRA init, data order, dropout: the whole run derives from it")
+    deterministic: bool = setting(False, "GPU: deterministic kernels only (torch.use_deterministic_algorithms), "
+                                         "so a chunked or resumed run is bitwise the uninterrupted one there too; "
+                                         "slower. (A CPU run is anyway.)")
+    log_every: int = setting(1, "metrics line every N updates (rank 0)")
+    tensorboard: bool = setting(False, "also TensorBoard scalars in stages/<stage>/tensorboard/ "
+                                       "(pip install -e \".[tensorboard]\")")
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
@@ -146,40 +260,41 @@ class TrainConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
 
 
-def _switch(value) -> str:
-    # YAML reads a bare on/off as a boolean, which a str field then holds as "True"/"False".
-    return {"true": "on", "false": "off"}.get(str(value).lower(), str(value))
+# Names that changed meaning-preservingly (one meaning per name across the trainer and the workflow
+# config): an override or a config file with an old one gets the new name, not Hydra's "no key".
+RENAMED_GROUPS = {"eval": "validation", "data": "tokens"}
+RENAMED_KEYS = {"eval.eval_every": "validation.every", "eval.micro_batch": "validation.batch_size"}
+
+
+def renamed(key: str) -> str | None:
+    """The current name of a trainer key (or group) that was renamed; None when `key` was not."""
+    if key in RENAMED_KEYS:
+        return RENAMED_KEYS[key]
+    group, dot, rest = key.partition(".")
+    return RENAMED_GROUPS[group] + dot + rest if group in RENAMED_GROUPS else None
+
+
+def _renamed_problems(keys: list[str], where: str) -> list[str]:
+    return [f"trainer key {key} is now {renamed(key)} ({where})" for key in keys if renamed(key)]
 
 
 def _check(cfg: TrainConfig) -> None:
-    """Cross-field checks, all collected before raising (normalizes on/off switches in place)."""
+    """Cross-field and range checks, all collected before raising (choices are Enums: OmegaConf
+    checks those, naming the key and the allowed values)."""
     problems = []
-    cfg.model.activation_checkpointing = _switch(cfg.model.activation_checkpointing)
-    cfg.data.packing = _switch(cfg.data.packing)
-    for key, value in (("model.activation_checkpointing", cfg.model.activation_checkpointing),
-                       ("data.packing", cfg.data.packing)):
-        if value not in SWITCHES:
-            problems.append(f"{key}={value!r}: expected {' | '.join(SWITCHES)}")
-    if cfg.model.attn_implementation not in ATTENTION:
-        problems.append(f"model.attn_implementation={cfg.model.attn_implementation!r}: "
-                        f"expected {' | '.join(ATTENTION)}")
     if cfg.model.gpu_memory_gb is not None and cfg.model.gpu_memory_gb <= 0:
         problems.append("model.gpu_memory_gb must be positive (or null)")
     if cfg.precision.init_scale <= 0:
         problems.append("precision.init_scale must be positive")
     if cfg.optim.global_batch <= 0 or cfg.optim.micro_batch <= 0:
         problems.append("optim.global_batch and optim.micro_batch must be positive")
-    if cfg.precision.mode not in ("auto", "bf16", "fp16", "fp32"):
-        problems.append(f"precision.mode={cfg.precision.mode!r}: expected auto | bf16 | fp16 | fp32")
-    if cfg.model.dtype not in ("auto", "bf16", "fp16", "fp32"):
-        problems.append(f"model.dtype={cfg.model.dtype!r}: expected auto | bf16 | fp16 | fp32")
-    if cfg.distributed.strategy not in ("ddp", "fsdp"):
-        problems.append(f"distributed.strategy={cfg.distributed.strategy!r}: expected ddp | fsdp")
+    if cfg.validation.batch_size <= 0:
+        problems.append("validation.batch_size must be positive")
     for rate in cfg.ema.rates:
         if not 0.0 < rate < 1.0:
             problems.append(f"ema.rates: {rate} is not in (0, 1)")
@@ -220,31 +335,103 @@ def batch_split(cfg: TrainConfig, world_size: int) -> tuple[int, int]:
 def resolve(config_dir: Path, name: str = "config", overrides: list[str] = ()) -> TrainConfig:
     """Compose `config_dir/name.yaml` with Hydra overrides, validate, return typed config."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
 
-    from hydra.core.config_store import ConfigStore
-
+    overrides = list(overrides)
+    problems = _renamed_problems([_override_key(o) for o in overrides], "an override")
+    if problems:  # before Hydra, whose own error would only say the key does not exist
+        raise UserError("\n  ".join([f"trainer config overrides {overrides}:", *problems]))
     # The schema sits first in config.yaml's defaults list, so every key exists
     # (plain `key=value` overrides work) and Hydra type-checks each group.
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=TrainConfig)
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=_compose_schema(TrainConfig))
     config_dir = Path(config_dir).resolve()
     if not (config_dir / f"{name}.yaml").is_file():
         raise UserError(f"trainer config {config_dir / (name + '.yaml')} not found")
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base=None):
-            composed = compose(config_name=name, overrides=list(overrides))
-        return to_typed(composed)
+            composed = compose(config_name=name, overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
-        raise UserError(f"trainer config {config_dir}/{name}.yaml with overrides {list(overrides)}: {err}") from None
+        raise UserError(f"trainer config {config_dir}/{name}.yaml with overrides {overrides}: "
+                        f"{_message(err)}") from None
+    return to_typed(composed)
+
+
+def _message(err: BaseException) -> str:
+    """An error and its causes, one line each: Hydra's own line ("Error merging override
+    precision.mode=fp8") leaves out why, which OmegaConf's cause says, with the allowed values."""
+    lines = []
+    while err is not None:
+        key = getattr(err, "full_key", None)
+        text = str(getattr(err, "msg", None) or err).strip().splitlines()
+        line = (f"{key}: " if key else "") + (text[0] if text else type(err).__name__)
+        if line not in lines:
+            lines.append(line)
+        err = err.__cause__
+    return "; ".join(lines)
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0].strip()
+
+
+def _compose_schema(cls: type) -> type:
+    """`cls` as Hydra composes with it: the same keys and types, but each Switch typed Any. YAML
+    reads a bare on / off as a boolean (in a group file, a sweep grid, `key=true`), which an Enum
+    node refuses; `to_typed` turns it back into on / off and then checks the Switch."""
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            kind = _compose_schema(kind)
+            fields.append((f.name, kind, field(default_factory=kind)))
+            continue
+        default = ({"default": f.default} if f.default is not dataclasses.MISSING
+                   else {"default_factory": f.default_factory})
+        fields.append((f.name, Any if kind is Switch else kind, field(**default)))
+    return dataclasses.make_dataclass(cls.__name__, fields)
+
+
+def _switch_paths(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Dotted keys of every Switch setting (model.activation_checkpointing, tokens.packing)."""
+    hints = typing.get_type_hints(cls or TrainConfig)
+    paths = []
+    for name, kind in hints.items():
+        if dataclasses.is_dataclass(kind):
+            paths += _switch_paths(kind, f"{prefix}{name}.")
+        elif kind is Switch:
+            paths.append(prefix + name)
+    return paths
+
+
+def _plain(raw: Any) -> dict:
+    """A config (DictConfig or dict) as a plain dict, each on / off switch that YAML read as a
+    boolean back to on / off; a renamed key is an error that gives its new name."""
+    data = OmegaConf.to_container(raw if OmegaConf.is_config(raw) else OmegaConf.create(raw or {}))
+    problems = _renamed_problems([f"{group}.{key}" for group in RENAMED_GROUPS if isinstance(data.get(group), dict)
+                                  for key in data[group]], "a config file")
+    problems += [f"trainer group {group} is now {new}" for group, new in RENAMED_GROUPS.items()
+                 if group in data and not isinstance(data[group], dict)]
+    if problems:
+        raise UserError("invalid trainer config:\n  " + "\n  ".join(problems))
+    for path in _switch_paths():
+        *parents, key = path.split(".")
+        node = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(key), bool):
+            node[key] = "on" if node[key] else "off"
+    return data
 
 
 def to_typed(raw: Any) -> TrainConfig:
-    """Merge a plain/Omega config onto the schema; unknown keys and bad types raise."""
+    """Merge a plain/Omega config onto the schema; unknown keys and bad types or choices raise."""
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), raw)
+        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), _plain(raw))
         cfg: TrainConfig = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as err:
-        raise UserError(f"invalid trainer config: {err}") from None
+        raise UserError(f"invalid trainer config: {_message(err)}") from None
     _check(cfg)
     return cfg
 

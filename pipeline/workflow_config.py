@@ -37,6 +37,35 @@ def schema_problems(config: dict, schema_path: Path) -> list[str]:
     return problems
 
 
+def schema_defaults(schema: dict, prefix: str = "") -> dict[str, object]:
+    """Dotted key -> default of every leaf the JSON schema gives a default (objects are walked)."""
+    out = {}
+    for name, spec in (schema.get("properties") or {}).items():
+        if spec.get("type") == "object" and "properties" in spec:
+            out.update(schema_defaults(spec, f"{prefix}{name}."))
+        elif "default" in spec:
+            out[prefix + name] = spec["default"]
+    return out
+
+
+def default_differences(config: dict, schema_path: Path) -> dict[str, str]:
+    """Dotted key -> what is off, for each schema default that `config` leaves out or sets to
+    another value: the shipped config/config.yaml states every default as the schema has it."""
+    import yaml
+
+    out = {}
+    for key, default in schema_defaults(yaml.safe_load(Path(schema_path).read_text())).items():
+        node, found = config, True
+        for part in key.split("."):
+            found = isinstance(node, dict) and part in node
+            node = node[part] if found else None
+        if not found:
+            out[key] = f"missing (the schema's default: {default!r})"
+        elif node != default or isinstance(node, bool) != isinstance(default, bool):
+            out[key] = f"{node!r}, the schema's default is {default!r}"
+    return out
+
+
 def path_problems(config: dict) -> list[str]:
     """The model and dataset paths the config names: each must exist and be what it claims to be."""
     problems = []

@@ -12,12 +12,12 @@ from pipeline.planning import plan
 from pipeline.errors import UserError
 
 CONF = Path(__file__).resolve().parents[1] / "config" / "train"
-BASE = ["model.path=/m", "data.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
+BASE = ["model.path=/m", "tokens.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
 
 
 def _plan_args(tmp_path, *extra) -> list[str]:
     args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
-            "--train-config-dir", str(CONF), "--out-plan", str(tmp_path / "plan.json"),
+            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"),
             "--out-config", str(tmp_path / "train_config.yaml")]
     for override in BASE:
         args += ["--override", override]

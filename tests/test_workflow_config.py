@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.workflow_config import path_problems, schema_problems
+from pipeline.workflow_config import default_differences, path_problems, schema_problems
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow/schemas/config.schema.yaml"
@@ -18,6 +18,30 @@ def _config() -> dict:
 
 def test_the_shipped_config_has_no_problem():
     assert schema_problems(_config(), SCHEMA) == [] and path_problems(_config()) == []
+
+
+# Keys the shipped config sets apart from the schema's defaults, on purpose: the tiny demo model's
+# trainer overrides, and the EMA rate it exports (one of those overrides' ema.rates).
+DELIBERATE = {"train.overrides", "export.ema_rate"}
+
+
+def test_the_shipped_config_states_the_schema_defaults():
+    # The schema holds each default; config/config.yaml shows every key with that same value, so
+    # the two cannot drift apart (evaluate.max_new_tokens was 32 in one, 16 in the other).
+    differences = default_differences(_config(), SCHEMA)
+    assert set(differences) == DELIBERATE, {k: v for k, v in differences.items() if k not in DELIBERATE}
+
+
+def test_a_drifted_or_missing_default_is_caught():
+    config = _config()
+    config["evaluate"]["max_new_tokens"] = 32
+    del config["tracker"]["project"]
+    config["gate"]["override"] = 0
+    differences = default_differences(config, SCHEMA)
+    assert differences["evaluate.max_new_tokens"] == "32, the schema's default is 16"
+    assert differences["tracker.project"] == "missing (the schema's default: 'sft')"
+    assert "gate.override" in differences  # 0 is not false
+    assert set(differences) - DELIBERATE == {"evaluate.max_new_tokens", "tracker.project", "gate.override"}
 
 
 def test_every_schema_problem_is_listed_with_its_key():

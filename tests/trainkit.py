@@ -65,12 +65,12 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
     from pipeline.planning import plan as planner
 
     root.mkdir(parents=True, exist_ok=True)
-    base = [f"model.path={tiny['model']}", f"data.train_cache={tiny['train']}", f"data.val_cache={tiny['val']}",
+    base = [f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", f"tokens.val_cache={tiny['val']}",
             "optim.global_batch=8", "optim.micro_batch=4", "optim.lr=1e-3", "ema.rates=[0.9,0.99]",
-            "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "eval.micro_batch=8"]
+            "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "validation.batch_size=8"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"),
-            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
+            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config",
+            "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     for o in [*base, *overrides]:
         args += ["--override", o]
     assert planner.main(args) == 0

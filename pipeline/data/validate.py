@@ -504,9 +504,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, type=Path)  # the run's tokenizer dir (prepare-tokenizer)
     p.add_argument("--max-length", required=True, type=int)
     p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
-    p.add_argument("--duplicates", default="error", choices=DUPLICATE_POLICIES,
-                   help="exact-duplicate conversations within a split (default: error)")
-    p.add_argument("--reasoning", default="auto", choices=REASONING_POLICIES,
+    # --duplicates / --reasoning: required, their defaults are the workflow schema's data.* (the rules pass them)
+    p.add_argument("--duplicates", required=True, choices=DUPLICATE_POLICIES,
+                   help="exact-duplicate conversations within a split: error | warn | drop")
+    p.add_argument("--reasoning", required=True, choices=REASONING_POLICIES,
                    help="assistant reasoning: auto / keep train it where the template renders it, drop removes it")
     add_field_arguments(p)
     p.add_argument("--out-json", required=True, type=Path)

@@ -17,7 +17,8 @@ def add_held_out_args(ap: argparse.ArgumentParser) -> None:
     """--test, --max-test, --max-new-tokens: the held-out prompts and the decoding budget."""
     ap.add_argument("--test", type=Path, default=None, help="held-out dataset file for exact match")
     ap.add_argument("--max-test", type=int, default=None, help="evaluate at most this many held-out records")
-    ap.add_argument("--max-new-tokens", type=int, default=32, help="greedy decoding budget per prompt")
+    # Required: its default is the workflow schema's evaluate.max_new_tokens, which the rules pass.
+    ap.add_argument("--max-new-tokens", type=int, required=True, help="greedy decoding budget per prompt")
     from pipeline.data.shapes import add_arguments
 
     add_arguments(ap)  # --columns / --roles: the held-out file's own key and role names

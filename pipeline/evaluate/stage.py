@@ -42,7 +42,7 @@ def _evaluate_current(model, prompts, val, examples, cfg, device, precision, max
                       samples: int = SAMPLES) -> dict:
     row: dict = {}
     if val is not None:
-        row.update(validation_loss(TokenLoss(model), val, micro_batch=cfg.eval.micro_batch, device=device,
+        row.update(validation_loss(TokenLoss(model), val, micro_batch=cfg.validation.batch_size, device=device,
                                    autocast=precision.autocast))
     if examples:
         # Under autocast, as in training: a LoRA model built for half precision leaves its inputs uncast.
@@ -64,7 +64,7 @@ def evaluate(args) -> dict:
     precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
     images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path), images)
-    val = Collator(TokenCache(cfg.data.val_cache), prompts.pad_token_id, images=images) if cfg.data.val_cache else None
+    val = Collator(TokenCache(cfg.tokens.val_cache), prompts.pad_token_id, images=images) if cfg.tokens.val_cache else None
     examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     samples = getattr(args, "samples", SAMPLES)
     result = {"stage": args.stage, "rows": []}

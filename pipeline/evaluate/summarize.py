@@ -87,7 +87,7 @@ def _records(path: Path) -> list[dict]:
 
 
 def in_stage_evals(metrics_files: list[Path]) -> pd.DataFrame:
-    """The full evaluations inside the stages (every `eval.eval_every` updates): one row per
+    """The full evaluations inside the stages (every `validation.every` updates): one row per
     (step, weights) with its validation loss; a step a resumed attempt evaluated again keeps the last."""
     rows = {}
     for path in metrics_files:
@@ -173,7 +173,7 @@ def plot_loss(curve: pd.DataFrame, bounds, table: pd.DataFrame, out: Path, title
             ax.plot(ends["step"], ends["loss"], ls="none", marker=style["marker"], ms=6, mfc="white",
                     mew=1.5, color=style["color"])
     if not in_stage.empty:
-        ax.plot([], [], ls="none", marker=".", ms=6, color="0.3", label="in-stage evaluation (every eval.eval_every)")
+        ax.plot([], [], ls="none", marker=".", ms=6, color="0.3", label="in-stage evaluation (every validation.every)")
         ax.plot([], [], ls="none", marker="o", ms=6, mfc="white", color="0.3", label="stage-end evaluation (raw o, EMA squares)")
     ax.set_ylabel("loss (nats / supervised token, log)")
     _log_axis(ax)
@@ -590,7 +590,7 @@ def overview_html(loss_png: Path, stages: list[dict], exports: str, samples: lis
             f"<h2>{html.escape(title)}: loss curves</h2>",
             f"<img class=\"loss\" alt=\"training and validation loss\" src=\"{uri}\">",
             "<p class=\"note\">Training loss per update (light) and smoothed; validation loss of the raw weights "
-            "and each EMA rate through the in-stage evaluations (dots, every <code>eval.eval_every</code> updates) "
+            "and each EMA rate through the in-stage evaluations (dots, every <code>validation.every</code> updates) "
             "and the stage-end evaluations (open markers); the base model before training (star); stages shaded.</p>",
             "<h2>Stages</h2>", stage_table_html(stages),
             "<p class=\"note\">Wall clock: the stage job (Snakemake benchmark of its successful attempt); in updates "

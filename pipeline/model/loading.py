@@ -58,7 +58,7 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
     try:
         model = auto_class(_config(cfg)).from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
-            attn_implementation=cfg.model.attn_implementation,
+            attn_implementation=str(cfg.model.attn_implementation),
             # One device: transformers reads each tensor straight onto it (no full CPU copy first;
             # a device_map needs accelerate, a dependency for that reason).
             device_map=None if device.type == "cpu" else {"": device},
@@ -83,7 +83,7 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
     # (CLIP's class embedding: torch.randn); the run's RNG stream must not see those draws.
     with torch.random.fork_rng(devices=[]), _parameters_on_meta():
         model = auto_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
-                                                 attn_implementation=cfg.model.attn_implementation)
+                                                 attn_implementation=str(cfg.model.attn_implementation))
     for module in model.modules():
         for name, param in list(module._parameters.items()):
             if param is not None and param.device.type == "meta":
@@ -389,7 +389,7 @@ def _no_input_casts(model) -> None:
 
 
 def packing(cfg: TrainConfig, *, vision_language: bool = False) -> bool:
-    """`data.packing` resolved: auto packs where the attention kernel keeps packed sequences
+    """`tokens.packing` resolved: auto packs where the attention kernel keeps packed sequences
     apart by itself (flash-attention's varlen path, from the position ids). A vision-language
     model is never packed (its image inputs and position ids, Qwen2-VL's 3-D ones, are per
     sequence): auto does not pack it, `on` is refused.
@@ -399,13 +399,13 @@ def packing(cfg: TrainConfig, *, vision_language: bool = False) -> bool:
     and leaves SDPA's flash kernel, so auto does not pack for them.
     """
     if vision_language:
-        if cfg.data.packing == "on":
-            raise UserError(f"data.packing=on: {cfg.model.path} is a vision-language model, whose micro-batches "
-                            "are not packed; use data.packing=auto or off")
+        if cfg.tokens.packing == "on":
+            raise UserError(f"tokens.packing=on: {cfg.model.path} is a vision-language model, whose micro-batches "
+                            "are not packed; use tokens.packing=auto or off")
         return False
-    if cfg.data.packing == "auto":
+    if cfg.tokens.packing == "auto":
         return cfg.model.attn_implementation.startswith("flash_attention")
-    return cfg.data.packing == "on"
+    return cfg.tokens.packing == "on"
 
 
 def pad_token_id(model_path: str) -> int:

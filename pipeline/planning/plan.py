@@ -103,7 +103,7 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
     `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
     """
     shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
-    length = max_length or memory.longest_record(cfg.data.train_cache)
+    length = max_length or memory.longest_record(cfg.tokens.train_cache)
     if shapes is None or length is None:
         print("memory: no estimate (" + ("no model config" if shapes is None else "no data.max_length") + ")")
         return None
@@ -139,9 +139,11 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pilot-fraction", type=float, required=True)
     ap.add_argument("--num-chunks", type=int, required=True)
     ap.add_argument("--train-config-dir", type=Path, required=True)
-    ap.add_argument("--train-config-name", default="config")
+    # Required, like the workflow values below: their defaults live in the workflow schema, and the
+    # plan rule passes them (a default here would be a second one, free to drift).
+    ap.add_argument("--train-config-name", required=True, help="workflow train.config_name")
     ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
-    ap.add_argument("--export-weights", choices=("ema", "raw"), default="raw", help="workflow export.weights")
+    ap.add_argument("--export-weights", choices=("ema", "raw"), required=True, help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
     ap.add_argument("--world-size", type=int, default=None, help="ranks per stage, when the workflow fixes it")
     ap.add_argument("--max-length", type=int, default=None,

@@ -6,7 +6,7 @@ seeded permutation. A stage that starts at update s therefore reads exactly the
 samples a one-process run would read at s, and the sampler's whole state is the
 update index (saved in progress.json), with nothing to drift.
 
-Length grouping (`data.group_by_length`): an update's global batch is the same
+Length grouping (`tokens.group_by_length`): an update's global batch is the same
 set of samples either way, only cut differently into micro-batches. Sorted by
 length (longest first; ties by position in the batch, so the order is a pure
 function of the update too), it is cut into micro-batches of similar lengths,

@@ -3,9 +3,9 @@
 Two kinds, both on the validation set, raw weights and every EMA rate (each
 swapped in and out):
 
-quick   the first `eval.quick_batches` batches, every `eval.quick_every` updates
+quick   the first `validation.quick_batches` batches, every `validation.quick_every` updates
         and on an alert; logged only.
-full    the whole validation set, every `eval.eval_every` updates of the run and
+full    the whole validation set, every `validation.every` updates of the run and
         after its last update; tracks the best weights of the run. (Not at every
         stage end: how a run is cut into stages must not change what it computes.
         The `evaluate_stage` rule evaluates each stage's final weights.)
@@ -57,7 +57,7 @@ class Evaluator:
         """Which evaluation the update just finished calls for, if any (`total`: the run's updates)."""
         if self.val is None:
             return None
-        if step == total or (self.cfg.eval_every and step % self.cfg.eval_every == 0):
+        if step == total or (self.cfg.every and step % self.cfg.every == 0):
             return "full"
         if self.cfg.quick_every and step % self.cfg.quick_every == 0:
             return "quick"
@@ -104,11 +104,11 @@ class Evaluator:
         repeats its first, unused): under FSDP each forward is collective.
         """
         d = self.strategy.d
-        n = num_batches(self.val.cache, self.cfg.micro_batch, max_batches)
+        n = num_batches(self.val.cache, self.cfg.batch_size, max_batches)
         mine = list(range(d.rank, n, d.world_size))
         rounds = -(-n // d.world_size)
         padded = mine + [mine[0] if mine else 0] * (rounds - len(mine))
-        sums = batch_loss_sums(self.loss_model, self.val, padded, micro_batch=self.cfg.micro_batch, device=d.device,
+        sums = batch_loss_sums(self.loss_model, self.val, padded, micro_batch=self.cfg.batch_size, device=d.device,
                                autocast=self.precision.autocast, should_stop=self._should_stop)
         if sums is None:
             return None

@@ -92,7 +92,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
-    train_cache = TokenCache(cfg.data.train_cache)
+    train_cache = TokenCache(cfg.tokens.train_cache)
     checkpointing, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
                                                 precision=precision.name, length=int(train_cache.lengths.max()))
 
@@ -144,7 +144,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     # --- data, evaluation, reporting ------------------------------------------------
     train_collator, val = _collators(cfg, d, train_cache)
     train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
-                         seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.data.group_by_length,
+                         seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
                          workers=cfg.vision.loader_workers if train_collator.images is not None else 0)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
@@ -152,7 +152,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     if tracking is not None:
         checkpointer.on_commit = tracking
     preemption = distributed.Preemption(d)
-    evaluator = Evaluator(cfg.eval, val, loss_model, parts, strategy, precision, monitor=monitor,
+    evaluator = Evaluator(cfg.validation, val, loss_model, parts, strategy, precision, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
@@ -235,7 +235,7 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
     packed = loading.packing(cfg, vision_language=images is not None)
     train = Collator(train_cache, pad_id, packed=packed, images=images)
-    val = Collator(TokenCache(cfg.data.val_cache), pad_id, images=images) if cfg.data.val_cache else None
+    val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
     if images is not None and d.enabled:
         for split, collator in (("training", train), ("validation", val)):
             without = 0 if collator is None else int((collator.cache.image_counts == 0).sum())

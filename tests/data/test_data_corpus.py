@@ -95,7 +95,7 @@ EXTRA_ARGS = {"all_too_long.jsonl": ["--too-long", "drop"]}
 def _validate(run_pipeline, tokenizer_dir: Path, out: Path, files: dict[str, Path], extra=()):
     out.mkdir(parents=True, exist_ok=True)
     args = ["validate", "--tokenizer", tokenizer_dir, "--max-length", MAX_LENGTH, "--too-long", "error",
-            "--out-json", out / "validation.json", "--out-csv", out / "validation.csv",
+            "--duplicates", "error", "--reasoning", "auto", "--out-json", out / "validation.json", "--out-csv", out / "validation.csv",
             "--failed-report-dir", out / "failed"]
     for slot, path in files.items():
         args += [f"--{slot}", path]

@@ -31,7 +31,7 @@ def marked_records(stdout: str) -> dict[tuple[str, int], str]:
 def tokenized(tmp_path_factory, tokenizer_dir, run_pipeline) -> Path:
     out = tmp_path_factory.mktemp("labels")
     proc = run_pipeline("tokenize", "--train", GOOD / "train.jsonl", "--val", GOOD / "val.json",
-                        "--tokenizer", tokenizer_dir, "--max-length", 40, "--too-long", "truncate",
+                        "--tokenizer", tokenizer_dir, "--max-length", 40, "--too-long", "truncate", "--duplicates", "error", "--reasoning", "auto",
                         "--out-train", out / "train.safetensors", "--out-val", out / "val.safetensors",
                         "--out-stats", out / "stats.json")
     assert proc.returncode == 0, proc.stderr
@@ -169,7 +169,7 @@ def test_a_template_that_drops_reasoning_is_counted_and_warned_about(tmp_path, t
     train = _reasoning_data(tmp_path / "train.jsonl")
     val = _reasoning_data(tmp_path / "val.jsonl", word="v")
     assert v.main(["--train", str(train), "--val", str(val), "--tokenizer", str(tok), "--max-length", "128",
-                   "--too-long", "error", "--duplicates", "warn", "--out-json", str(tmp_path / "v.json"),
+                   "--too-long", "error", "--duplicates", "warn", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
                    "--out-csv", str(tmp_path / "v.csv")]) == 0
     report = json.loads((tmp_path / "v.json").read_text())
     assert report["ok"]
@@ -202,7 +202,7 @@ def test_untrained_end_of_turn_is_warned_about(tmp_path, tokenizer_dir, capsys):
     tok = _tokenizer_with(tokenizer_dir, NO_END_MARKER, tmp_path / "tok")
     train = _reasoning_data(tmp_path / "train.jsonl")
     assert v.main(["--train", str(train), "--tokenizer", str(tok), "--max-length", "128", "--too-long", "error",
-                   "--out-json", str(tmp_path / "v.json"), "--out-csv", str(tmp_path / "v.csv")]) == 0
+                   "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"), "--out-csv", str(tmp_path / "v.csv")]) == 0
     report = json.loads((tmp_path / "v.json").read_text())
     assert _chat(report["files"]["train"])[:2] == (0, 5)
     [warning] = report["warnings"]

@@ -181,7 +181,7 @@ def test_formats_and_layouts_give_identical_tokens(tmp_path, tokenizer_dir):
                 src.write_text(json.dumps(raw) + "\n" + json.dumps(second) + "\n")
             out = tmp_path / f"{shape}{suffix}.safetensors"
             assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
-                            "--too-long", "error", "--out-train", str(out),
+                            "--too-long", "error", "--duplicates", "error", "--reasoning", "auto", "--out-train", str(out),
                             "--out-stats", str(tmp_path / "stats.json")]) == 0
             caches[src.name] = TokenCache(out)
     reference = caches.pop("sharegpt.jsonl")
@@ -199,7 +199,7 @@ def test_formats_and_layouts_give_identical_tokens(tmp_path, tokenizer_dir):
 def test_tokenize_cli_writes_caches_stats_and_metadata(tmp_path, tokenizer, tokenizer_dir, run_pipeline):
     out = tmp_path / "tok"
     proc = run_pipeline("tokenize", "--train", GOOD / "train.jsonl", "--val", GOOD / "val.json",
-                        "--tokenizer", tokenizer_dir, "--max-length", 64, "--too-long", "truncate",
+                        "--tokenizer", tokenizer_dir, "--max-length", 64, "--too-long", "truncate", "--duplicates", "error", "--reasoning", "auto",
                         "--out-train", out / "train.safetensors", "--out-val", out / "val.safetensors",
                         "--out-stats", out / "stats.json")
     assert proc.returncode == 0, proc.stderr
@@ -269,7 +269,7 @@ def test_duplicates_drop_caches_each_conversation_once(tmp_path, tokenizer_dir, 
     src.write_text("".join(json.dumps(r) + "\n" for r in [raw, other, {**raw, "id": "z"}]))  # z repeats x
     out = tmp_path / "train.safetensors"
     assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
-                    "--too-long", "error", "--duplicates", policy, "--out-train", str(out),
+                    "--too-long", "error", "--duplicates", policy, "--reasoning", "auto", "--out-train", str(out),
                     "--out-stats", str(tmp_path / "stats.json")]) == 0
     stats = json.loads((tmp_path / "stats.json").read_text())
     split = stats["splits"]["train"]

@@ -28,7 +28,8 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 
 def run_main(tmp_path, tokenizer_dir, *extra) -> list[str]:
-    return ["--tokenizer", str(tokenizer_dir), "--out-json", str(tmp_path / "v.json"),
+    # The policies the workflow passes by default (a later --duplicates / --reasoning in extra wins).
+    return ["--tokenizer", str(tokenizer_dir), "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
             "--out-csv", str(tmp_path / "v.csv"), *map(str, extra)]
 
 
@@ -308,7 +309,7 @@ def test_without_a_failed_report_dir_the_error_names_the_outputs(tmp_path, token
 def test_failed_report_dir_must_not_hold_the_outputs(tmp_path, tokenizer_dir):
     train = write_jsonl(tmp_path / "train.jsonl", [sample(0)])
     args = ["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", "128", "--too-long", "error",
-            "--out-json", str(tmp_path / "validation.json"), "--out-csv", str(tmp_path / "v.csv"),
+            "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "validation.json"), "--out-csv", str(tmp_path / "v.csv"),
             "--failed-report-dir", str(tmp_path)]
     with pytest.raises(UserError, match="give it a directory of its own"):
         v.main(args)

@@ -35,6 +35,7 @@ def test_a_user_error_is_shown_on_the_terminal_with_the_log_path_and_its_exit_co
     bad.write_text('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]}\n')
     proc = launch(tmp_path, cmd=[sys.executable, "-m", "pipeline", "plan", "--total-updates", "10",
                                  "--pilot-fraction", "2.0", "--num-chunks", "1", "--train-config-dir", "config/train",
+                                 "--train-config-name", "config", "--export-weights", "raw",
                                  "--out-plan", str(tmp_path / "p.json"), "--out-config", str(tmp_path / "c.yaml")],
                   cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2

@@ -27,7 +27,7 @@ def _gpt2_dir(root: Path) -> Path:
 
 
 def _cfg(model_dir: Path, *overrides: str) -> train_config.TrainConfig:
-    return train_config.resolve(CONF, "config", [f"model.path={model_dir}", "data.train_cache=/t", *overrides])
+    return train_config.resolve(CONF, "config", [f"model.path={model_dir}", "tokens.train_cache=/t", *overrides])
 
 
 def test_all_linear_adapts_conv1d_layers_and_leaves_the_head(tmp_path):
@@ -49,9 +49,9 @@ def test_all_linear_on_llama_is_the_seven_projections(tiny):
 def test_targets_that_match_nothing_fail_at_plan_listing_the_adaptable_layers(tmp_path):
     gpt2 = _gpt2_dir(tmp_path / "gpt2")
     args = ["--total-updates", "10", "--pilot-fraction", "0.2", "--num-chunks", "1",
-            "--train-config-dir", str(CONF), "--out-plan", str(tmp_path / "plan.json"),
+            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"),
             "--out-config", str(tmp_path / "c.yaml"), "--override", f"model.path={gpt2}",
-            "--override", "data.train_cache=/t", "--override", "lora.target_modules=[q_proj,v_proj]"]
+            "--override", "tokens.train_cache=/t", "--override", "lora.target_modules=[q_proj,v_proj]"]
     with pytest.raises(UserError) as err:
         plan.main(args)
     message = str(err.value)

@@ -19,7 +19,7 @@ def _cfg(tiny, *overrides):
     from trainkit import REPO
 
     return train_config.resolve(REPO / CONF, "config", [f"model.path={tiny['model']}",
-                                                       f"data.train_cache={tiny['train']}", *overrides])
+                                                       f"tokens.train_cache={tiny['train']}", *overrides])
 
 
 def _model(tiny, *overrides, checkpointing=False):

@@ -28,7 +28,7 @@ def _cfg(tmp_path, *overrides):
     from trainkit import REPO
 
     return train_config.resolve(REPO / "config" / "train", "config",
-                                [f"model.path={tmp_path / 'model'}", "data.train_cache=/t", *overrides])
+                                [f"model.path={tmp_path / 'model'}", "tokens.train_cache=/t", *overrides])
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -128,8 +128,9 @@ def test_plan_records_the_hub_id_and_commit_and_jobs_load_the_snapshot(tiny, tmp
     snap = add_to_cache(cache, "org/tiny", Path(tiny["model"]))
     record = tmp_path / "model.json"
     record.write_text(json.dumps(hub.Snapshot("org/tiny", snap.name, snap).info()))
-    overrides = [f"model.path={record}", f"data.train_cache={tiny['train']}", "ema.rates=[0.9]"]
+    overrides = [f"model.path={record}", f"tokens.train_cache={tiny['train']}", "ema.rates=[0.9]"]
     args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1", "--train-config-dir", str(CONF),
+            "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml"),
             *[a for o in overrides for a in ("--override", o)]]
     assert plan.main(args) == 0

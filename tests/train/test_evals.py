@@ -10,7 +10,7 @@ from trainkit import make_run, stage_names
 
 from pipeline import layout
 
-OVERRIDES = ["eval.eval_every=2", "checkpoint.save_every=0"]
+OVERRIDES = ["validation.every=2", "checkpoint.save_every=0"]
 
 
 def _progress(stage_dir):

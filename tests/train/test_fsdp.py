@@ -101,7 +101,7 @@ def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
 
 def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference):
     # Quick evaluations (every rank runs the forward, EMA swapped in and out) leave no trace either.
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "eval.quick_every=3"],
+    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "validation.quick_every=3"],
                    single_stage=True)
     scratch = run.scratch("all")
     # rank 0 is SIGKILLed after the checkpoint of update 4 wrote its files, before its MANIFEST
@@ -154,7 +154,7 @@ def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_pa
     # The workflow's readers of a stage checkpoint take the sharded one too: evaluation, pilot gate.
     losses = {}
     for name, r in [("fsdp", lora_reference), ("ddp", ddp)]:
-        assert cli.main(["evaluate", "--checkpoint", str(_final(r)), "--stage", "all",
+        assert cli.main(["evaluate", "--checkpoint", str(_final(r)), "--stage", "all", "--max-new-tokens", "16",
                          "--out", str(tmp_path / f"eval_{name}.json")]) == 0
         rows = json.loads((tmp_path / f"eval_{name}.json").read_text())["rows"]
         losses[name] = {row["weights"]: row["loss"] for row in rows}
@@ -194,7 +194,7 @@ def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_
     in_stage = [json.loads(x) for x in (one.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]
     in_stage = [r for r in in_stage if r.get("event") == "eval" and r["step"] == 6]
     assert in_stage
-    assert cli.main(["evaluate", "--checkpoint", str(_final(one)), "--stage", "all",
+    assert cli.main(["evaluate", "--checkpoint", str(_final(one)), "--stage", "all", "--max-new-tokens", "16",
                      "--out", str(tmp_path / "eval.json")]) == 0
     offline = {row["weights"]: row["loss"] for row in json.loads((tmp_path / "eval.json").read_text())["rows"]}
     assert {k: in_stage[-1][f"val_{k}"] for k in offline} == pytest.approx(offline, rel=1e-5)

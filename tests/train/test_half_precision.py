@@ -102,6 +102,6 @@ def test_bf16_autocast_on_cpu_trains(tiny, tmp_path):
 
     out = tmp_path / "eval.json"
     assert cli.main(["evaluate", "--checkpoint", str(runs["bf16"].stage_dir("all") / layout.STAGE_CHECKPOINT),
-                     "--stage", "all", "--test", str(tiny["test"]), "--max-test", "2", "--out", str(out)]) == 0
+                     "--stage", "all", "--test", str(tiny["test"]), "--max-test", "2", "--max-new-tokens", "16", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert rows[0]["n_test"] == 2 and all(0 < r["loss"] < 20 for r in rows)

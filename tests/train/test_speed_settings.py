@@ -29,7 +29,7 @@ def test_activation_checkpointing_and_deterministic_kernels_change_no_bit(tiny, 
     assert step_losses([ckpt.stage_dir("all")]) == step_losses([plain.stage_dir("all")])
 
 
-@pytest.mark.parametrize("setting", [["data.packing=on"], ["data.group_by_length=false"]])
+@pytest.mark.parametrize("setting", [["tokens.packing=on"], ["tokens.group_by_length=false"]])
 def test_packing_and_grouping_only_reorder_the_sums(tiny, tmp_path, setting):
     base = ["lora.dropout=0.0"]  # dropout masks are drawn per micro-batch layout: compare without them
     ref, _ = _run(tiny, tmp_path / "ref", base)

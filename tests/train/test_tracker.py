@@ -22,7 +22,7 @@ from trainkit import final_digests, make_run, pipeline_env, stage_names, wait_fo
 pytest.importorskip("mlflow")
 
 TOTAL = 12  # pilot 3 + chunk01 4 + chunk02 4 + tail 1 at fraction 0.25
-OVERRIDES = ["eval.eval_every=4"]  # in-stage full evaluations at updates 4 and 8 (and 12, the last)
+OVERRIDES = ["validation.every=4"]  # in-stage full evaluations at updates 4 and 8 (and 12, the last)
 
 
 def _free_port() -> int:
@@ -88,7 +88,7 @@ def _evaluate_stages(run, names) -> None:
     from pipeline.evaluate.stage import main as evaluate
 
     for s in names:
-        assert evaluate(["--checkpoint", str(run.stage_dir(s) / "checkpoint"), "--stage", s,
+        assert evaluate(["--checkpoint", str(run.stage_dir(s) / "checkpoint"), "--stage", s, "--max-new-tokens", "16",
                          "--out", str(run.root / "eval" / f"{s}.json")]) == 0
 
 

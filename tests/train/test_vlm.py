@@ -138,7 +138,7 @@ def test_sharded_load_reads_the_base_layout_into_the_live_names(family, settings
     from pipeline.train import sharded_load
 
     data = request.getfixturevalue(family)
-    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "data.train_cache=x",
+    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "tokens.train_cache=x",
                                                                  *settings])
     fp32 = precision.choose("fp32", torch.device("cpu"))
     torch.manual_seed(0)
@@ -206,7 +206,7 @@ def test_trained_parts_follow_the_lora_and_vision_settings(family, settings, tra
     from pipeline.model import loading, precision, vision
 
     data = request.getfixturevalue(family)
-    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "data.train_cache=x",
+    cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={data['model']}", "tokens.train_cache=x",
                                                                  *settings])
     model = loading.build(cfg, precision.choose("fp32", torch.device("cpu")), torch.device("cpu"))
     parts = vision.find_parts(model.get_base_model() if loading.is_peft(model) else model)
@@ -234,7 +234,7 @@ def test_tower_training_with_no_target_in_the_tower_is_refused_by_name(tiny_qwen
     from pipeline.model import loading, precision
 
     cfg = config.resolve(REPO / "config" / "train", overrides=[f"model.path={tiny_qwen2_vl['model']}",
-                                                                 "data.train_cache=x", "vision.train_tower=true",
+                                                                 "tokens.train_cache=x", "vision.train_tower=true",
                                                                  "lora.target_modules=[q_proj,v_proj]"])
     with pytest.raises(UserError, match=r"no name of lora.target_modules=.* is a linear layer of the vision tower "
                                         r"model.visual; its linear layers: \['fc1', 'fc2', 'proj', 'qkv'\]"):

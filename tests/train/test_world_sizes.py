@@ -30,7 +30,7 @@ def _records(run, stage: str) -> list[dict]:
 @pytest.mark.parametrize("ranks", [1, 2, 4])
 def test_the_default_config_runs_on_1_2_and_4_ranks(tiny, tmp_path, ranks):
     run = make_run(tmp_path, tiny, total=2, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=[*_default_overrides(), "eval.eval_every=0", "checkpoint.save_every=0"])
+                   overrides=[*_default_overrides(), "validation.every=0", "checkpoint.save_every=0"])
     proc = run.train("all", nproc=ranks if ranks > 1 else None)
     micro = {1: 16, 2: 16, 4: 8}[ranks]  # global batch 32, micro-batch at most 16
     assert f"micro-batch {micro} x {32 // ranks // micro}" in proc.stdout
@@ -41,8 +41,9 @@ def test_the_default_config_runs_on_1_2_and_4_ranks(tiny, tmp_path, ranks):
 def test_a_batch_the_ranks_cannot_share_fails_at_plan_naming_the_keys(tiny, tmp_path):
     args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1",
             "--train-config-dir", str(REPO / "config/train"), "--world-size", "3",
+            "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml")]
-    for override in [f"model.path={tiny['model']}", f"data.train_cache={tiny['train']}", *_default_overrides()]:
+    for override in [f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", *_default_overrides()]:
         args += ["--override", override]
     with pytest.raises(UserError) as err:
         plan.main(args)
@@ -56,7 +57,7 @@ def test_evaluation_gives_the_same_numbers_on_one_and_two_ranks(tiny, tmp_path):
     evals = {}
     for ranks in (1, 2):
         run = make_run(tmp_path / f"r{ranks}", tiny, total=2, fraction=0.5, chunks=1, single_stage=True,
-                       overrides=["optim.lr=0.0", "eval.eval_every=1", "eval.micro_batch=3"])
+                       overrides=["optim.lr=0.0", "validation.every=1", "validation.batch_size=3"])
         run.train("all", nproc=ranks if ranks > 1 else None)
         evals[ranks] = [{k: v for k, v in r.items() if k.startswith("val_")}
                         for r in _records(run, "all") if r.get("event") == "eval"]

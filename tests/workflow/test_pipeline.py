@@ -54,7 +54,7 @@ def test_every_stage_is_complete_and_exports_load_in_a_fresh_process(done):
 
 
 def test_best_exports_are_the_lowest_validation_loss_of_the_run(done):
-    """eval.eval_every=50 in the default config: full evals at updates 50, 100, ..., 300."""
+    """validation.every=50 in the default config: full evals at updates 50, 100, ..., 300."""
     evals = []
     for stage in json.loads((done / "results/demo/plan.json").read_text())["stages"]:
         for line in (done / "results/demo/stages" / stage["name"] / "metrics.jsonl").read_text().splitlines():

@@ -142,8 +142,8 @@ TOKENIZER = f"{R}/tokenizer"
 
 def train_overrides(variant_overrides=()):
     """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
-    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}", f"data.train_cache={R}/data/train.safetensors"]
-    own.append(f"data.val_cache={R}/data/val.safetensors" if data_file("val") else "data.val_cache=null")
+    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}", f"tokens.train_cache={R}/data/train.safetensors"]
+    own.append(f"tokens.val_cache={R}/data/val.safetensors" if data_file("val") else "tokens.val_cache=null")
     return list(config["train"]["overrides"]) + list(variant_overrides) + own
 
 
