@@ -118,7 +118,7 @@ def test_validate_cli_takes_the_mapping_and_reports_it(tmp_path, tokenizer_dir):
     path = write_jsonl(tmp_path / "d.jsonl", [{"q": "repeat: alpha", "a": "alpha"}])
     out = tmp_path / "v.json"
     assert validate_main(["--train", str(path), "--tokenizer", str(tokenizer_dir), "--max-length", "128",
-                          "--too-long", "error", "--columns", "prompt=q,completion=a", "--out-json", str(out),
+                          "--too-long", "error", "--duplicates", "error", "--reasoning", "auto", "--columns", "prompt=q,completion=a", "--out-json", str(out),
                           "--out-csv", str(tmp_path / "v.csv")]) == 0
     assert json.loads(out.read_text())["settings"]["columns"] == {"prompt": "q", "completion": "a"}
 
