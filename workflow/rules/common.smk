@@ -42,7 +42,7 @@ def _check_config():
 _check_config()
 
 RUN = config["run"]
-# Every path a rule names comes from pipeline/layout.py: R, V and the trees below name the files.
+# Every path comes from pipeline/layout.py: R and V (below) are RunTrees that name the files.
 R = layout.RunTree.of(RUN)  # the run: the shared data and base evaluation, a sweep's comparison
 WORK = layout.work_dir(RUN)  # undeclared scratch: intra-stage checkpoints survive a failed attempt
 # The embedded defaults (`model` values, EMBEDDED_KINDS), each built by `prepare_base` into
