@@ -43,7 +43,6 @@ rule all:
         # its stages and their evaluations, its summary and report pages, its exports
         # (run_targets in workflow/rules/common.smk); a sweep adds the comparison.
         lambda wc: [target for vrun in VARIANTS for target in run_targets(vrun)],
-        f"{R}/report/labels.html",  # the label page: what the run trains on, shared by a sweep's variants
-        [f"{R}/sweep/comparison.csv", f"{R}/sweep/loss.png", f"{R}/sweep/comparison.html",
-         f"{R}/sweep/best.json"] if SWEEP else [],
+        R.labels_html,  # the label page: what the run trains on, shared by a sweep's variants
+        [R.comparison_csv, R.comparison_plot, R.comparison_html, R.best_file] if SWEEP else [],
     default_target: True

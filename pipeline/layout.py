@@ -2,7 +2,10 @@
 
 The results tree, the checkpoint layout and the state-dict keys are part of the
 contract between stages (and with the Snakefile), so they are named here and
-nowhere else. See DESIGN.md "Results tree".
+nowhere else. See DESIGN.md "Results tree". The workflow's rules take every path
+from `RunTree` and the functions below (the Snakefile imports this module: no
+torch here); tests/workflow/test_layout.py fails on a results path spelled in a
+rule file.
 """
 
 from __future__ import annotations
@@ -84,3 +87,276 @@ def step_of(step_dir_name: str) -> int:
 def best_dir(scratch: Path, kind: str, step: int) -> Path:
     """Where a stage's scratch keeps the best `kind` weights found at update `step`."""
     return Path(scratch) / BEST_DIR / kind / STEP_DIR.format(step=step)
+
+
+# --- the results tree: what the workflow writes, relative to the dir snakemake runs in ---
+RESULTS = "results"  # results/<run>/: a RunTree
+WORK = "work"  # work/<vrun>/<stage>/: a stage's undeclared scratch (intra-stage checkpoints)
+LOGS = "logs"  # logs/<rule>/<key>.log
+BENCHMARKS = "benchmarks"  # benchmarks/<rule>/<key>.tsv (Snakemake's per-job benchmark)
+LOG_SUFFIX = ".log"
+BENCHMARK_SUFFIX = ".tsv"
+
+# dirs of a run dir
+DATA_DIR = "data"
+STAGES_DIR = "stages"
+EVAL_DIR = "eval"
+REPORT_DIR = "report"
+EXPORT_DIR = "export"
+SWEEP_DIR = "sweep"
+VARIANTS_DIR = "variants"  # a sweep's variant: results/<run>/variants/<name>/ (vrun = <run>/variants/<name>)
+TRACKER_DIR = "tracker"  # the experiment tracker's state and errors.jsonl
+TOKENIZER_DIR = "tokenizer"  # the run's tokenizer and chat template (`prepare_tokenizer`)
+BASE_MODEL_DIR = "model"  # an embedded demo's base model (`prepare_base`): results/<demo>/model/
+
+# files of a run dir
+PLAN_FILE = "plan.json"
+TRAIN_CONFIG_FILE = "train_config.yaml"  # the resolved trainer config every stage trains with
+PILOT_REPORT_FILE = "pilot_report.json"
+HUB_MODEL_FILE = "model.json"  # a hub model's pinned commit (`fetch_model`)
+
+# data/
+VALIDATION_JSON = "validation.json"
+VALIDATION_CSV = "validation.csv"
+VALIDATION_FAILED_DIR = "validation_failed"  # undeclared: a failed validation's reports
+STATS_FILE = "stats.json"
+CACHE_SUFFIX = ".safetensors"  # data/<split>.safetensors: a tokenized split
+DEMO_SPLIT_SUFFIX = ".jsonl"  # data/<split>.jsonl: an embedded demo's dataset split
+
+# eval/: <stage>.json per evaluation, the base model's as BASE_EVAL
+BASE_EVAL = "base"
+SUMMARY_CSV = "summary.csv"
+LOSS_PLOT = "loss.png"
+VAL_LOSS_PLOT = "val_loss.png"
+
+# report/: the pages of `snakemake --report`
+OVERVIEW_PAGE = "overview.html"  # the report's landing page
+SUMMARY_PAGE = "summary.html"
+SAMPLES_PAGE = "samples.html"
+PLAN_PAGE = "plan.html"
+PILOT_GATE_PAGE = "pilot_gate.html"
+LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
+
+# export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
+ADAPTER_FINAL = "adapter_final"
+ADAPTER_EMA = "adapter_ema"
+ADAPTER_BEST = "adapter_best"
+ADAPTER_BEST_EMA = "adapter_best_ema"
+MERGED = "merged"
+VERIFICATION_FILE = "verification.json"
+SMOKE_TEST_FILE = "smoke_test.json"
+
+# sweep/
+PRUNE_DIR = "prune"  # sweep/prune/<stage>.json: who goes on after <stage>
+COMPARISON_CSV = "comparison.csv"
+COMPARISON_PLOT = "loss.png"
+COMPARISON_HTML = "comparison.html"
+BEST_FILE = "best.json"
+BEST_LINK = "best"  # sweep/best -> ../variants/<name>: the best variant at a fixed path
+
+
+class RunTree:
+    """The files of one run dir: results/<run>/, a sweep variant's results/<run>/variants/<name>/,
+    or an embedded demo's results/<demo>/.
+
+    Every path is a Path under `root`; a Snakemake pattern for a root keeps its wildcards, so
+    the rules and the package name the same files:
+    `RunTree("results/{vrun}").stage("{stage}")` is results/{vrun}/stages/{stage}.
+    str() of a tree is its root (what a rule's shell command or `--run` takes).
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    @classmethod
+    def of(cls, run: str) -> RunTree:
+        """The tree of results/<run> (run: a run's name, a vrun or a Snakemake wildcard)."""
+        return cls(Path(RESULTS) / run)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def __repr__(self) -> str:
+        return f"RunTree({str(self.root)!r})"
+
+    # the run: its base model, tokenizer and data, shared by a sweep's variants
+    @property
+    def hub_model(self) -> Path:
+        return self.root / HUB_MODEL_FILE
+
+    @property
+    def base_model(self) -> Path:
+        return self.root / BASE_MODEL_DIR
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.root / TOKENIZER_DIR
+
+    def demo_split(self, split: str) -> Path:
+        return self.root / DATA_DIR / f"{split}{DEMO_SPLIT_SUFFIX}"
+
+    def cache(self, split: str) -> Path:
+        return self.root / DATA_DIR / f"{split}{CACHE_SUFFIX}"
+
+    @property
+    def stats(self) -> Path:
+        return self.root / DATA_DIR / STATS_FILE
+
+    @property
+    def validation_json(self) -> Path:
+        return self.root / DATA_DIR / VALIDATION_JSON
+
+    @property
+    def validation_csv(self) -> Path:
+        return self.root / DATA_DIR / VALIDATION_CSV
+
+    @property
+    def validation_failed(self) -> Path:
+        return self.root / DATA_DIR / VALIDATION_FAILED_DIR
+
+    # a trained run (a sweep's variant, or the run itself)
+    @property
+    def plan(self) -> Path:
+        return self.root / PLAN_FILE
+
+    @property
+    def train_config(self) -> Path:
+        return self.root / TRAIN_CONFIG_FILE
+
+    @property
+    def pilot_report(self) -> Path:
+        return self.root / PILOT_REPORT_FILE
+
+    @property
+    def stages(self) -> Path:
+        return self.root / STAGES_DIR
+
+    def stage(self, stage: str) -> Path:
+        return self.stages / stage
+
+    def evaluation(self, stage: str) -> Path:
+        """eval/<stage>.json (the base model's: stage BASE_EVAL)."""
+        return self.root / EVAL_DIR / f"{stage}.json"
+
+    @property
+    def summary_csv(self) -> Path:
+        return self.root / EVAL_DIR / SUMMARY_CSV
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.root / EVAL_DIR / LOSS_PLOT
+
+    @property
+    def val_loss_plot(self) -> Path:
+        return self.root / EVAL_DIR / VAL_LOSS_PLOT
+
+    # report/: the pages of `snakemake --report` (summarize writes all but labels.html)
+    @property
+    def overview_html(self) -> Path:
+        return self.root / REPORT_DIR / OVERVIEW_PAGE
+
+    @property
+    def summary_html(self) -> Path:
+        return self.root / REPORT_DIR / SUMMARY_PAGE
+
+    @property
+    def samples_html(self) -> Path:
+        return self.root / REPORT_DIR / SAMPLES_PAGE
+
+    @property
+    def plan_html(self) -> Path:
+        return self.root / REPORT_DIR / PLAN_PAGE
+
+    @property
+    def pilot_gate_html(self) -> Path:
+        return self.root / REPORT_DIR / PILOT_GATE_PAGE
+
+    @property
+    def labels_html(self) -> Path:
+        return self.root / REPORT_DIR / LABELS_PAGE
+
+    @property
+    def exports(self) -> Path:
+        return self.root / EXPORT_DIR
+
+    def export(self, name: str) -> Path:
+        """export/<name>: ADAPTER_FINAL, ADAPTER_EMA, ADAPTER_BEST, ADAPTER_BEST_EMA, MERGED."""
+        return self.exports / name
+
+    @property
+    def verification(self) -> Path:
+        return self.exports / VERIFICATION_FILE
+
+    @property
+    def smoke_test(self) -> Path:
+        return self.exports / SMOKE_TEST_FILE
+
+    @property
+    def tracker(self) -> Path:
+        return self.root / TRACKER_DIR
+
+    # a sweep: its variants and their comparison
+    def variant(self, name: str) -> RunTree:
+        return RunTree(self.root / VARIANTS_DIR / name)
+
+    @property
+    def variants(self) -> Path:
+        return self.root / VARIANTS_DIR
+
+    def prune_decision(self, stage: str) -> Path:
+        return self.root / SWEEP_DIR / PRUNE_DIR / f"{stage}.json"
+
+    @property
+    def comparison_csv(self) -> Path:
+        return self.root / SWEEP_DIR / COMPARISON_CSV
+
+    @property
+    def comparison_plot(self) -> Path:
+        return self.root / SWEEP_DIR / COMPARISON_PLOT
+
+    @property
+    def comparison_html(self) -> Path:
+        return self.root / SWEEP_DIR / COMPARISON_HTML
+
+    @property
+    def best_file(self) -> Path:
+        return self.root / SWEEP_DIR / BEST_FILE
+
+    @property
+    def best_link(self) -> Path:
+        return self.root / SWEEP_DIR / BEST_LINK
+
+
+def variant_run(run: str, name: str) -> str:
+    """The vrun (results/<vrun>/, work/<vrun>/) of a sweep's variant: <run>/variants/<name>."""
+    return f"{run}/{VARIANTS_DIR}/{name}"
+
+
+def sweep_of(tree: RunTree) -> RunTree | None:
+    """The sweep run a variant's tree belongs to (results/<run>/variants/<name> -> results/<run>), else None."""
+    return RunTree(tree.root.parent.parent) if tree.root.parent.name == VARIANTS_DIR else None
+
+
+def work_dir(run: str) -> Path:
+    """work/<run>/: the scratch of a run's stages, next to results/."""
+    return Path(WORK) / run
+
+
+def scratch_dir(vrun: str, stage: str) -> Path:
+    """work/<vrun>/<stage>/: one stage's intra-stage checkpoints, kept across failed attempts."""
+    return work_dir(vrun) / stage
+
+
+def log_file(rule: str, key: str) -> Path:
+    """logs/<rule>/<key>.log (key: the job's wildcards, e.g. "{vrun}/{stage}")."""
+    return Path(LOGS) / rule / f"{key}{LOG_SUFFIX}"
+
+
+def benchmarks_of(rule: str, group: str) -> Path:
+    """benchmarks/<rule>/<group>/: the benchmark files of a rule's jobs that share a key prefix."""
+    return Path(BENCHMARKS) / rule / group
+
+
+def benchmark_file(rule: str, key: str) -> Path:
+    """benchmarks/<rule>/<key>.tsv: Snakemake's wall clock and memory of one job."""
+    return Path(BENCHMARKS) / rule / f"{key}{BENCHMARK_SUFFIX}"

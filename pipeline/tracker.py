@@ -40,11 +40,13 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline import layout
+
 log = logging.getLogger("pipeline.tracker")
 
 KINDS = ("none", "mlflow", "wandb")
 ENV_PREFIX = "PIPELINE_TRACKER_"
-DIR = "tracker"
+DIR = layout.TRACKER_DIR
 ERRORS = "errors.jsonl"
 TIMEOUT_S = 10
 
@@ -147,6 +149,7 @@ class Tracker:
 
     def __init__(self, run_dir: Path, settings: Settings | None = None, *, job: str = ""):
         self.run_dir = Path(run_dir)
+        self.tree = layout.RunTree(self.run_dir)
         self.settings = settings or settings_from_env()
         self.job = job
         self.backend = None
@@ -159,7 +162,7 @@ class Tracker:
 
     @property
     def dir(self) -> Path:
-        return self.run_dir / DIR
+        return self.tree.tracker
 
     def _fail(self, what: str, err: BaseException) -> None:
         self.failed = True
@@ -194,7 +197,7 @@ class Tracker:
     # --- the run --------------------------------------------------------------------------
 
     def _config(self) -> tuple[dict, str]:
-        path = self.run_dir / "train_config.yaml"
+        path = self.tree.train_config
         if not path.is_file():
             return {}, ""
         text = path.read_text()
@@ -204,7 +207,8 @@ class Tracker:
 
     def _group(self) -> str | None:
         """The sweep a variant run belongs to (`<sweep>/variants/<name>`), else None."""
-        return self.run_dir.parent.parent.name if self.run_dir.parent.name == "variants" else None
+        sweep = layout.sweep_of(self.tree)
+        return sweep.root.name if sweep else None
 
     def _open(self):
         params, config_sha = self._config()
@@ -215,7 +219,7 @@ class Tracker:
         name = self.settings.run_name or (f"{self._group()}/{self.run_dir.name}" if self._group() else self.run_dir.name)
         backend = {"mlflow": MlflowBackend, "wandb": WandbBackend}[self.settings.kind](self.settings, self.dir)
         run_id = backend.open(state["run_id"] if state else None, name=name, group=self._group(),
-                              sweep_dir=self.run_dir.parent.parent if self._group() else None)
+                              sweep_dir=layout.sweep_of(self.tree).root if self._group() else None)
         if not state:
             # the first job to create the run records it (before anything else can fail); a job racing
             # it created a run of its own, which it uses this once
@@ -297,7 +301,7 @@ class Tracker:
         """Catch up the finished stages of the plan (`plan.json`'s stages; each stage's published
         metrics.jsonl): what an earlier job could not send is sent now."""
         for i, st in enumerate(stages):
-            metrics = self.run_dir / "stages" / st["name"] / "metrics.jsonl"
+            metrics = self.tree.stage(st["name"]) / layout.STAGE_METRICS
             if metrics.is_file():
                 self.sync_metrics(st["name"], metrics, index=i, start=st["start"], final=True)
 
@@ -323,7 +327,7 @@ class Tracker:
 
     def log_final(self, metrics: dict[str, float], *, marker: str = "final") -> None:
         """Metrics of the finished run (the smoke test's exact match) at the run's last update; once."""
-        plan = _read_json(self.run_dir / "plan.json") or {}
+        plan = _read_json(self.tree.plan) or {}
         step = int(plan.get("total_updates", 0))
 
         def send(backend):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline import layout
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.errors import UserError
 from pipeline.storage import publish
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer, _ = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
-    stats_path = args.stats or args.cache[0].parent / "stats.json"
+    stats_path = args.stats or args.cache[0].parent / layout.STATS_FILE
     views = []
     for path in args.cache:
         view = build_view(path, tokenizer, n=args.n, start=args.start, stats_path=stats_path)

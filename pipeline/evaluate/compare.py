@@ -37,9 +37,6 @@ from pipeline.planning.sweep import prune
 from pipeline.evaluate.summarize import fmt_cell, html_page, html_table
 from pipeline.storage.publish import write_json, write_text
 
-BEST_LINK = "best"
-
-
 def _stopped_at(name: str, stages: list[str], decisions: list[dict]) -> tuple[list[str], str | None]:
     """(the stages a variant trained, why it stopped early or None): the first prune point in stage
     order that did not keep it. Outputs of later stages left from an earlier, larger `keep` are not
@@ -53,7 +50,8 @@ def _stopped_at(name: str, stages: list[str], decisions: list[dict]) -> tuple[li
 def _variant_row(name: str, root: Path, overrides: list[str], reached: list[str],
                  stopped: str | None) -> tuple[dict, pd.DataFrame]:
     """One row of the comparison, and the variant's per-update training loss."""
-    evals = {stage: json.loads((root / "eval" / f"{stage}.json").read_text()) for stage in reached}
+    tree = layout.RunTree(root)
+    evals = {stage: json.loads(tree.evaluation(stage).read_text()) for stage in reached}
     last = evals[reached[-1]]
     row: dict = {"variant": name, "overrides": " ".join(overrides),
                  "stopped": stopped or "finished", "last_stage": reached[-1]}
@@ -65,7 +63,7 @@ def _variant_row(name: str, root: Path, overrides: list[str], reached: list[str]
             if isinstance(r.get("loss"), (int, float)):
                 key = f"val_{r['weights']}"
                 best[key] = min(best.get(key, math.inf), r["loss"])
-        metrics = root / "stages" / stage / layout.STAGE_METRICS
+        metrics = tree.stage(stage) / layout.STAGE_METRICS
         for line in metrics.read_text().splitlines() if metrics.is_file() else []:
             record = json.loads(line)
             if "loss" in record and "step" in record and "event" not in record:
@@ -77,7 +75,7 @@ def _variant_row(name: str, root: Path, overrides: list[str], reached: list[str]
     for key, value in best.items():
         row[f"best_{key}"] = value
     row["best_val"] = min(best.values()) if best else row.get("val_raw")
-    smoke = root / "export" / "smoke_test.json"
+    smoke = tree.smoke_test
     if stopped is None and smoke.is_file():
         row["exact_match"], row["exact_match_of"] = json.loads(smoke.read_text())["exact_match"], "merged export"
     else:
@@ -142,7 +140,7 @@ def comparison_html(table: pd.DataFrame, best: str | None, run: str) -> str:
         "<p class=\"note\">Every variant of the sweep: its trainer overrides, where it stopped, validation loss "
         "at its last stage (raw weights and each EMA rate) and the best full evaluation of its run, held-out exact "
         "match. The best variant is the finished one with the lowest best validation loss; its exports are in "
-        f"<code>{html.escape(run)}/sweep/{BEST_LINK}/export/</code>.</p>",
+        f"<code>{html.escape(str(layout.RunTree(run).best_link / layout.EXPORT_DIR))}/</code>.</p>",
         f"<p><b>Best variant:</b> {html.escape(best) if best else 'none finished'}</p>",
         f"<h2>Stopped early</h2><ul>{notes}</ul>" if notes else "<p>Every variant ran to the end.</p>",
         html_table([html.escape(c) for c in columns], rows, left=3),
@@ -194,11 +192,13 @@ def main_compare(argv: list[str]) -> int:
     write_text(args.out_csv, table.to_csv(index=False))
     plot(curves, best, args.out_plot, f"sweep of {args.run.name}: training loss of {len(variants)} variants")
     write_text(args.out_html, comparison_html(table, best, str(args.run)))
-    link = args.run / "sweep" / BEST_LINK
+    tree = layout.RunTree(args.run)
+    link = tree.best_link
     if link.is_symlink() or link.exists():
         link.unlink()
     if best is not None:
-        os.symlink(Path("..") / "variants" / best, link)  # relative: <run>/sweep/best -> <run>/variants/<name>
+        # relative (<run>/sweep/best -> ../variants/<name>): the run dir stays movable
+        os.symlink(os.path.relpath(tree.variant(best).root, link.parent), link)
     write_json(args.out_best, {"best": best, "path": str(link) if best else None,
                                "best_val": None if best is None else float(table.set_index("variant").loc[best, "best_val"])})
     with pd.option_context("display.width", 160, "display.max_columns", 12):

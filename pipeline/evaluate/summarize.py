@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline import layout
+
 COLUMNS = ["stage", "step", "weights", "loss", "perplexity", "exact_match", "n_test"]
 
 # One look per weight set across both plots: raw solid, EMA dashed, base black.
@@ -62,7 +64,7 @@ def training_curve(metrics_files: list[Path]) -> tuple[pd.DataFrame, list[tuple[
     frames, bounds = [], []
     for path in map(Path, metrics_files):
         if path.is_dir():  # a stage dir: its metrics.jsonl
-            path = path / "metrics.jsonl"
+            path = path / layout.STAGE_METRICS
         lines = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
         steps = pd.DataFrame([r for r in lines if "loss" in r])
         if steps.empty:
@@ -76,7 +78,7 @@ def training_curve(metrics_files: list[Path]) -> tuple[pd.DataFrame, list[tuple[
 
 def _metrics_path(path: Path) -> Path:
     path = Path(path)
-    return path / "metrics.jsonl" if path.is_dir() else path
+    return path / layout.STAGE_METRICS if path.is_dir() else path
 
 
 def _records(path: Path) -> list[dict]:
@@ -426,7 +428,7 @@ def stage_rows(metrics_files: list[Path], eval_files: list[Path], bounds, benchm
         start, end = windows.get(stage, (min((r["step"] for r in steps), default=1) - 1,
                                          max((r["step"] for r in steps), default=0)))
         tail = [r["loss"] for r in steps][-10:]
-        manifest = (path if path.is_dir() else path.parent) / "checkpoint" / "MANIFEST.json"
+        manifest = (path if path.is_dir() else path.parent) / layout.STAGE_CHECKPOINT / layout.MANIFEST_FILE
         finished = json.loads(manifest.read_text()).get("created") if manifest.exists() else None
         result = evals.get(stage, {})
         rows.append({
@@ -434,7 +436,7 @@ def stage_rows(metrics_files: list[Path], eval_files: list[Path], bounds, benchm
             "train_loss": sum(tail) / len(tail) if tail else None,
             "val": {r["weights"]: r.get("loss") for r in result.get("rows", [])},
             "exact_match": {r["weights"]: r.get("exact_match") for r in result.get("rows", [])},
-            "wall_s": _benchmark_seconds(Path(benchmarks) / f"{stage}.tsv") if benchmarks else None,
+            "wall_s": _benchmark_seconds(Path(benchmarks) / f"{stage}{layout.BENCHMARK_SUFFIX}") if benchmarks else None,
             "update_s": sum(float(r.get("step_time_s") or 0) for r in steps) if steps else None,
             "eval_s": sum(float(r.get("seconds") or 0) for r in records if r.get("event") == "eval"),
             "stage_eval_s": result.get("seconds"),
@@ -477,11 +479,11 @@ def stage_table_html(rows: list[dict]) -> str:
     return html_table(header, body, left=1)
 
 
-EXPORTS = [("adapter_final", "the raw adapter after the last update"),
-           ("adapter_ema", "the EMA adapter (export.ema_rate)"),
-           ("adapter_best", "the raw adapter at its lowest in-stage validation loss"),
-           ("adapter_best_ema", "the EMA adapter at its lowest in-stage validation loss"),
-           ("merged", "base + adapter merged into one model (from_pretrained)")]
+EXPORTS = [(layout.ADAPTER_FINAL, "the raw adapter after the last update"),
+           (layout.ADAPTER_EMA, "the EMA adapter (export.ema_rate)"),
+           (layout.ADAPTER_BEST, "the raw adapter at its lowest in-stage validation loss"),
+           (layout.ADAPTER_BEST_EMA, "the EMA adapter at its lowest in-stage validation loss"),
+           (layout.MERGED, "base + adapter merged into one model (from_pretrained)")]
 
 
 def export_html(export_dir: Path | None, smoke: Path | None, verification: Path | None) -> str:

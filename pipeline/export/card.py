@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from pipeline import layout
 from pipeline.data.prepare import CHAT_FILE
 
 CARD_FILE = "README.md"
@@ -92,12 +93,12 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
 def describe_dir(dst: Path) -> tuple[str, str]:
     """(kind: "adapter" | "model", what the weights are) of an export dir, from its files and name."""
     adapter = (dst / "adapter_config.json").is_file()
-    best = _read_json(dst / "best.json")
+    best = _read_json(dst / layout.BEST_META)
     if best:
         rate = f", EMA rate {best['rate']}" if best.get("rate") is not None else ""
         what = (f"the run's best {'EMA' if best.get('rate') is not None else 'raw'} weights: lowest validation "
                 f"loss ({_fmt(best.get('loss'))}) at update {best.get('step')} in stage {best.get('stage')}{rate}")
-    elif dst.name == "merged":
+    elif dst.name == layout.MERGED:
         what = "the base model with the LoRA adapter merged in (a plain model, no peft needed)"
     elif "ema" in dst.name:
         what = "the EMA (exponential moving average) weights at the run's last update"

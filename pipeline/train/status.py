@@ -24,10 +24,10 @@ from pipeline.errors import UserError
 def work_dir(run: Path) -> Path:
     """results/<run> -> work/<run> (the scratch root next to results/, as the train rule names it)."""
     parts = run.parts
-    if "results" not in parts:
-        raise UserError(f"{run} is not under a results/ dir: pass the run as results/<run>, or --work")
-    i = len(parts) - 1 - parts[::-1].index("results")
-    return Path(*parts[:i], "work", *parts[i + 1:])
+    if layout.RESULTS not in parts:
+        raise UserError(f"{run} is not under a {layout.RESULTS}/ dir: pass the run as {layout.RESULTS}/<run>, or --work")
+    i = len(parts) - 1 - parts[::-1].index(layout.RESULTS)
+    return Path(*parts[:i], layout.WORK, *parts[i + 1:])
 
 
 def _age(seconds: float) -> str:
@@ -99,18 +99,20 @@ def stage_line(stage: dict, total: int, out: Path, scratch: Path, *, now: float,
 
 def run_lines(run: Path, work: Path, *, now: float, stale_after: float) -> list[str]:
     """Lines for the run and, in a sweep, each variant (results/<run>/variants/<name>/)."""
-    vruns = [(run, work, None)] if (run / "plan.json").is_file() else []
-    for plan in sorted((run / "variants").glob("*/plan.json")):
-        vruns.append((plan.parent, work / "variants" / plan.parent.name, plan.parent.name))
+    tree = layout.RunTree(run)
+    vruns = [(tree, work, None)] if tree.plan.is_file() else []
+    for plan in sorted(tree.variants.glob(f"*/{layout.PLAN_FILE}")):
+        name = plan.parent.name
+        vruns.append((tree.variant(name), work / layout.VARIANTS_DIR / name, name))
     if not vruns:
-        raise UserError(f"{run}/plan.json not found: the run has not been planned yet (or the path is not a run)")
+        raise UserError(f"{tree.plan} not found: the run has not been planned yet (or the path is not a run)")
     lines = []
     for vrun, scratch_root, variant in vruns:
-        plan = json.loads((vrun / "plan.json").read_text())
+        plan = json.loads(vrun.plan.read_text())
         if variant is not None:
             lines.append(f"variant {variant}:")
         for stage in plan["stages"]:
-            lines.append(stage_line(stage, plan["total_updates"], vrun / "stages" / stage["name"],
+            lines.append(stage_line(stage, plan["total_updates"], vrun.stage(stage["name"]),
                                     scratch_root / stage["name"], now=now, stale_after=stale_after))
     return lines
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.planning.plan import world_size as plan_world_size
 from pipeline.planning.schedule import PILOT, plan_stages
@@ -41,8 +42,9 @@ def _check_config():
 _check_config()
 
 RUN = config["run"]
-R = f"results/{RUN}"  # the run: the shared data and base evaluation, a sweep's comparison
-WORK = f"work/{RUN}"  # undeclared scratch: intra-stage checkpoints survive a failed attempt
+# Every path comes from pipeline/layout.py: R and V (below) are RunTrees that name the files.
+R = layout.RunTree.of(RUN)  # the run: the shared data and base evaluation, a sweep's comparison
+WORK = layout.work_dir(RUN)  # undeclared scratch: intra-stage checkpoints survive a failed attempt
 # The embedded defaults (`model` values, EMBEDDED_KINDS), each built by `prepare_base` into
 # results/<name>/: its base model in model/, its demo dataset in data/.
 
@@ -61,12 +63,12 @@ def _variants():
         raise WorkflowError(f"config: {err}") from None
     if not named:
         return {RUN: ("", [])}, [], None
-    return {f"{RUN}/variants/{name}": (name, overrides) for name, overrides in named.items()}, at, keep
+    return {layout.variant_run(RUN, name): (name, overrides) for name, overrides in named.items()}, at, keep
 
 
 VARIANTS, PRUNE_AT, PRUNE_KEEP = _variants()
 SWEEP = next(iter(VARIANTS)) != RUN
-V = "results/{vrun}"  # one trained variant: its plan, stages, evaluations, exports
+V = layout.RunTree.of("{vrun}")  # one trained variant: its plan, stages, evaluations, exports
 
 
 def is_embedded(value):
@@ -75,7 +77,7 @@ def is_embedded(value):
 
 # The demo whose dataset `data: embedded` means: the embedded model's own, else the text demo's.
 DEMO = config["model"] if is_embedded(config["model"]) else "embedded"
-MODEL = f"results/{config['model']}/model" if is_embedded(config["model"]) else config["model"]
+MODEL = str(layout.RunTree.of(config["model"]).base_model) if is_embedded(config["model"]) else config["model"]
 
 
 def _hub_model():
@@ -94,7 +96,7 @@ def _hub_model():
 
 HUB_MODEL, HUB_SNAPSHOT = _hub_model()
 if HUB_MODEL is not None:
-    MODEL = f"{R}/model.json"
+    MODEL = str(R.hub_model)
 
 
 def _check_base_untouched():
@@ -102,7 +104,7 @@ def _check_base_untouched():
     if is_embedded(config["model"]) or not os.path.isdir(MODEL):
         return
     base = Path(MODEL).resolve()
-    for out in (R, WORK, "logs", "benchmarks"):
+    for out in (R.root, WORK, layout.LOGS, layout.BENCHMARKS):
         p = Path(out).resolve()
         if p == base or base in p.parents:
             raise WorkflowError(f"config: output path {out} is inside the base model dir {MODEL}; choose another run dir")
@@ -117,7 +119,7 @@ def data_file(split):
     if value is None:
         return None
     if is_embedded(value):
-        return f"results/{DEMO if value == 'embedded' else value}/data/{split}.jsonl"
+        return str(layout.RunTree.of(DEMO if value == "embedded" else value).demo_split(split))
     return value
 
 
@@ -137,13 +139,13 @@ def data_inputs():
 
 # The run's tokenizer (`prepare_tokenizer`): the chat template the run trains with, and any
 # special tokens it added; every job that renders or decodes text reads it.
-TOKENIZER = f"{R}/tokenizer"
+TOKENIZER = R.tokenizer
 
 
 def train_overrides(variant_overrides=()):
     """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
-    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}", f"tokens.train_cache={R}/data/train.safetensors"]
-    own.append(f"tokens.val_cache={R}/data/val.safetensors" if data_file("val") else "tokens.val_cache=null")
+    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}", f"tokens.train_cache={R.cache('train')}"]
+    own.append(f"tokens.val_cache={R.cache('val')}" if data_file("val") else "tokens.val_cache=null")
     return list(config["train"]["overrides"]) + list(variant_overrides) + own
 
 
@@ -200,25 +202,30 @@ def previous_stage(stage):
 
 
 def train_inputs(wildcards):
-    v = f"results/{wildcards.vrun}"
+    v = layout.RunTree.of(wildcards.vrun)
     inputs = {
-        "plan": f"{v}/plan.json",
-        "config": f"{v}/train_config.yaml",
-        "train": f"{R}/data/train.safetensors",
+        "plan": v.plan,
+        "config": v.train_config,
+        "train": R.cache("train"),
     }
     if data_file("val"):
-        inputs["val"] = f"{R}/data/val.safetensors"
+        inputs["val"] = R.cache("val")
     prev = previous_stage(wildcards.stage)
     if prev is not None:
-        inputs["init"] = f"{v}/stages/{prev}"
+        inputs["init"] = v.stage(prev)
     if wildcards.stage != PILOT:
         # No chunk starts before the pilot passed its sanity gate.
-        inputs["gate"] = f"{v}/pilot_report.json"
+        inputs["gate"] = v.pilot_report
     return inputs
 
 
+def stage_checkpoint(stage_dir):
+    """The checkpoint inside a stage's output dir (what --checkpoint / --init take)."""
+    return Path(stage_dir) / layout.STAGE_CHECKPOINT
+
+
 def init_flag(wildcards, input):
-    return f"--init {input.init}/checkpoint" if "init" in input.keys() else ""
+    return f"--init {stage_checkpoint(input.init)}" if "init" in input.keys() else ""
 
 
 def train_threads():
@@ -293,7 +300,7 @@ def train_resources():
 
 
 def export_adapter():
-    return f"{V}/export/adapter_ema" if config["export"]["weights"] == "ema" else f"{V}/export/adapter_final"
+    return V.export(layout.ADAPTER_EMA if config["export"]["weights"] == "ema" else layout.ADAPTER_FINAL)
 
 
 def ema_rate_flag():
@@ -305,7 +312,13 @@ def best_exports(v):
     """A run's best raw (and EMA, when it keeps any) weights; tracked only with a validation set."""
     if not data_file("val"):
         return []
-    return [f"{v}/export/adapter_best"] + ([f"{v}/export/adapter_best_ema"] if HAS_EMA else [])
+    return [v.export(layout.ADAPTER_BEST)] + ([v.export(layout.ADAPTER_BEST_EMA)] if HAS_EMA else [])
+
+
+def adapter_exports(v):
+    """Every adapter dir a finished run exports (the merged model aside): the final weights, the
+    EMA ones when it keeps any, and the best ones."""
+    return [v.export(layout.ADAPTER_FINAL), *([v.export(layout.ADAPTER_EMA)] if HAS_EMA else []), *best_exports(v)]
 
 
 def reached_stages(vrun):
@@ -320,18 +333,23 @@ def reached_stages(vrun):
     return STAGES, True
 
 
+def reached_targets(vrun):
+    """(every stage a variant reaches, then their evaluations; whether it goes on to the end):
+    what `run_targets` asks for and the sweep comparison waits for."""
+    stages, finished = reached_stages(vrun)
+    v = layout.RunTree.of(vrun)
+    return [v.stage(s) for s in stages] + [v.evaluation(s) for s in stages], finished
+
+
 def run_targets(vrun):
     """What `snakemake` makes of one variant: every stage it reaches and its evaluation, and, when
     it goes on to the end, its summary, report pages and exports."""
-    v = f"results/{vrun}"
-    stages, finished = reached_stages(vrun)
-    targets = [f"{v}/stages/{s}" for s in stages] + [f"{v}/eval/{s}.json" for s in stages]
+    v = layout.RunTree.of(vrun)
+    targets, finished = reached_targets(vrun)
     if finished:
-        targets += [f"{v}/eval/summary.csv", f"{v}/eval/loss.png", f"{v}/eval/val_loss.png",
-                    f"{v}/report/summary.html", f"{v}/report/plan.html",
-                    f"{v}/report/overview.html", f"{v}/report/samples.html", f"{v}/report/pilot_gate.html",
-                    f"{v}/export/adapter_final", *([f"{v}/export/adapter_ema"] if HAS_EMA else []),
-                    f"{v}/export/verification.json", f"{v}/export/smoke_test.json", *best_exports(v)]
+        targets += [v.summary_csv, v.loss_plot, v.val_loss_plot,
+                    v.summary_html, v.plan_html, v.overview_html, v.samples_html, v.pilot_gate_html,
+                    *adapter_exports(v), v.verification, v.smoke_test]
     return targets
 
 
@@ -340,23 +358,26 @@ def compare_inputs(wildcards):
     the prune decisions: the sweep comparison waits for all of them."""
     inputs = {"prune": [checkpoints.sweep_prune.get(stage=s).output[0] for s in PRUNE_AT]}
     for i, vrun in enumerate(VARIANTS):
-        stages, finished = reached_stages(vrun)
-        v = f"results/{vrun}"
         key = f"variant{i}"
-        inputs[key] = [f"{v}/stages/{s}" for s in stages] + [f"{v}/eval/{s}.json" for s in stages]
+        inputs[key], finished = reached_targets(vrun)
         if finished:
-            inputs[key].append(f"{v}/export/smoke_test.json")
+            inputs[key].append(layout.RunTree.of(vrun).smoke_test)
     return {key: value for key, value in inputs.items() if value}
+
+
+def run_evaluations(v):
+    """The base model's evaluation, then every stage's of a variant: a run's evaluation table."""
+    return [R.evaluation(layout.BASE_EVAL), *(v.evaluation(s) for s in STAGES)]
 
 
 def card_inputs():
     """What an export dir's model card (README.md) is written from: the run's plan, data stats,
     trainer config and every evaluation (the export rules declare them as inputs)."""
     return {
-        "plan": f"{V}/plan.json",
-        "stats": f"{R}/data/stats.json",
-        "train_config": f"{V}/train_config.yaml",
-        "evals": [f"{R}/eval/base.json", *(f"{V}/eval/{s}.json" for s in STAGES)],
+        "plan": V.plan,
+        "stats": R.stats,
+        "train_config": V.train_config,
+        "evals": run_evaluations(V),
     }
 
 

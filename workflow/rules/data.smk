@@ -2,7 +2,8 @@
 
 # Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so
 # `validate` also leaves its reports here when it fails (and clears them when it passes).
-VALIDATION_FAILED = f"{R}/data/validation_failed"
+VALIDATION_FAILED = R.validation_failed
+DEMO_TREE = layout.RunTree.of("{demo}")  # an embedded demo's base model and dataset
 LABEL_VIEW_RECORDS = 5  # records per split on the report's label page (`python -m pipeline labels -n` for more)
 
 
@@ -18,18 +19,18 @@ def field_flags():
 
 rule prepare_base:
     output:
-        model=directory("results/{demo}/model"),
-        train="results/{demo}/data/train.jsonl",
-        val="results/{demo}/data/val.jsonl",
-        test="results/{demo}/data/test.jsonl",
+        model=directory(DEMO_TREE.base_model),
+        train=DEMO_TREE.demo_split("train"),
+        val=DEMO_TREE.demo_split("val"),
+        test=DEMO_TREE.demo_split("test"),
     wildcard_constraints:
         demo="|".join(EMBEDDED_KINDS),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/prepare_base/{demo}.log",
+        layout.log_file("prepare_base", "{demo}"),
     benchmark:
-        "benchmarks/prepare_base/{demo}.tsv"
+        layout.benchmark_file("prepare_base", "{demo}")
     params:
         kind=lambda wc: EMBEDDED_KINDS[wc.demo],
         data_dir=lambda wc, output: os.path.dirname(output.train),
@@ -42,12 +43,12 @@ rule fetch_model:
     # A `model:` given by hub id, downloaded once where snakemake runs (compute nodes often have
     # no network) into the Hugging Face cache; model.json pins the commit every later job reads.
     output:
-        f"{R}/model.json",
+        R.hub_model,
     localrule: True
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/fetch_model/{RUN}.log",
+        layout.log_file("fetch_model", RUN),
     params:
         model=str(HUB_MODEL),
     shell:
@@ -62,7 +63,7 @@ rule prepare_tokenizer:
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/prepare_tokenizer/{RUN}.log",
+        layout.log_file("prepare_tokenizer", RUN),
     params:
         model=base_model,
         chat_template=optional("--chat-template", config["data"]["chat_template"]),
@@ -75,12 +76,12 @@ rule validate_dataset:
         unpack(lambda wc: data_inputs()),
         tokenizer=TOKENIZER,
     output:
-        json=f"{R}/data/validation.json",
-        csv=f"{R}/data/validation.csv",
+        json=R.validation_json,
+        csv=R.validation_csv,
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/validate_dataset/{RUN}.log",
+        layout.log_file("validate_dataset", RUN),
     params:
         val=lambda wc, input: optional("--val", input.get("val")),
         test=lambda wc, input: optional("--test", input.get("test")),
@@ -100,16 +101,16 @@ rule validate_dataset:
 rule tokenize:
     input:
         unpack(lambda wc: data_inputs()),
-        validation=f"{R}/data/validation.json",
+        validation=R.validation_json,
         tokenizer=TOKENIZER,
     output:
-        train=f"{R}/data/train.safetensors",
-        val=f"{R}/data/val.safetensors" if data_file("val") else [],
-        stats=f"{R}/data/stats.json",
+        train=R.cache("train"),
+        val=R.cache("val") if data_file("val") else [],
+        stats=R.stats,
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/tokenize/{RUN}.log",
+        layout.log_file("tokenize", RUN),
     params:
         val=lambda wc, input, output: f'{optional("--val", input.get("val"))} {optional("--out-val", output.get("val"))}',
         max_length=config["data"]["max_length"],
@@ -128,17 +129,17 @@ rule label_view:
     # The report's label page: the first records of each split as trained, supervised tokens
     # marked, with the split's counts and the validation's chat warnings. No model weights.
     input:
-        train=f"{R}/data/train.safetensors",
-        val=f"{R}/data/val.safetensors" if data_file("val") else [],
-        stats=f"{R}/data/stats.json",
-        validation=f"{R}/data/validation.json",
+        train=R.cache("train"),
+        val=R.cache("val") if data_file("val") else [],
+        stats=R.stats,
+        validation=R.validation_json,
         tokenizer=TOKENIZER,
     output:
-        report(f"{R}/report/labels.html", caption="../report/labels_html.rst", category="Data"),
+        report(R.labels_html, caption="../report/labels_html.rst", category="Data"),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/label_view/{RUN}.log",
+        layout.log_file("label_view", RUN),
     params:
         records=LABEL_VIEW_RECORDS,
         title=f"Labels of run {RUN}",

@@ -8,15 +8,15 @@ report: "../report/workflow.rst"
 rule evaluate_base:
     # The base model, once for all variants of a sweep (with the sweep's base config).
     input:
-        config=f"{R}/train_config.yaml",
-        val=f"{R}/data/val.safetensors" if data_file("val") else [],
+        config=R.train_config,
+        val=R.cache("val") if data_file("val") else [],
         test=data_file("test") or [],
     output:
-        f"{R}/eval/base.json",
+        R.evaluation(layout.BASE_EVAL),
     conda:
         "../envs/sft.yaml"
     log:
-        f"logs/evaluate_stage/{RUN}/base.log",
+        layout.log_file("evaluate_stage", f"{RUN}/{layout.BASE_EVAL}"),
     params:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
@@ -29,22 +29,23 @@ rule evaluate_base:
 
 rule evaluate_stage:
     input:
-        stage=f"{V}/stages/{{stage}}",
-        val=f"{R}/data/val.safetensors" if data_file("val") else [],
+        stage=V.stage("{stage}"),
+        val=R.cache("val") if data_file("val") else [],
         test=data_file("test") or [],
     output:
-        f"{V}/eval/{{stage}}.json",
+        V.evaluation("{stage}"),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/evaluate_stage/{vrun}/{stage}.log",
+        layout.log_file("evaluate_stage", "{vrun}/{stage}"),
     params:
+        checkpoint=lambda wc, input: stage_checkpoint(input.stage),
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),
     shell:
-        launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {input.stage}/checkpoint --stage {wildcards.stage} "
+        launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {params.checkpoint} --stage {wildcards.stage} "
         "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} {params.fields} --out {output}"
 
 
@@ -53,39 +54,39 @@ SUB = "{vrun}" if SWEEP else None  # a sweep's report pages, one subcategory per
 
 rule summarize:
     input:
-        evals=[f"{R}/eval/base.json"] + [f"{V}/eval/{s}.json" for s in STAGES],
-        stages=[f"{V}/stages/{s}" for s in STAGES],
-        smoke=f"{V}/export/smoke_test.json",
-        plan=f"{V}/plan.json",
-        gate=f"{V}/pilot_report.json",
-        verification=f"{V}/export/verification.json",
+        evals=run_evaluations(V),
+        stages=[V.stage(s) for s in STAGES],
+        smoke=V.smoke_test,
+        plan=V.plan,
+        gate=V.pilot_report,
+        verification=V.verification,
         # the exports the overview lists (written before it is)
-        exports=[f"{V}/export/adapter_final"] + ([f"{V}/export/adapter_ema"] if HAS_EMA else []) + best_exports(V),
+        exports=adapter_exports(V),
     output:
         # Categories of `snakemake --report report.html`: Overview, Training, Evaluation, Run. The HTML
         # pages show the table, plan and gate inline (the report only offers CSV/JSON as downloads).
         # overview.html is also the report's landing page (workflow/report/workflow.rst inserts it).
-        overview=report(f"{V}/report/overview.html", caption="../report/overview_html.rst", category="Overview",
+        overview=report(V.overview_html, caption="../report/overview_html.rst", category="Overview",
                          subcategory=SUB),
-        loss=report(f"{V}/eval/loss.png", caption="../report/loss.rst", category="Training", subcategory=SUB),
-        val=report(f"{V}/eval/val_loss.png", caption="../report/val_loss.rst", category="Evaluation",
+        loss=report(V.loss_plot, caption="../report/loss.rst", category="Training", subcategory=SUB),
+        val=report(V.val_loss_plot, caption="../report/val_loss.rst", category="Evaluation",
                    subcategory=SUB),
-        html=report(f"{V}/report/summary.html", caption="../report/summary_html.rst", category="Evaluation",
+        html=report(V.summary_html, caption="../report/summary_html.rst", category="Evaluation",
                     subcategory=SUB),
-        samples=report(f"{V}/report/samples.html", caption="../report/samples_html.rst", category="Evaluation",
+        samples=report(V.samples_html, caption="../report/samples_html.rst", category="Evaluation",
                        subcategory=SUB),
-        csv=report(f"{V}/eval/summary.csv", caption="../report/summary.rst", category="Evaluation", subcategory=SUB),
-        plan=report(f"{V}/report/plan.html", caption="../report/plan_html.rst", category="Run", subcategory=SUB),
-        gate=report(f"{V}/report/pilot_gate.html", caption="../report/pilot_gate_html.rst", category="Run",
+        csv=report(V.summary_csv, caption="../report/summary.rst", category="Evaluation", subcategory=SUB),
+        plan=report(V.plan_html, caption="../report/plan_html.rst", category="Run", subcategory=SUB),
+        gate=report(V.pilot_gate_html, caption="../report/pilot_gate_html.rst", category="Run",
                     subcategory=SUB),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/summarize/{vrun}.log",
+        layout.log_file("summarize", "{vrun}"),
     params:
         run="{vrun}",
         # each stage job's wall clock (Snakemake's benchmark files: not declared outputs, read if there)
-        benchmarks="benchmarks/train_stage/{vrun}",
+        benchmarks=str(layout.benchmarks_of("train_stage", "{vrun}")),
         export=lambda wc, input: os.path.dirname(input.verification),
     shell:
         launch() + "python -m pipeline summarize --eval {input.evals} --metrics {input.stages} --smoke {input.smoke} "

@@ -10,41 +10,42 @@
 
 rule consolidate:
     input:
-        stage=f"{V}/stages/{LAST_STAGE}",
+        stage=V.stage(LAST_STAGE),
         model=model_inputs(),
         tokenizer=TOKENIZER,  # every export carries the run's tokenizer and chat template
         **card_inputs(),
     output:
-        adapter=directory(f"{V}/export/adapter_final"),
+        adapter=directory(V.export(layout.ADAPTER_FINAL)),
         # a run that keeps no EMA (ema.rates=[]) has none to export
-        adapter_ema=directory(f"{V}/export/adapter_ema") if HAS_EMA else [],
+        adapter_ema=directory(V.export(layout.ADAPTER_EMA)) if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/consolidate/{vrun}.log",
+        layout.log_file("consolidate", "{vrun}"),
     params:
+        checkpoint=lambda wc, input: stage_checkpoint(input.stage),
         card=card_flags,
         model=base_model,
         ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
         if HAS_EMA else "--models main",
     shell:
-        launch() + "python -m pipeline consolidate --checkpoint {input.stage}/checkpoint --base {params.model} "
+        launch() + "python -m pipeline consolidate --checkpoint {params.checkpoint} --base {params.model} "
         "--out-adapter {output.adapter} {params.ema} --tokenizer {input.tokenizer} {params.card}"
 
 
 rule export_best:
     input:
         # every stage: the best weights live in the stage that found them
-        stages=[f"{V}/stages/{s}" for s in STAGES],
+        stages=[V.stage(s) for s in STAGES],
         tokenizer=TOKENIZER,
         **card_inputs(),
     output:
-        best=directory(f"{V}/export/adapter_best"),
-        best_ema=directory(f"{V}/export/adapter_best_ema") if HAS_EMA else [],
+        best=directory(V.export(layout.ADAPTER_BEST)),
+        best_ema=directory(V.export(layout.ADAPTER_BEST_EMA)) if HAS_EMA else [],
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/export_best/{vrun}.log",
+        layout.log_file("export_best", "{vrun}"),
     params:
         card=card_flags,
         stages=lambda wc, input: os.path.dirname(input.stages[0]),
@@ -62,13 +63,13 @@ rule merge_lora:
         tokenizer=TOKENIZER,
         **card_inputs(),
     output:
-        directory(f"{V}/export/merged"),
+        directory(V.export(layout.MERGED)),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/merge_lora/{vrun}.log",
+        layout.log_file("merge_lora", "{vrun}"),
     benchmark:
-        "benchmarks/merge_lora/{vrun}.tsv"
+        layout.benchmark_file("merge_lora", "{vrun}")
     params:
         card=card_flags,
         model=base_model,
@@ -81,15 +82,15 @@ rule merge_lora:
 
 rule verify_merge:
     input:
-        merged=f"{V}/export/merged",
+        merged=V.export(layout.MERGED),
         adapter=export_adapter(),
         model=model_inputs(),
     output:
-        f"{V}/export/verification.json",
+        V.verification,
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/verify_merge/{vrun}.log",
+        layout.log_file("verify_merge", "{vrun}"),
     params:
         model=base_model,
     shell:
@@ -99,15 +100,15 @@ rule verify_merge:
 
 rule smoke_test:
     input:
-        merged=f"{V}/export/merged",
-        verified=f"{V}/export/verification.json",
+        merged=V.export(layout.MERGED),
+        verified=V.verification,
         test=data_file("test") or [],
     output:
-        f"{V}/export/smoke_test.json",
+        V.smoke_test,
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/smoke_test/{vrun}.log",
+        layout.log_file("smoke_test", "{vrun}"),
     params:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),

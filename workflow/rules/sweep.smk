@@ -9,10 +9,10 @@ if SWEEP:
         input:
             model=model_inputs(),
         output:
-            plan=f"{R}/plan.json",
-            config=f"{R}/train_config.yaml",
+            plan=R.plan,
+            config=R.train_config,
         log:
-            f"logs/plan/{RUN}.log",
+            layout.log_file("plan", RUN),
         params:
             total=config["schedule"]["total_updates"],
             fraction=config["schedule"]["pilot_fraction"],
@@ -32,11 +32,11 @@ if SWEEP:
         # go on. A checkpoint: which later stages exist as targets is known only once it ran.
         # Raising sweep.prune.keep re-runs it (params) and brings the newly kept variants back.
         input:
-            evals=lambda wc: [f"results/{v}/eval/{wc.stage}.json" for v in VARIANTS],
+            evals=lambda wc: [layout.RunTree.of(v).evaluation(wc.stage) for v in VARIANTS],
         output:
-            f"{R}/sweep/prune/{{stage}}.json",
+            R.prune_decision("{stage}"),
         log:
-            f"logs/sweep_prune/{RUN}/{{stage}}.log",
+            layout.log_file("sweep_prune", f"{RUN}/{{stage}}"),
         params:
             keep=PRUNE_KEEP,
             variants=lambda wc, input: " ".join(f"{variant_name(v)}={e}" for v, e in zip(VARIANTS, input.evals)),
@@ -48,14 +48,14 @@ if SWEEP:
         input:
             unpack(compare_inputs),
         output:
-            csv=report(f"{R}/sweep/comparison.csv", caption="../report/sweep_csv.rst", category="Sweep"),
-            plot=report(f"{R}/sweep/loss.png", caption="../report/sweep_loss.rst", category="Sweep"),
-            html=report(f"{R}/sweep/comparison.html", caption="../report/sweep_html.rst", category="Sweep"),
-            best=f"{R}/sweep/best.json",
+            csv=report(R.comparison_csv, caption="../report/sweep_csv.rst", category="Sweep"),
+            plot=report(R.comparison_plot, caption="../report/sweep_loss.rst", category="Sweep"),
+            html=report(R.comparison_html, caption="../report/sweep_html.rst", category="Sweep"),
+            best=R.best_file,
         log:
-            f"logs/sweep_compare/{RUN}.log",
+            layout.log_file("sweep_compare", RUN),
         params:
-            variants=lambda wc: " ".join(f"{variant_name(v)}=results/{v}" for v in VARIANTS),
+            variants=lambda wc: " ".join(f"{variant_name(v)}={layout.RunTree.of(v)}" for v in VARIANTS),
             overrides=lambda wc: " ".join(f"'{variant_name(v)}={json.dumps(VARIANTS[v][1])}'" for v in VARIANTS),
             prune=lambda wc, input: " ".join(input.get("prune", [])) or "none",
             stages=" ".join(STAGES),

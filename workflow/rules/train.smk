@@ -11,13 +11,13 @@ rule plan:
         model=model_inputs(),
         tokenizer=TOKENIZER,
     output:
-        plan=report(f"{V}/plan.json", caption="../report/plan.rst", category="Run",
+        plan=report(V.plan, caption="../report/plan.rst", category="Run",
                     subcategory="{vrun}" if SWEEP else None),
-        config=f"{V}/train_config.yaml",
+        config=V.train_config,
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/plan/{vrun}.log",
+        layout.log_file("plan", "{vrun}"),
     params:
         total=config["schedule"]["total_updates"],
         fraction=config["schedule"]["pilot_fraction"],
@@ -41,15 +41,15 @@ rule train_stage:
     input:
         unpack(train_inputs),
     output:
-        directory(f"{V}/stages/{{stage}}"),
+        directory(V.stage("{stage}")),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/train_stage/{vrun}/{stage}.log",
+        layout.log_file("train_stage", "{vrun}/{stage}"),
     benchmark:
-        "benchmarks/train_stage/{vrun}/{stage}.tsv"
+        layout.benchmark_file("train_stage", "{vrun}/{stage}")
     params:
-        scratch=lambda wc: f"work/{wc.vrun}/{wc.stage}",
+        scratch=lambda wc: layout.scratch_dir(wc.vrun, wc.stage),
         init=init_flag,
     threads: train_threads()
     resources:
@@ -65,15 +65,15 @@ rule train_stage:
 
 rule pilot_gate:
     input:
-        pilot=f"{V}/stages/{PILOT}",
-        plan=f"{V}/plan.json",
+        pilot=V.stage(PILOT),
+        plan=V.plan,
     output:
-        report(f"{V}/pilot_report.json", caption="../report/pilot_gate.rst", category="Run",
+        report(V.pilot_report, caption="../report/pilot_gate.rst", category="Run",
                subcategory="{vrun}" if SWEEP else None),
     conda:
         "../envs/sft.yaml"
     log:
-        "logs/pilot_gate/{vrun}.log",
+        layout.log_file("pilot_gate", "{vrun}"),
     params:
         override="--override" if config["gate"]["override"] else "",
     shell:
