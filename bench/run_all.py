@@ -4,6 +4,8 @@
     python bench/run_all.py --run all        # also data, merge, fsdp_memory(+_checkpointing), eval_ranks (+ ~30 min, 2 GB models on disk)
     python bench/run_all.py --run none       # only rebuild RESULTS.md from bench/results/
     python bench/run_all.py --run train,gpu
+    python bench/run_all.py --smoke          # every benchmark's command line parses (--help), and RESULTS.md
+                                             # builds from bench/results/ into a temp dir; runs no benchmark
 
 Each benchmark writes bench/results/<name>.md (its full table) and, except the
 older data and merge benchmarks, <name>.json (figures, command, machine, date,
@@ -38,8 +40,8 @@ BENCHES = {  # name -> script (default arguments)
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
 
-def _load(name: str) -> dict | None:
-    path = C.RESULTS / f"{name}.json"
+def _load(results: Path, name: str) -> dict | None:
+    path = results / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -49,9 +51,9 @@ def _committed_date(path: Path) -> str:
     return out or "uncommitted"
 
 
-def _parse_md(name: str) -> dict | None:
+def _parse_md(results: Path, name: str) -> dict | None:
     """Command, machine line and table rows (first cell -> cells) of data.md / merge.md."""
-    path = C.RESULTS / f"{name}.md"
+    path = results / f"{name}.md"
     if not path.is_file():
         return None
     text = path.read_text()
@@ -88,10 +90,12 @@ def _met(train: dict, ema: str) -> str:
     return "NOT met"
 
 
-def build_results() -> str:
-    train, ckpt, stages, gpu, mem = (_load(n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
-    fsdp_mems, eval_ranks = [(n, _load(n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")], _load("eval_ranks")
-    data, merge = _parse_md("data"), _parse_md("merge")
+def build_results(results: Path = C.RESULTS) -> str:
+    """RESULTS.md's text from the result files in `results`."""
+    train, ckpt, stages, gpu, mem = (_load(results, n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
+    fsdp_mems = [(n, _load(results, n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")]
+    eval_ranks = _load(results, "eval_ranks")
+    data, merge = _parse_md(results, "data"), _parse_md(results, "merge")
     table: list[tuple] = []  # (figure, value, goal, source)
     sources: list[tuple[str, dict]] = []
 
@@ -244,11 +248,25 @@ def build_results() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_command_lines() -> None:
+    """Every benchmark's command line in BENCHES parses (`--help`: the script loads and knows its options)."""
+    for name, line in BENCHES.items():
+        script, *extra = line.split()
+        proc = subprocess.run([sys.executable, str(C.REPO / "bench" / script), *extra, "--help"], cwd=C.REPO,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{name}: `python bench/{line} --help` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default=",".join(DEFAULT_RUN),
                     help=f"comma-separated benchmarks to run first ({', '.join(BENCHES)}), 'all' or 'none'")
+    ap.add_argument("--out", type=Path, default=C.RESULTS_MD, help="where RESULTS.md goes")
+    C.add_smoke(ap)
     args = ap.parse_args()
+    if C.smoke(args, out="out", run="none"):
+        _check_command_lines()
     names = {"all": list(BENCHES), "none": []}.get(args.run, [n for n in args.run.split(",") if n])
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
@@ -258,9 +276,9 @@ def main() -> None:
         script = C.REPO / "bench" / script
         print(f"== {name}: python {' '.join([str(script.relative_to(C.REPO)), *extra])}", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, str(script), *extra], cwd=C.REPO, check=True)
-    out = C.REPO / "bench" / "RESULTS.md"
-    out.write_text(build_results())
-    print(f"wrote {out}", file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(build_results())
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
