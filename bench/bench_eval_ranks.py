@@ -73,7 +73,7 @@ def main() -> None:
         f"Speed-up 2 ranks / 1: **{seconds[1] / seconds[2]:.2f}x**; losses "
         f"{'identical to the last bit' if same else 'DIFFER'} on every run.",
     ]
-    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine,
+    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine, "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft"),
             "figures": {"seconds": seconds, "speedup": seconds[1] / seconds[2], "identical": same, "losses": losses,
                         "runs": runs}}

@@ -166,7 +166,7 @@ def main() -> None:
         "the skeleton's blocks would otherwise raise it, and each forward's freed buffers would stay",
         "resident on the heap (measured before the pin, 222M: 2,269 MiB after vs 1,761 MiB before, 1.29x).",
     ]
-    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine,
+    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine, "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft"), "checkpointing": args.checkpointing,
             "figures": results}
     C.write_results("fsdp_memory" + ("_checkpointing" if args.checkpointing == "on" else ""), md, data, args.out_dir)

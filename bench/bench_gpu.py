@@ -176,6 +176,7 @@ def _not_measured(out_dir: Path, command: str, machine: dict) -> None:
         print(f"(kept the measurement in {existing})")
         return
     data = {"name": "gpu", "status": NOT_MEASURED, "command": command, "date": C.today(), "machine": machine,
+            "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft")}
     C.write_results("gpu", ["# GPU throughput, memory and MFU (LoRA, bf16, Llama-3.2-1B-shaped model)", "",
                             f"{NOT_MEASURED} (last tried {C.today()} on: {C.machine_text(machine)}).", "",

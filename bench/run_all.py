@@ -45,8 +45,9 @@ def _load(results: Path, name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _committed_date(path: Path) -> str:
-    out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=C.REPO,
+def _committed(path: Path, fmt: str = "%cs") -> str:
+    """Date (or, with fmt="%h", commit) of the last commit of `path`."""
+    out = subprocess.run(["git", "log", "-1", f"--format={fmt}", "--", str(path)], cwd=C.REPO,
                          capture_output=True, text=True).stdout.strip()
     return out or "uncommitted"
 
@@ -65,7 +66,7 @@ def _parse_md(results: Path, name: str) -> dict | None:
         if line.startswith("|") and len(cells) > 1 and not set(cells[0]) <= set("-: "):
             rows[cells[0]] = cells[1:]
     return {"command": command.group(1) if command else "?", "machine": machine.group(1) if machine else "?",
-            "rows": rows, "date": _committed_date(path), "text": text}
+            "rows": rows, "date": _committed(path), "text": text}
 
 
 def _row(rows: dict, prefix: str) -> list[str]:
@@ -226,6 +227,10 @@ def build_results(results: Path = C.RESULTS) -> str:
             extra = f"; load average during the runs {d['load_during'][0]:.1f}..{d['load_during'][1]:.1f}"
         if d.get("trainer_commit"):
             extra += f"; trainer at commit {d['trainer_commit']}"
+        else:  # older result files: say which commit brought them, the trainer's is not recorded
+            path = next((p for p in (results / f"{key}.json", results / f"{key}.md") if p.is_file()), None)
+            extra += (f"; trainer commit not recorded (result file committed in "
+                      f"{_committed(path, '%h') if path else 'uncommitted'})")
         lines.append(f"- [{key}] `{d['command']}` — {d['date']}; {machine}{versions}{extra}. "
                      f"Details: [results/{key}.md](results/{key}.md).")
     lines += [
@@ -240,10 +245,13 @@ def build_results(results: Path = C.RESULTS) -> str:
         "each `EMA.update` call timed inside the runs that give our tokens/s.",
         "- Merge and data figures were measured earlier by bench_merge.py and bench_data.py and are copied from "
         "their result files (date = last commit of the file).",
-        "- The train, checkpoint and stages figures were measured with the trainer before issue 13 (the commits "
-        "they name); [memory] compares that trainer (0603ead) with the current one on one update, and its RSS "
-        "figures move between rounds by up to a third (the allocator keeps or returns freed memory): its table "
-        "gives every round.",
+        "- Each source's figures are from the trainer of its own date and commit (above); a benchmark is "
+        "re-run only when its figures are wanted, so they are of different ages. [checkpoint] and [stages] "
+        "are from the trainer before issue 13. [memory] compares that trainer (0603ead) with the one of its "
+        "commit on one update, and its RSS figures move between rounds by up to a third (the allocator keeps "
+        "or returns freed memory): its table gives every round.",
+        "- Every script's `--smoke` mode (tiny sizes, a temp dir) runs in tests/test_bench_smoke.py, so a "
+        "benchmark that stops running is noticed; the figures here come only from the real modes.",
     ]
     return "\n".join(lines) + "\n"
 
