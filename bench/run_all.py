@@ -250,6 +250,14 @@ def build_results(results: Path = C.RESULTS) -> str:
         "are from the trainer before issue 13. [memory] compares that trainer (0603ead) with the one of its "
         "commit on one update, and its RSS figures move between rounds by up to a third (the allocator keeps "
         "or returns freed memory): its table gives every round.",
+        "- [train] of 2026-11-24 (commit 326f2e1 of the bench branch: its pipeline/ and config/ are main's 31c9b83) replaces the figures of 2026-11-21 (trainer 779317e, before issue 13; ratios "
+        "ours / TRL 1.33 / 1.17 with EMA and 1.25 / 1.20 without, wall / CPU). Since then the trainer computes "
+        "the loss at supervised positions only (TokenLoss, chunked), groups each update's micro-batches by "
+        "length, and gained FSDP2, vision-language, chat-template, tracker and progress-line code (issues "
+        "12-16, 21); the benchmark now gives TRL the very micro-batches ours takes (so both pad alike) and the "
+        "layer names our trainer resolves from `target_modules: [all-linear]` (its TRL arm had failed since "
+        "that default). Its runs shared the 2 cores with a load average of 4-8, so the wall-clock figures "
+        "(the EMA A/B among them) are mostly that load; the CPU-time ratios are the ones to read.",
         "- Every script's `--smoke` mode (tiny sizes, a temp dir) runs in tests/test_bench_smoke.py, so a "
         "benchmark that stops running is noticed; the figures here come only from the real modes.",
     ]
