@@ -9,6 +9,7 @@ bench/RESULTS.md from them).
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import platform
@@ -16,12 +17,30 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+RESULTS_MD = REPO / "bench" / "RESULTS.md"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+
+# --- the trainer config keys the benchmarks set or read --------------------------------------------
+
+# Every trainer key (config/train) a benchmark passes as an override or reads back from the
+# resolved config, in one place: a renamed key is a one-line change here. (bench_memory.py's
+# "before" trainer keeps the names of its own commit: BEFORE_KEYS there.)
+KEY_TRAIN_CACHE = "tokens.train_cache"
+KEY_VAL_CACHE = "tokens.val_cache"
+KEY_GROUP_BY_LENGTH = "tokens.group_by_length"
+KEY_EVAL_EVERY = "validation.every"
+
+
+def cfg_value(cfg, key: str):
+    """`cfg`'s value at a dotted key (one of the KEY_* above) of a loaded TrainConfig."""
+    return functools.reduce(getattr, key.split("."), cfg)
 
 
 # --- where and with what a figure was measured ----------------------------------------------------
@@ -171,11 +190,12 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     root.mkdir(parents=True, exist_ok=True)
     if single_stage:  # any valid split: the stages are replaced below
         fraction, chunks = 0.5, 1
-    base = [f"model.path={default['model']}", f"tokens.train_cache={default['train']}", f"tokens.val_cache={default['val']}"]
+    base = [f"model.path={default['model']}", f"{KEY_TRAIN_CACHE}={default['train']}",
+            f"{KEY_VAL_CACHE}={default['val']}"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
             "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config", "--export-weights", "raw",
             "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
-    for o in [*base, *BENCH_OVERRIDES, *overrides]:
+    for o in _overriding([*base, *BENCH_OVERRIDES, *overrides], SMOKE_OVERRIDES if SMOKE else []):
         args += ["--override", o]
     from contextlib import redirect_stdout
     import io
@@ -188,6 +208,12 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
         (root / "plan.json").write_text(json.dumps(plan))
     return {"plan": root / "plan.json", "config": root / "train_config.yaml",
             "stages": [s["name"] for s in plan["stages"]]}
+
+
+def _overriding(overrides: list[str], last: list[str]) -> list[str]:
+    """`overrides` + `last`, `last` replacing any override of the same key (Hydra refuses a key twice)."""
+    keys = {o.split("=", 1)[0] for o in last}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + last
 
 
 def child_env() -> dict:
@@ -216,8 +242,54 @@ def run_child(cmd: list[str], work: Path, threads: int, label: str, extra_env: d
 
 
 def write_results(name: str, md_lines: list[str], data: dict, out_dir: Path = RESULTS) -> None:
+    """`<name>.md` and `<name>.json` in `out_dir`; a smoke run's are marked as such and never go to bench/results/."""
+    if SMOKE:
+        if _inside(Path(out_dir), RESULTS):
+            raise SystemExit(f"smoke run: refusing to write {name} into {RESULTS}")
+        md_lines = [SMOKE_BANNER, "", *md_lines]
+        data = {**data, "smoke": True}
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.md").write_text("\n".join(md_lines).rstrip() + "\n")
     (out_dir / f"{name}.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     print("\n".join(md_lines))
     print(f"\nwrote {out_dir / (name + '.md')} and {name}.json", file=sys.stderr)
+
+
+# --- smoke mode -----------------------------------------------------------------------------------
+
+# `--smoke` runs a script end to end on tiny sizes in seconds, so that tests/test_bench_smoke.py
+# notices a benchmark that stopped running (a renamed trainer function, a config key, a changed
+# library) long before someone needs its figures. The figures of a smoke run measure nothing.
+SMOKE = False
+# A smoke run's trainer runs take small batches: a few sequences per update is enough to run every line.
+SMOKE_OVERRIDES = ["optim.global_batch=4", "optim.micro_batch=2"]
+SMOKE_BANNER = "**Smoke run** (`--smoke`: tiny sizes, a check that the benchmark runs; these figures measure nothing)."
+SMOKE_HELP = ("tiny sizes, seconds: check that the benchmark runs end to end; results go to the given output "
+              "path if it is outside bench/results/, else to a new temp dir (never bench/results/, RESULTS.md)")
+
+
+def add_smoke(ap) -> None:
+    ap.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def smoke(args, out: str = "out_dir", **tiny) -> bool:
+    """If `args.smoke`: set the `tiny` settings on `args` and move `args.<out>` (a dir or a file) out of
+    bench/results/ into a new temp dir (a path the user gave outside it is kept). Returns args.smoke."""
+    global SMOKE
+    if not args.smoke:
+        return False
+    SMOKE = True
+    for key, value in tiny.items():
+        setattr(args, key, value)
+    path = Path(getattr(args, out)).resolve()
+    if _inside(path, RESULTS) or path == RESULTS_MD:
+        tmp = Path(tempfile.mkdtemp(prefix="bench_smoke_"))
+        setattr(args, out, tmp if path == RESULTS else tmp / path.name)
+    print(f"smoke run: results go to {getattr(args, out)}", file=sys.stderr)
+    return True
+
+
+def _inside(path: Path, root: Path) -> bool:
+    path, root = Path(path).resolve(), Path(root).resolve()
+    return path == root or root in path.parents

@@ -2,6 +2,7 @@
 
     python bench/bench_checkpoint.py               # 60 updates, a save every 10, 3 rounds (~3 min on 2 cores)
     python bench/bench_checkpoint.py --save-every 5 --rounds 5
+    python bench/bench_checkpoint.py --smoke       # 5 updates, a save every 2, 1 round: checks it runs
 
 Three configurations of the default run (embedded default model, EMA with 2
 rates), interleaved and rotated every round:
@@ -67,7 +68,6 @@ def _summarize(r: dict, warmup: int) -> dict:
 
 
 def main() -> None:
-    machine = C.machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--save-every", type=int, default=10)
@@ -75,7 +75,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every run")
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     args = ap.parse_args()
+    machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
+    C.smoke(args, steps=5, save_every=2, warmup=1, rounds=1)  # 2 saves in the loop: one after the first
     assert args.warmup < args.save_every, "the first save must fall inside the measured updates"
 
     started = time.time()

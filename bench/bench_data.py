@@ -2,6 +2,7 @@
 
     python bench/bench_data.py                      # 100k train + 2k val records
     python bench/bench_data.py --records 20000      # quicker
+    python bench/bench_data.py --smoke              # 200 + 20 records, written to a temp dir: checks it runs
 
 Generates a LLaVA/ShareGPT JSONL dataset (1-3 exchanges per record, a fifth
 with a system prompt) and a small OpenAI-style JSON val set, then runs the two
@@ -65,13 +66,15 @@ def generate(path: Path, n: int, *, seed: int, openai: bool = False) -> None:
 
 
 def main() -> None:
-    machine = C.machine_text(C.machine())  # before we load the cores ourselves
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--val-records", type=int, default=2_000)
     parser.add_argument("--max-length", type=int, default=512)
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "data.md")
+    parser.add_argument("--out", type=Path, default=C.RESULTS / "data.md")
+    C.add_smoke(parser)
     args = parser.parse_args()
+    machine = C.machine_text(C.machine())  # before we load the cores ourselves (imports torch: after --help)
+    C.smoke(args, out="out", records=200, val_records=20)
 
     t0 = time.perf_counter()
     import numpy as np  # noqa: F401
@@ -154,6 +157,8 @@ def main() -> None:
         f"Not timed: imports ({import_s:.1f} s, paid once per CLI process), dataset generation ({gen_s:.1f} s).",
         "",
     ]
+    if C.SMOKE:
+        lines = [C.SMOKE_BANNER, "", *lines]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

@@ -1,6 +1,7 @@
 """Evaluation across ranks: the default validation set on 1 vs 2 ranks (CPU, gloo), same numbers out.
 
     python bench/bench_eval_ranks.py [--repeats 3]
+    python bench/bench_eval_ranks.py --smoke       # 1 repeat, written to a temp dir: checks it runs
 
 The embedded default's model and validation cache (128 records), the default
 run's trainer settings, `optim.lr=0` (so both runs hold the very same weights)
@@ -26,7 +27,7 @@ def evaluate(root: Path, default: dict, ranks: int, repeat: int) -> dict:
     work = root / f"r{ranks}_{repeat}"
     # 2 updates: a plan needs a pilot and a chunk of at least one update each (then made one stage).
     plan = C.plan_run(work / "plan", default, total=2, single_stage=True, overrides=[
-        *C.workflow_overrides(), "optim.lr=0.0", "validation.every=2", "checkpoint.save_every=0"])
+        *C.workflow_overrides(), "optim.lr=0.0", f"{C.KEY_EVAL_EVERY}=2", "checkpoint.save_every=0"])
     train = ["-m", "pipeline", "train", "--plan", str(plan["plan"]), "--config", str(plan["config"]),
              "--stage", "all", "--scratch", str(work / "scratch"), "--out", str(work / "stage")]
     cmd = [sys.executable, *train] if ranks == 1 else [
@@ -40,7 +41,10 @@ def evaluate(root: Path, default: dict, ranks: int, repeat: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     args = ap.parse_args()
+    C.smoke(args, repeats=1)
     runs: dict[int, list[dict]] = {1: [], 2: []}
     with tempfile.TemporaryDirectory(prefix="bench_eval_ranks_") as tmp:
         root = Path(tmp)
@@ -69,11 +73,11 @@ def main() -> None:
         f"Speed-up 2 ranks / 1: **{seconds[1] / seconds[2]:.2f}x**; losses "
         f"{'identical to the last bit' if same else 'DIFFER'} on every run.",
     ]
-    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine,
+    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine, "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft"),
             "figures": {"seconds": seconds, "speedup": seconds[1] / seconds[2], "identical": same, "losses": losses,
                         "runs": runs}}
-    C.write_results("eval_ranks", md, data)
+    C.write_results("eval_ranks", md, data, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Host memory of an FSDP run: every rank loading the whole base vs each rank reading its shards.
 
     python bench/bench_fsdp_memory.py [--models 16x1024 40x1024] [--rounds 2] [--checkpointing off|on]
+    python bench/bench_fsdp_memory.py --smoke      # one 2x128 model, 1 round, to a temp dir: checks it runs
 
 For each model (layers x hidden: Llama-style, vocabulary 32k, tied
 embeddings, random weights in fp32 safetensors; 222M and 505M parameters by
@@ -66,7 +67,7 @@ def run(root: Path, default: dict, meta_init: bool, checkpointing: str) -> dict:
     work = root / f"meta_init_{meta_init}"
     plan = C.plan_run(work / "plan", default, total=2, single_stage=True, overrides=[
         "distributed=fsdp", f"distributed.meta_init={str(meta_init).lower()}", "optim.global_batch=4",
-        "optim.micro_batch=2", "ema.rates=[0.99]", "validation.every=0", "checkpoint.save_every=0",
+        "optim.micro_batch=2", "ema.rates=[0.99]", f"{C.KEY_EVAL_EVERY}=0", "checkpoint.save_every=0",
         "checkpoint.async_save=false", f"model.activation_checkpointing={checkpointing}"])
     out = work / "stage"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "pipeline",
@@ -113,7 +114,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="before/after pairs per model")
     ap.add_argument("--checkpointing", choices=["off", "on"], default="off",
                     help="model.activation_checkpointing in both runs (on: results in fsdp_memory_checkpointing.md)")
+    ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     args = ap.parse_args()
+    C.smoke(args, models=["2x128"], rounds=1)
     results = []
     with tempfile.TemporaryDirectory(prefix="bench_fsdp_memory_") as tmp:
         default = C.build_default(Path(tmp) / "default")  # the demo tokenizer and token caches
@@ -162,10 +166,10 @@ def main() -> None:
         "the skeleton's blocks would otherwise raise it, and each forward's freed buffers would stay",
         "resident on the heap (measured before the pin, 222M: 2,269 MiB after vs 1,761 MiB before, 1.29x).",
     ]
-    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine,
+    data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine, "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft"), "checkpointing": args.checkpointing,
             "figures": results}
-    C.write_results("fsdp_memory" + ("_checkpointing" if args.checkpointing == "on" else ""), md, data)
+    C.write_results("fsdp_memory" + ("_checkpointing" if args.checkpointing == "on" else ""), md, data, args.out_dir)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,14 @@
 
     python bench/bench_gpu.py                          # on a machine with a CUDA GPU (defaults: the 1B preset,
                                                        # length 2048, a length mix, micro-batch 8)
-    python bench/bench_gpu.py --override model.attn_implementation=flash_attention_2 --override tokens.packing=on
-    python bench/bench_gpu.py --cpu-smoke              # check the script's code path on a CPU (no figures)
+    python bench/bench_gpu.py --override model.attn_implementation=flash_attention_2 --override data.packing=on
+    python bench/bench_gpu.py --smoke                  # tiny model, on the GPU if there is one, else on the CPU
 
 Without a CUDA GPU it prints "not measured: no GPU", records that in
 bench/results/gpu.json (unless a real measurement is already there) and exits 0.
+`--smoke` runs the whole path (model and cache built, our trainer launched,
+FLOPs, the plan's memory estimate, the report) on a tiny Llama: in bf16 on a
+GPU, in fp32 on a CPU, where there is no peak FLOP/s to give an MFU ("n/a").
 
 What runs is our trainer itself, as the workflow launches a stage:
 `torchrun --standalone --nproc-per-node 1 -m pipeline train` on a plan of one
@@ -71,7 +74,7 @@ PRESETS = {
     # Qwen2-0.5B's shapes (GQA 14/2 heads, 151,936 vocab, tied embeddings).
     "qwen2-0.5b": dict(model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
                        num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
-    # For --cpu-smoke only.
+    # For --smoke only.
     "tiny": dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, vocab_size=512, tie_word_embeddings=True),
 }
@@ -173,6 +176,7 @@ def _not_measured(out_dir: Path, command: str, machine: dict) -> None:
         print(f"(kept the measurement in {existing})")
         return
     data = {"name": "gpu", "status": NOT_MEASURED, "command": command, "date": C.today(), "machine": machine,
+            "trainer_commit": C.git_commit(),
             "versions": C.versions("torch", "transformers", "peft")}
     C.write_results("gpu", ["# GPU throughput, memory and MFU (LoRA, bf16, Llama-3.2-1B-shaped model)", "",
                             f"{NOT_MEASURED} (last tried {C.today()} on: {C.machine_text(machine)}).", "",
@@ -180,7 +184,6 @@ def _not_measured(out_dir: Path, command: str, machine: dict) -> None:
 
 
 def main() -> None:
-    machine = C.machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], default="llama-3.2-1b")
     ap.add_argument("--seq-len", type=int, default=2048, help="the longest record (data.max_length)")
@@ -192,21 +195,22 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--peak-tflops", type=float, default=None, help="peak dense bf16 TFLOP/s of the GPU")
     ap.add_argument("--override", action="append", default=[], help="extra trainer override (Hydra), repeatable")
-    ap.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the code path, records nothing")
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     args = ap.parse_args()
+    machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
     command = C.command_line(__file__)
 
     import torch
 
-    if args.cpu_smoke:
-        args.preset, args.seq_len, args.micro_batch, args.global_batch, args.steps, args.warmup = "tiny", 64, 2, 4, 6, 2
-    elif not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not C.smoke(args, preset="tiny", seq_len=64, micro_batch=2, global_batch=4, steps=3, warmup=1) and not cuda:
         return _not_measured(args.out_dir, command, machine)
     preset = PRESETS[args.preset]
-    gpu_name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    precision = "bf16" if cuda else "fp32"  # a CPU gets here only in a smoke run
+    gpu_name = torch.cuda.get_device_name(0) if cuda else "cpu"
     peak = args.peak_tflops or peak_tflops(gpu_name)
-    if peak is None and not args.cpu_smoke:
+    if peak is None and not args.smoke:
         sys.exit(f"unknown peak FLOP/s for {gpu_name!r}: pass --peak-tflops")
 
     from pipeline import config as train_config
@@ -221,7 +225,7 @@ def main() -> None:
                             mix=args.lengths == "mix")
         default = {"model": tmp / "model", "train": tmp / "train.safetensors", "val": "null"}  # no val set
         overrides = [f"optim.global_batch={args.global_batch}", f"optim.micro_batch={args.micro_batch}",
-                     "checkpoint.save_every=0", *(["precision.mode=bf16"] if not args.cpu_smoke else []),
+                     "checkpoint.save_every=0", f"precision.mode={precision}",
                      *args.override]
         run = C.plan_run(tmp / "run", default, total=args.steps, overrides=overrides, single_stage=True)
         cfg = train_config.load(run["config"])
@@ -242,7 +246,7 @@ def main() -> None:
     mfu = {k: tps * v / (peak * 1e12) if peak else None for k, v in per_token.items() if k in ("6n", "lora_actual")}
     estimate = memory.estimate(cfg, shapes, memory.Run(
         micro_batch=args.micro_batch, length=max(n for n, _ in shape), world=1, sharded=False,
-        checkpointing=checkpointing, precision="bf16" if not args.cpu_smoke else "fp32"))
+        checkpointing=checkpointing, precision=precision))
     figures = {"tokens_per_s": tps, "mfu_6n": mfu["6n"], "mfu_lora_actual": mfu["lora_actual"], "peak_tflops": peak,
                "gpu": gpu_name, "step_s": C.median(r["step_time_s"] for r in rows),
                "mem_mb": max(r["mem_mb"] for r in rows), "estimate_mb": estimate.total / 2**20,
@@ -250,9 +254,6 @@ def main() -> None:
                "flops_per_token_lora_actual": per_token["lora_actual"], "mean_length": per_token["mean_length"],
                "supervised_fraction": per_token["supervised_fraction"], "final_loss": rows[-1]["loss"]}
     print(json.dumps({**figures, **info, "lora_params": n_lora}, indent=1))
-    if args.cpu_smoke:
-        print("cpu smoke run: the code path works; nothing recorded")
-        return
     versions = C.versions("torch", "transformers", "peft", "flash_attn")
     data = {"name": "gpu", "status": "measured", "command": command, "date": C.today(), "machine": machine,
             "versions": versions, "trainer_commit": C.git_commit(), "wall_s": time.time() - started,
@@ -260,7 +261,9 @@ def main() -> None:
                          "lora": {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "params": n_lora},
                          "ema_rates": list(cfg.ema.rates)},
             "figures": figures}
-    met = "met" if mfu["6n"] >= MFU_GOAL else "NOT met"
+    met = "n/a" if peak is None else "met" if mfu["6n"] >= MFU_GOAL else "NOT met"
+    pct = lambda x: "n/a (no peak FLOP/s)" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    peak_text = "unknown" if peak is None else f"{peak:.0f}"
     lines = [
         "# GPU throughput, memory and MFU (LoRA, bf16)",
         "",
@@ -269,8 +272,8 @@ def main() -> None:
         f"Machine: {C.machine_text(machine)}. Versions: {C.versions_text(versions)}; "
         f"trainer at commit {data['trainer_commit']}.",
         "",
-        f"Model: {args.preset}, random init, {info['params_total'] / 1e6:.0f}M parameters, bf16 weights + bf16 "
-        f"autocast; LoRA r={cfg.lora.r} alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)} "
+        f"Model: {args.preset}, random init, {info['params_total'] / 1e6:.0f}M parameters, {precision} weights + "
+        f"{precision} autocast; LoRA r={cfg.lora.r} alpha={cfg.lora.alpha} on {', '.join(cfg.lora.target_modules)} "
         f"({n_lora / 1e6:.1f}M parameters, fp32), EMA {list(cfg.ema.rates)}, attention {cfg.model.attn_implementation}, "
         f"activation checkpointing {'on' if checkpointing else 'off'}. Batch {args.global_batch} records per update "
         f"(micro-batch {args.micro_batch}), lengths {args.lengths} up to {args.seq_len} (mean "
@@ -280,9 +283,9 @@ def main() -> None:
         "| figure | value | goal |",
         "|---|---:|---|",
         f"| tokens/s (median; padding not counted) | {tps:,.0f} | |",
-        f"| MFU, 6N convention ({per_token['6n'] / 1e9:.2f} GFLOP/token, peak {peak:.0f} TFLOP/s) | "
-        f"{100 * mfu['6n']:.1f}% | >= {100 * MFU_GOAL:.0f}% on H100: {met} |",
-        f"| MFU, LoRA actual ({per_token['lora_actual'] / 1e9:.2f} GFLOP/token) | {100 * mfu['lora_actual']:.1f}% | |",
+        f"| MFU, 6N convention ({per_token['6n'] / 1e9:.2f} GFLOP/token, peak {peak_text} TFLOP/s) | "
+        f"{pct(mfu['6n'])} | >= {100 * MFU_GOAL:.0f}% on H100: {met} |",
+        f"| MFU, LoRA actual ({per_token['lora_actual'] / 1e9:.2f} GFLOP/token) | {pct(mfu['lora_actual'])} | |",
         f"| step time | {figures['step_s']:.3f} s | |",
         f"| peak memory (torch.cuda.max_memory_allocated) / plan's estimate | {figures['mem_mb'] / 1024:.1f} GiB / "
         f"{figures['estimate_mb'] / 1024:.1f} GiB | |",

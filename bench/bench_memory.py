@@ -2,6 +2,7 @@
 
     python bench/bench_memory.py                  # before = the trainer at 0603ead (before issue 13), after = this tree
     python bench/bench_memory.py --before <rev> --rounds 3
+    python bench/bench_memory.py --smoke          # 1 round of 2 updates, 64-token records: checks it runs
 
 Peak memory of one update. Our trainer, one process as the workflow runs a
 stage (`python -m pipeline train`, through bench/_peak.py), on a Llama-style
@@ -41,6 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 BEFORE = "0603ead"  # the last commit before issue 13's trainer changes
+# The trainer keys the "before" trainer (BEFORE) knows: the names of its commit, whatever this tree's are.
+BEFORE_KEYS = {"train_cache": "data.train_cache", "val_cache": "data.val_cache"}
+AFTER_KEYS = {"train_cache": C.KEY_TRAIN_CACHE, "val_cache": C.KEY_VAL_CACHE}
 SHAPE = dict(model_type="llama", hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
              intermediate_size=688, vocab_size=32000, tie_word_embeddings=False)
 
@@ -48,7 +52,10 @@ SHAPE = dict(model_type="llama", hidden_size=256, num_hidden_layers=4, num_atten
 def _tree(rev: str, root: Path) -> Path:
     """The package and trainer config of commit `rev`, unpacked under `root`."""
     root.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev, "pipeline", "config"], cwd=C.REPO, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", rev, "pipeline", "config"], cwd=C.REPO, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"the 'before' trainer: git archive {rev} failed in {C.REPO} (a shallow clone lacks it; "
+                 f"`git fetch --unshallow`):\n{archive.stderr.decode()[-2000:]}")
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
     return root
 
@@ -69,13 +76,14 @@ def _model(root: Path) -> Path:
     return root
 
 
-def _run(tree: Path, work: Path, model: Path, cache: Path, *, updates: int, threads: int) -> dict:
-    """Plan (with `tree`'s own planner and config) and train one stage under the probe; its figures."""
+def _run(tree: Path, work: Path, model: Path, cache: Path, *, keys: dict, updates: int, threads: int) -> dict:
+    """Plan (with `tree`'s own planner and config, whose key names are `keys`) and train one stage under
+    the probe; its figures."""
     env = {**C.child_env(), "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads),
            "MKL_NUM_THREADS": str(threads)}
     work.mkdir(parents=True)
-    tokens = "tokens" if (tree / "config" / "train" / "tokens").is_dir() else "data"  # the group's name before issue 26
-    overrides = [f"model.path={model}", f"{tokens}.train_cache={cache}", f"{tokens}.val_cache=null", "optim.global_batch=8",
+    overrides = [f"model.path={model}", f"{keys['train_cache']}={cache}", f"{keys['val_cache']}=null",
+                 "optim.global_batch=8",
                  "optim.micro_batch=8", "checkpoint.save_every=0", *C.BENCH_OVERRIDES]
     plan = [sys.executable, "-m", "pipeline", "plan", "--total-updates", str(updates), "--pilot-fraction", "0.5",
             "--num-chunks", "1", "--train-config-dir", str(tree / "config" / "train"),
@@ -128,14 +136,17 @@ def padding(root: Path) -> dict:
 
 
 def main() -> None:
-    machine = C.machine()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", default=BEFORE, help="git revision of the 'before' trainer")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--updates", type=int, default=4, help="updates per run (the first is excluded from tokens/s)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per record (8 records per update)")
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     args = ap.parse_args()
+    machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
+    C.smoke(args, rounds=1, updates=2, seq_len=64)
     command = C.command_line(__file__)
     started = time.time()
 
@@ -145,7 +156,7 @@ def main() -> None:
         tmp = Path(tmp)
         trees = {"before": _tree(args.before, tmp / "before"), "after": C.REPO}
         model = _model(tmp / "model")
-        bench_gpu.build_cache(tmp / "train.safetensors", records=8 * args.updates, seq_len=512,
+        bench_gpu.build_cache(tmp / "train.safetensors", records=8 * args.updates, seq_len=args.seq_len,
                               vocab=SHAPE["vocab_size"])
         runs: dict[str, list[dict]] = {"before": [], "after": []}
         loads = []
@@ -153,6 +164,7 @@ def main() -> None:
             for name in (["before", "after"] if r % 2 == 0 else ["after", "before"]):
                 loads.append(C.load_average())
                 runs[name].append(_run(trees[name], tmp / f"{name}{r}", model, tmp / "train.safetensors",
+                                       keys=BEFORE_KEYS if name == "before" else AFTER_KEYS,
                                        updates=args.updates, threads=args.threads))
                 print(name, r, runs[name][-1], file=sys.stderr)
         pad = padding(tmp / "default")
@@ -162,7 +174,7 @@ def main() -> None:
     versions = C.versions("torch", "transformers", "peft")
     data = {"name": "memory", "command": command, "date": C.today(), "machine": machine, "versions": versions,
             "trainer_commit": C.git_commit(), "before_commit": args.before, "wall_s": time.time() - started,
-            "settings": {**vars(args), "out_dir": str(args.out_dir), "model": SHAPE, "seq_len": 512, "micro_batch": 8},
+            "settings": {**vars(args), "out_dir": str(args.out_dir), "model": SHAPE, "micro_batch": 8},
             "figures": {"before": fig["before"], "after": fig["after"], "update_peak_ratio": ratio, "padding": pad},
             "per_round": runs, "load_average_per_run": loads}
     b, a = fig["before"], fig["after"]
@@ -175,8 +187,8 @@ def main() -> None:
         f"{data['trainer_commit']}, before = trainer at commit {args.before}.",
         "",
         f"Model: Llama-style, vocabulary {SHAPE['vocab_size']:,}, hidden {SHAPE['hidden_size']}, "
-        f"{SHAPE['num_hidden_layers']} layers, random init, fp32; LoRA and EMA defaults. One micro-batch of 8 x 512 "
-        f"tokens per update (first 128 of each record unsupervised). {args.rounds} rounds of {args.updates} updates per "
+        f"{SHAPE['num_hidden_layers']} layers, random init, fp32; LoRA and EMA defaults. One micro-batch of 8 x "
+        f"{args.seq_len} tokens per update (the first quarter of each record unsupervised). {args.rounds} rounds of {args.updates} updates per "
         f"version, order alternated; {args.threads} torch thread(s). Method: bench/bench_memory.py's docstring.",
         "",
         "| figure | before | after | after / before | goal |",

@@ -1,6 +1,7 @@
 """Benchmark: streaming `pipeline merge` vs peft `merge_and_unload` + `save_pretrained`.
 
     python bench/bench_merge.py [--workdir /tmp] [--layers 16] [--out bench/results/merge.md]
+    python bench/bench_merge.py --smoke     # a 2-layer, 64-wide model (SMOKE_SHAPE), to a temp dir: checks it runs
 
 Generates a ~2 GB fp16 Llama-style base (random init, written directly shard
 by shard, ~5 shards + index) and a rank-16 LoRA adapter on all seven linear
@@ -37,9 +38,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SHARD_BYTES = 420 * 10**6
+SHAPE = dict(hidden_size=2048, intermediate_size=5632, vocab_size=32000, num_attention_heads=16)
+SMOKE_SHAPE = dict(hidden_size=64, intermediate_size=128, vocab_size=512, num_attention_heads=4)
 
 
 # --- children: each runs one merge and reports its own peak RSS -------------------------------
@@ -98,12 +103,12 @@ def _measure(kind: str, base: Path, adapter: Path, out: Path) -> dict:
 # --- inputs ------------------------------------------------------------------------------------
 
 
-def _llama_config(layers: int):
+def _llama_config(layers: int, smoke: bool = False):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=layers,
-                       num_attention_heads=16, num_key_value_heads=16, max_position_embeddings=2048,
-                       tie_word_embeddings=False, dtype="float16")
+    shape = SMOKE_SHAPE if smoke else SHAPE
+    return LlamaConfig(**shape, num_hidden_layers=layers, num_key_value_heads=shape["num_attention_heads"],
+                       max_position_embeddings=2048, tie_word_embeddings=False, dtype="float16")
 
 
 def _shapes(config) -> list[tuple[str, tuple[int, ...]]]:
@@ -170,8 +175,11 @@ def _max_diff(first: Path, second: Path) -> float:
     from safetensors import safe_open
 
     def where(root: Path) -> dict[str, Path]:
-        index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
-        return {k: root / v for k, v in index.items()}
+        index = root / "model.safetensors.index.json"
+        if not index.is_file():  # one shard (a small model): no index
+            with safe_open(str(root / "model.safetensors"), "pt") as f:
+                return {k: root / "model.safetensors" for k in f.keys()}
+        return {k: root / v for k, v in json.loads(index.read_text())["weight_map"].items()}
 
     a, b = where(first), where(second)
     if set(a) != set(b):
@@ -204,7 +212,7 @@ def _report(path: Path, *, command, machine, base_mb, shards_mb, adapter_mb, our
     rss_ratio = ours["peak_rss_mb"] / peft["peak_rss_mb"]
     wall_ratio = ours["wall_s"] / peft["wall_s"]
     ok = lambda flag: "yes" if flag else "**NO**"  # noqa: E731
-    text = f"""# Streaming LoRA merge vs peft `merge_and_unload`
+    text = (C.SMOKE_BANNER + "\n\n" if C.SMOKE else "") + f"""# Streaming LoRA merge vs peft `merge_and_unload`
 
 Command: `{command}`
 
@@ -248,21 +256,25 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "merge.md")
     parser.add_argument("--child", nargs=4, metavar=("KIND", "BASE", "ADAPTER", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--generate", metavar="DIR", help=argparse.SUPPRESS)
+    C.add_smoke(parser)
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
     if args.generate:
-        config = _llama_config(args.layers)
+        config = _llama_config(args.layers, smoke=args.smoke)
         shards = _write_base(Path(args.generate) / "base", config)
         _write_adapter(Path(args.generate) / "adapter", config, Path(args.generate) / "base")
         print(json.dumps(shards))
         return
 
+    command = C.command_line(__file__)
+    C.smoke(args, out="out", layers=2)
     scratch = Path(tempfile.mkdtemp(prefix="bench_merge_", dir=args.workdir))
     try:
         started = time.perf_counter()
-        generated = subprocess.run([sys.executable, __file__, "--generate", str(scratch), "--layers", str(args.layers)],
+        generated = subprocess.run([sys.executable, __file__, "--generate", str(scratch), "--layers", str(args.layers),
+                                    *(["--smoke"] if args.smoke else [])],
                                    capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
         if generated.returncode != 0:
             raise SystemExit(f"generating the inputs failed:\n{generated.stderr[-3000:]}")
@@ -275,7 +287,6 @@ def main() -> None:
         print("peft", peft, flush=True)
         diff = _max_diff(scratch / "ours", scratch / "peft")
         machine = _machine(load)
-        command = "python bench/bench_merge.py" + (f" --layers {args.layers}" if args.layers != 16 else "")
         print(_report(args.out, command=command, machine=machine, base_mb=sum(shards) / 1e6,
                       shards_mb=[s / 1e6 for s in shards],
                       adapter_mb=(scratch / "adapter" / "adapter_model.safetensors").stat().st_size / 1e6,

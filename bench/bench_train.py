@@ -2,6 +2,7 @@
 
     python bench/bench_train.py                    # 4 rounds x 4 configurations, 50 updates each (~6 min on 2 cores)
     python bench/bench_train.py --rounds 5 --steps 80
+    python bench/bench_train.py --smoke            # 1 round x 4 configurations, 4 updates: checks it runs
 
 One run of this script measures, on the embedded default model and data:
 
@@ -16,14 +17,16 @@ What makes the comparison fair (both sides):
 
 * the same model dir (the embedded default architecture: Llama, 4 layers, 128
   wide, char tokenizer; random init, fp32 on CPU), the same LoRA (r, alpha,
-  dropout, target modules from the workflow's resolved trainer config), the
-  same micro batch and gradient accumulation, the same optimizer settings
+  dropout from the workflow's resolved trainer config; the target modules our
+  trainer resolves from it, `lora_targets`, named to peft), the same micro batch and gradient accumulation, the same optimizer settings
   (AdamW betas/eps/weight decay, lr, warmup + cosine to the same floor, grad
   clip 1.0), no gradient checkpointing (TRL's default is on: turned off), no
   packing, right padding to the longest sequence of each micro-batch;
-* the same samples in the same order: the global batches of update s are the
-  ones our `RunSampler` draws; TRL gets them as a pre-tokenized dataset (our
-  token cache's input_ids and labels, so the same supervised tokens) read
+* the same samples in the same micro-batches: those our `RunSampler` draws
+  for update s, cut into micro-batches as our trainer cuts them (grouped by
+  length within the update when `data.group_by_length`, the default), so both
+  sides pad alike; TRL gets them as a pre-tokenized dataset (our token cache's
+  input_ids and labels, so the same supervised tokens) in that order, read
   sequentially, through TRL's own collator (`skip_prepare_dataset`);
 * the same tokens counted: the non-pad tokens of each update (the sum of the
   attention masks), identical on both sides by construction, and checked;
@@ -86,11 +89,12 @@ def _child_trl(args) -> None:
 
     from pipeline import config as train_config
     from pipeline.data.cache import TokenCache
+    from pipeline.model.loading import lora_targets
 
     cfg = train_config.load(args.config)
     total = json.loads(Path(args.plan).read_text())["total_updates"]
     order = json.loads(Path(args.order).read_text())
-    cache = TokenCache(cfg.tokens.train_cache)
+    cache = TokenCache(C.cfg_value(cfg, C.KEY_TRAIN_CACHE))
     rows = [cache[i] for i in order]
     dataset = Dataset.from_dict({"input_ids": [ids.tolist() for ids, _ in rows],
                                  "labels": [lab.tolist() for _, lab in rows]})
@@ -123,9 +127,11 @@ def _child_trl(args) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    # The layer names our trainer adapts: `lora.target_modules` may be [all-linear], which peft takes
+    # only as the bare string "all-linear" (in a list it is a layer name, and matches nothing).
+    targets = lora_targets(model, cfg)
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                      target_modules=list(cfg.lora.target_modules), use_rslora=cfg.lora.use_rslora,
-                      bias="none", task_type="CAUSAL_LM")
+                      target_modules=targets, use_rslora=cfg.lora.use_rslora, bias="none", task_type="CAUSAL_LM")
     _, accum = train_config.batch_split(cfg, 1)
     sft = SFTConfig(
         output_dir=str(Path(args.work) / "trl"), max_steps=total, seed=cfg.seed,
@@ -149,10 +155,23 @@ def _child_trl(args) -> None:
     Path(args.result).write_text(json.dumps({
         "stamps": stamps, "ema_s": ema_s, "tokens": tokens, "loss": losses, "threads": torch.get_num_threads(),
         "optim": sft.optim, "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+        "targets": targets,
     }))
 
 
 # --- parent ------------------------------------------------------------------------------------------
+
+
+def _our_order(cfg, steps: int) -> list[int]:
+    """The sample indices of updates 0..steps-1, micro-batch by micro-batch, as our trainer (one rank) takes them."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.train.batches import RunSampler
+
+    cache = TokenCache(C.cfg_value(cfg, C.KEY_TRAIN_CACHE))
+    lengths = cache.lengths if C.cfg_value(cfg, C.KEY_GROUP_BY_LENGTH) else None
+    sampler = RunSampler(len(cache), cfg.optim.global_batch, cfg.seed, lengths)
+    return [i for s in range(steps) for micro in sampler.rank_micro_batches(s, 0, 1, cfg.optim.micro_batch)
+            for i in micro]
 
 
 def _run(name: str, tool: str, ema: bool, run: dict, order: Path, work: Path, steps: int, threads: int) -> dict:
@@ -199,7 +218,6 @@ def _summarize(out: dict, warmup: int) -> dict:
 
 
 def main() -> None:
-    machine = C.machine()  # before we load the cores ourselves
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=50, help="updates per run")
@@ -207,6 +225,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch/OpenMP threads of every run (OMP_NUM_THREADS); 1 keeps a shared machine's noise low")
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
+    C.add_smoke(ap)
     ap.add_argument("--child", choices=["trl"], help=argparse.SUPPRESS)
     for name in ("plan", "config", "work", "result", "order"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -214,10 +233,10 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return _child_trl(args)
+    C.smoke(args, rounds=1, steps=4, warmup=1)
+    machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
 
     from pipeline import config as train_config
-    from pipeline.data.cache import TokenCache
-    from pipeline.train.batches import RunSampler
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
@@ -232,9 +251,8 @@ def main() -> None:
                               single_stage=True),
         }
         cfg = train_config.load(runs[True]["config"])
-        sampler = RunSampler(len(TokenCache(cfg.tokens.train_cache)), cfg.optim.global_batch, cfg.seed)
         order = tmp / "order.json"
-        order.write_text(json.dumps([i for s in range(args.steps) for i in sampler.global_indices(s)]))
+        order.write_text(json.dumps(_our_order(cfg, args.steps)))
 
         names = list(CONFIGS)
         results: dict[str, list[dict]] = {n: [] for n in names}
@@ -291,13 +309,16 @@ def _report(args, machine, cfg, results, raw, wall) -> None:
             "settings": {"steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "threads": args.threads,
                          "micro_batch": cfg.optim.micro_batch, "global_batch": cfg.optim.global_batch,
                          "lora": {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "dropout": cfg.lora.dropout,
-                                  "targets": list(cfg.lora.target_modules)},
+                                  "target_modules": list(cfg.lora.target_modules),
+                                  "targets": raw["trl"][0]["targets"]},
                          "torch_threads": [raw["ours"][0]["threads"], raw["trl"][0]["threads"]],
                          "trl_optim": raw["trl"][0]["optim"]},
             "figures": figures, "per_round": results}
     f = figures
     rounds_text = lambda xs, fmt="{:.2f}": ", ".join(fmt.format(x) for x in xs)  # noqa: E731
     goal = lambda ok: "met" if ok else "NOT met"  # noqa: E731
+    batching = ("grouped by length within the update, our default" if C.cfg_value(cfg, C.KEY_GROUP_BY_LENGTH)
+                else "in sampled order")
 
     def goal_ratio(wall: float, cpu: float) -> str:
         if wall >= 1.0 and cpu >= 1.0:
@@ -313,10 +334,12 @@ def _report(args, machine, cfg, results, raw, wall) -> None:
         "",
         f"Model: the embedded default architecture (Llama, 4 layers, hidden 128, char tokenizer; random init), "
         f"fp32 on CPU, {raw['ours'][0]['threads']} torch thread(s) on both sides. LoRA r={cfg.lora.r}, "
-        f"alpha={cfg.lora.alpha}, dropout={cfg.lora.dropout} on {', '.join(cfg.lora.target_modules)} "
-        f"({raw['trl'][0]['trainable']:,} trained parameters). Batch: {cfg.optim.global_batch} sequences per update "
-        f"= {cfg.optim.micro_batch} per micro-batch x {cfg.optim.global_batch // cfg.optim.micro_batch} accumulation "
-        f"steps, right-padded per micro-batch, no packing; {med['ours']['tokens_per_step']:.0f} non-pad tokens "
+        f"alpha={cfg.lora.alpha}, dropout={cfg.lora.dropout}, target_modules {list(cfg.lora.target_modules)} = "
+        f"{', '.join(raw['trl'][0]['targets'])} ({raw['trl'][0]['trainable']:,} trained parameters). Batch: "
+        f"{cfg.optim.global_batch} sequences per update = {cfg.optim.micro_batch} per micro-batch x "
+        f"{cfg.optim.global_batch // cfg.optim.micro_batch} accumulation steps, the same micro-batches on both "
+        f"sides ({batching}), "
+        f"right-padded per micro-batch, no packing; {med['ours']['tokens_per_step']:.0f} non-pad tokens "
         f"per update (median). {args.steps} updates per run, the first {args.warmup} excluded; "
         f"{args.rounds} rounds, configurations interleaved and rotated; figures are medians over rounds.",
         "",

@@ -4,6 +4,8 @@
     python bench/run_all.py --run all        # also data, merge, fsdp_memory(+_checkpointing), eval_ranks (+ ~30 min, 2 GB models on disk)
     python bench/run_all.py --run none       # only rebuild RESULTS.md from bench/results/
     python bench/run_all.py --run train,gpu
+    python bench/run_all.py --smoke          # every benchmark's command line parses (--help), and RESULTS.md
+                                             # builds from bench/results/ into a temp dir; runs no benchmark
 
 Each benchmark writes bench/results/<name>.md (its full table) and, except the
 older data and merge benchmarks, <name>.json (figures, command, machine, date,
@@ -38,20 +40,21 @@ BENCHES = {  # name -> script (default arguments)
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
 
-def _load(name: str) -> dict | None:
-    path = C.RESULTS / f"{name}.json"
+def _load(results: Path, name: str) -> dict | None:
+    path = results / f"{name}.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _committed_date(path: Path) -> str:
-    out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=C.REPO,
+def _committed(path: Path, fmt: str = "%cs") -> str:
+    """Date (or, with fmt="%h", commit) of the last commit of `path`."""
+    out = subprocess.run(["git", "log", "-1", f"--format={fmt}", "--", str(path)], cwd=C.REPO,
                          capture_output=True, text=True).stdout.strip()
     return out or "uncommitted"
 
 
-def _parse_md(name: str) -> dict | None:
+def _parse_md(results: Path, name: str) -> dict | None:
     """Command, machine line and table rows (first cell -> cells) of data.md / merge.md."""
-    path = C.RESULTS / f"{name}.md"
+    path = results / f"{name}.md"
     if not path.is_file():
         return None
     text = path.read_text()
@@ -63,7 +66,7 @@ def _parse_md(name: str) -> dict | None:
         if line.startswith("|") and len(cells) > 1 and not set(cells[0]) <= set("-: "):
             rows[cells[0]] = cells[1:]
     return {"command": command.group(1) if command else "?", "machine": machine.group(1) if machine else "?",
-            "rows": rows, "date": _committed_date(path), "text": text}
+            "rows": rows, "date": _committed(path), "text": text}
 
 
 def _row(rows: dict, prefix: str) -> list[str]:
@@ -88,10 +91,12 @@ def _met(train: dict, ema: str) -> str:
     return "NOT met"
 
 
-def build_results() -> str:
-    train, ckpt, stages, gpu, mem = (_load(n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
-    fsdp_mems, eval_ranks = [(n, _load(n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")], _load("eval_ranks")
-    data, merge = _parse_md("data"), _parse_md("merge")
+def build_results(results: Path = C.RESULTS) -> str:
+    """RESULTS.md's text from the result files in `results`."""
+    train, ckpt, stages, gpu, mem = (_load(results, n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
+    fsdp_mems = [(n, _load(results, n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")]
+    eval_ranks = _load(results, "eval_ranks")
+    data, merge = _parse_md(results, "data"), _parse_md(results, "merge")
     table: list[tuple] = []  # (figure, value, goal, source)
     sources: list[tuple[str, dict]] = []
 
@@ -222,6 +227,10 @@ def build_results() -> str:
             extra = f"; load average during the runs {d['load_during'][0]:.1f}..{d['load_during'][1]:.1f}"
         if d.get("trainer_commit"):
             extra += f"; trainer at commit {d['trainer_commit']}"
+        else:  # older result files: say which commit brought them, the trainer's is not recorded
+            path = next((p for p in (results / f"{key}.json", results / f"{key}.md") if p.is_file()), None)
+            extra += (f"; trainer commit not recorded (result file committed in "
+                      f"{_committed(path, '%h') if path else 'uncommitted'})")
         lines.append(f"- [{key}] `{d['command']}` — {d['date']}; {machine}{versions}{extra}. "
                      f"Details: [results/{key}.md](results/{key}.md).")
     lines += [
@@ -236,19 +245,44 @@ def build_results() -> str:
         "each `EMA.update` call timed inside the runs that give our tokens/s.",
         "- Merge and data figures were measured earlier by bench_merge.py and bench_data.py and are copied from "
         "their result files (date = last commit of the file).",
-        "- The train, checkpoint and stages figures were measured with the trainer before issue 13 (the commits "
-        "they name); [memory] compares that trainer (0603ead) with the current one on one update, and its RSS "
-        "figures move between rounds by up to a third (the allocator keeps or returns freed memory): its table "
-        "gives every round.",
+        "- Each source's figures are from the trainer of its own date and commit (above); a benchmark is "
+        "re-run only when its figures are wanted, so they are of different ages. [checkpoint] and [stages] "
+        "are from the trainer before issue 13. [memory] compares that trainer (0603ead) with the one of its "
+        "commit on one update, and its RSS figures move between rounds by up to a third (the allocator keeps "
+        "or returns freed memory): its table gives every round.",
+        "- [train] of 2026-11-24 (commit 326f2e1 of the bench branch: its pipeline/ and config/ are main's 31c9b83) replaces the figures of 2026-11-21 (trainer 779317e, before issue 13; ratios "
+        "ours / TRL 1.33 / 1.17 with EMA and 1.25 / 1.20 without, wall / CPU). Since then the trainer computes "
+        "the loss at supervised positions only (TokenLoss, chunked), groups each update's micro-batches by "
+        "length, and gained FSDP2, vision-language, chat-template, tracker and progress-line code (issues "
+        "12-16, 21); the benchmark now gives TRL the very micro-batches ours takes (so both pad alike) and the "
+        "layer names our trainer resolves from `target_modules: [all-linear]` (its TRL arm had failed since "
+        "that default). Its runs shared the 2 cores with a load average of 4-8, so the wall-clock figures "
+        "(the EMA A/B among them) are mostly that load; the CPU-time ratios are the ones to read.",
+        "- Every script's `--smoke` mode (tiny sizes, a temp dir) runs in tests/test_bench_smoke.py, so a "
+        "benchmark that stops running is noticed; the figures here come only from the real modes.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _check_command_lines() -> None:
+    """Every benchmark's command line in BENCHES parses (`--help`: the script loads and knows its options)."""
+    for name, line in BENCHES.items():
+        script, *extra = line.split()
+        proc = subprocess.run([sys.executable, str(C.REPO / "bench" / script), *extra, "--help"], cwd=C.REPO,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"{name}: `python bench/{line} --help` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", default=",".join(DEFAULT_RUN),
                     help=f"comma-separated benchmarks to run first ({', '.join(BENCHES)}), 'all' or 'none'")
+    ap.add_argument("--out", type=Path, default=C.RESULTS_MD, help="where RESULTS.md goes")
+    C.add_smoke(ap)
     args = ap.parse_args()
+    if C.smoke(args, out="out", run="none"):
+        _check_command_lines()
     names = {"all": list(BENCHES), "none": []}.get(args.run, [n for n in args.run.split(",") if n])
     unknown = [n for n in names if n not in BENCHES]
     if unknown:
@@ -258,9 +292,9 @@ def main() -> None:
         script = C.REPO / "bench" / script
         print(f"== {name}: python {' '.join([str(script.relative_to(C.REPO)), *extra])}", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, str(script), *extra], cwd=C.REPO, check=True)
-    out = C.REPO / "bench" / "RESULTS.md"
-    out.write_text(build_results())
-    print(f"wrote {out}", file=sys.stderr)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(build_results())
+    print(f"wrote {args.out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
