@@ -61,6 +61,7 @@ def test_a_job_waits_while_its_devices_are_taken(tmp_path):
 def test_no_gpus_means_nothing_is_handed_out(tmp_path):
     log = tmp_path / "cpu.log"
     env = pipeline_env({"SFT_GPUS": ""})
+    env.pop("CUDA_VISIBLE_DEVICES")  # set empty by tests/conftest.py; unset here, as on a CPU machine
     proc = subprocess.run([sys.executable, "-m", "pipeline.launch", "--log", str(log), "--gpus", "all", "--",
                            sys.executable, "-c", _REPORT, "0"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and _output(log)[0] == "-"  # CUDA_VISIBLE_DEVICES untouched
