@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pipeline.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
@@ -41,6 +43,7 @@ def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
     world = int(os.environ.get("WORLD_SIZE", 1))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
+        _check_gpu_count(local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -52,6 +55,25 @@ def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
             device_id=device if device.type == "cuda" else None,
         )
     return Dist(rank, local_rank, world, device)
+
+
+def _check_gpu_count(local_rank: int) -> None:
+    """Every process of this node must have a GPU of its own, or CUDA fails with "invalid device ordinal".
+
+    Checked on every rank against the node's process count (LOCAL_WORLD_SIZE,
+    set by torchrun), not only on the ranks left without a GPU: all ranks stop
+    here together, before any of them waits in the process group for the others.
+    """
+    count = torch.cuda.device_count()
+    local_world = max(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), local_rank + 1)
+    if local_world <= count:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible})"
+    raise UserError(
+        f"this node starts {local_world} training processes but CUDA sees {count} GPU(s) here{shown}: "
+        f"one process per GPU. Set train.nproc to at most {count} (or auto: one per GPU), and train.gpus_per_node "
+        "to the GPUs each of train.nodes has; to train on the CPU instead, hide the GPUs (CUDA_VISIBLE_DEVICES=)")
 
 
 def teardown() -> None:

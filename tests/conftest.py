@@ -8,14 +8,67 @@ and export tests (helpers to run stages on it: trainkit.py). `tiny_llava` and
 one cold `snakemake --cores all` of the embedded default in a copy of the
 workflow, made once per test session (about 2-4 minutes on 2 cores). No test
 may change it: a test that edits or retrains takes a copy (`copy_run`).
+
+GPUs: every test runs on the CPU unless it is marked `gpu`. The tests' CPU
+figures (fp32 under `precision.mode=auto`, gloo ranks on one machine, bitwise
+comparisons of CPU kernels) hold only there: on a GPU host `auto` would pick
+bf16 and two ranks would need two GPUs. So this process and every process a
+test starts (trainers, torchrun, snakemake) see no GPU (CUDA_VISIBLE_DEVICES
+set empty before anything asks CUDA), and a `gpu` test gets back the devices
+the session was started with, or is skipped where torch sees none.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from runkit import copy_workflow, snakemake
+
+# Before any test module imports torch: CUDA reads the variable once, when first asked.
+SESSION_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def _session_env() -> dict:
+    """This process's environment with the GPUs the session was started with."""
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES")
+    if SESSION_VISIBLE_DEVICES is not None:
+        env["CUDA_VISIBLE_DEVICES"] = SESSION_VISIBLE_DEVICES
+    return env
+
+
+def session_has_cuda() -> bool:
+    """Whether torch sees a CUDA GPU with the session's devices: asked in a child process (this one
+    hides them), and only where nvidia-smi is installed (no torch start-up on a CPU machine)."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    proc = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                          env=_session_env(), capture_output=True, text=True, timeout=300)
+    return proc.stdout.strip().endswith("True")
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu_tests and not session_has_cuda():
+        for item in gpu_tests:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(autouse=True)
+def _session_gpus_for_gpu_tests(request, monkeypatch):
+    """A `gpu` test (and the processes it starts) sees the session's GPUs; every other test none."""
+    if request.node.get_closest_marker("gpu") is None:
+        return
+    if SESSION_VISIBLE_DEVICES is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", SESSION_VISIBLE_DEVICES)
 
 
 @pytest.fixture(scope="session")

@@ -111,7 +111,38 @@ def optimizer_state(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple
     return tensors, {"param_groups": groups, "scalars": scalars}
 
 
+# Param-group keys that say how the optimizer computes, not what: chosen for the device of the
+# process that built it (`fused` on a GPU, `foreach` on a CPU), and never restored from a checkpoint.
+IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def keep_implementation(optimizer: torch.optim.Optimizer, saved_groups: list[dict]) -> list[dict]:
+    """`saved_groups` (a checkpoint's param groups, in order) with `optimizer`'s own implementation flags.
+
+    `Optimizer.load_state_dict` takes every key of the saved groups, flags
+    included: a run saved on a CPU (foreach) and resumed on a GPU would lose its
+    fused kernel, and under fp16 crash, since `GradScaler.step` hands `found_inf`
+    to an optimizer built fused (`_step_supports_amp_scaling`) whose groups now
+    say otherwise. Hyperparameters (lr, betas, eps, weight decay, ...) are the
+    checkpoint's; the flags stay those this process chose. They are set before
+    loading, because loading places the `step` counters by them (on the
+    parameter's device when fused or capturable).
+    """
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"optimizer state has {len(saved_groups)} param groups, the optimizer "
+                         f"{len(optimizer.param_groups)}")
+    groups = []
+    for saved, live in zip(saved_groups, optimizer.param_groups):
+        own = {k: live[k] for k in IMPLEMENTATION_KEYS if k in live}
+        groups.append({**{k: v for k, v in saved.items() if k not in IMPLEMENTATION_KEYS}, **own})
+    return groups
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict, meta: dict) -> None:
+    """Restore `optimizer_state()`'s output into `optimizer`, matching parameters by name.
+
+    Its implementation flags stay its own (`keep_implementation`).
+    """
     index = {name: i for i, name in enumerate(names)}
     saved = [n for g in meta["param_groups"] for n in g["params"]]
     if sorted(saved) != sorted(names):
@@ -132,7 +163,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str], ten
         g = dict(g)
         g["params"] = [index[n] for n in g["params"]]
         groups.append(g)
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    optimizer.load_state_dict({"state": state, "param_groups": keep_implementation(optimizer, groups)})
 
 
 # ------------------------------------------------------------------------ snapshot

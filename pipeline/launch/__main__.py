@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     devices = None if args.print_command else gpus.acquire(args.gpus, wait_message=note)
     env = dict(os.environ)
     if devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = devices.visible
+        env.update(devices.env())  # the ids, and the order they are numbered in
     if args.train:
         terminal = controlling_terminal()
         if terminal:  # rank 0 draws the stage's progress line there (the log keeps its own lines)

@@ -13,6 +13,13 @@ how tests simulate GPUs on a CPU machine), else `CUDA_VISIBLE_DEVICES`, else
 what `nvidia-smi` lists, else none (a CPU machine: nothing to hand out).
 Under SLURM the job's allocation is already its own (SLURM sets
 `CUDA_VISIBLE_DEVICES`), so there is nothing to lock there.
+
+Device ids are nvidia-smi's, which numbers GPUs by PCI bus, while CUDA numbers
+them fastest first unless `CUDA_DEVICE_ORDER=PCI_BUS_ID`: on a machine with
+mixed GPUs, id 0 would be another device to CUDA than to the locks, and a job
+could run on a GPU another job holds. So a job is handed its ids with
+`CUDA_DEVICE_ORDER=PCI_BUS_ID`, unless the ids are the user's own
+(`CUDA_VISIBLE_DEVICES`) and the user chose an order for them too.
 """
 
 from __future__ import annotations
@@ -26,21 +33,30 @@ from pathlib import Path
 
 ENV_SIMULATED = "SFT_GPUS"
 ENV_LOCK_DIR = "SFT_GPU_LOCK_DIR"
+ENV_ORDER = "CUDA_DEVICE_ORDER"
+PCI_ORDER = "PCI_BUS_ID"  # nvidia-smi's numbering
 POLL_SECONDS = 2.0
 
 
 def present() -> list[str]:
     """Device ids this machine (or this job's allocation) has, in order."""
+    return _present()[0]
+
+
+def _present() -> tuple[list[str], str]:
+    """(device ids, the CUDA_DEVICE_ORDER they are numbered in)."""
     for var in (ENV_SIMULATED, "CUDA_VISIBLE_DEVICES"):
         value = os.environ.get(var)
         if value is not None:
-            return [d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1"]
+            ids = [d.strip() for d in value.split(",") if d.strip() and d.strip() != "-1"]
+            return ids, os.environ.get(ENV_ORDER) or PCI_ORDER
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
-        return []
-    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+        return [], PCI_ORDER
+    ids = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return ids, PCI_ORDER
 
 
 def _lock_dir() -> Path:
@@ -53,12 +69,16 @@ def _lock_dir() -> Path:
 class Devices:
     """The devices a job holds; `release()` (or the process ending) gives them back."""
 
-    def __init__(self, ids: list[str], handles: list):
-        self.ids, self._handles = ids, handles
+    def __init__(self, ids: list[str], handles: list, order: str = PCI_ORDER):
+        self.ids, self._handles, self.order = ids, handles, order
 
     @property
     def visible(self) -> str:
         return ",".join(self.ids)
+
+    def env(self) -> dict[str, str]:
+        """What the job's environment needs so that CUDA shows it these devices, and only these."""
+        return {"CUDA_VISIBLE_DEVICES": self.visible, ENV_ORDER: self.order}
 
     def release(self) -> None:
         for handle in self._handles:
@@ -71,7 +91,7 @@ def acquire(want: str, *, wait_message=None) -> Devices | None:
 
     Waits while fewer are free. Under SLURM, returns the allocation without locking.
     """
-    devices = present()
+    devices, order = _present()
     if want in ("0", "") or not devices:
         return None
     count = len(devices) if want == "all" else int(want)
@@ -79,10 +99,10 @@ def acquire(want: str, *, wait_message=None) -> Devices | None:
         raise SystemExit(f"pipeline.launch: the job asks for {count} GPU(s), this machine has {len(devices)} "
                          f"({','.join(devices)}); lower the request or run where there are more")
     if os.environ.get("SLURM_JOB_ID"):
-        return Devices(devices[:count], [])
+        return Devices(devices[:count], [], order)
     root, announced = _lock_dir(), False
     while True:
-        taken = _try_take(root, devices, count)
+        taken = _try_take(root, devices, count, order)
         if taken is not None:
             return taken
         if not announced and wait_message is not None:
@@ -91,7 +111,7 @@ def acquire(want: str, *, wait_message=None) -> Devices | None:
         time.sleep(POLL_SECONDS)
 
 
-def _try_take(root: Path, devices: list[str], count: int) -> Devices | None:
+def _try_take(root: Path, devices: list[str], count: int, order: str) -> Devices | None:
     """Lock `count` free devices at once, or none (all-or-nothing: no hold-and-wait)."""
     ids, handles = [], []
     for device in devices:
@@ -104,7 +124,7 @@ def _try_take(root: Path, devices: list[str], count: int) -> Devices | None:
         ids.append(device)
         handles.append(handle)
         if len(ids) == count:
-            return Devices(ids, handles)
+            return Devices(ids, handles, order)
     for handle in handles:
         handle.close()
     return None

@@ -84,14 +84,36 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
     with torch.random.fork_rng(devices=[]), _parameters_on_meta():
         model = auto_class(config).from_config(config, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
                                                  attn_implementation=str(cfg.model.attn_implementation))
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None and param.device.type == "meta":
-                module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
-                                                              requires_grad=param.requires_grad)
+    with _unfilled():
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is not None and param.device.type == "meta":
+                    module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
+                                                                  requires_grad=param.requires_grad)
     model.tie_weights()  # the replaced parameters broke the ties (lm_head to the embeddings)
     _for_training(model, checkpointing)
     return model
+
+
+@contextmanager
+def _unfilled():
+    """`torch.empty` leaves memory unwritten, even in deterministic mode.
+
+    `deterministic=true` (`torch.use_deterministic_algorithms`) makes every
+    empty tensor filled with NaN (`torch.utils.deterministic.fill_uninitialized_memory`),
+    which writes every page of the skeleton: each rank would hold the whole
+    model in host RAM. No computation sees the skeleton's values: before the
+    first forward every parameter is either read from the weight files into its
+    shards or initialized (the adapter), so what a run computes stays deterministic.
+    """
+    import torch.utils.deterministic as deterministic
+
+    fill = deterministic.fill_uninitialized_memory
+    deterministic.fill_uninitialized_memory = False
+    try:
+        yield
+    finally:
+        deterministic.fill_uninitialized_memory = fill
 
 
 @contextmanager

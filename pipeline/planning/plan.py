@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -58,12 +59,40 @@ def config_id(cfg: train_config.TrainConfig) -> str:
 
 
 def world_size(nodes: int, gpus_per_node: int | str, nproc: int | str) -> int | None:
-    """Ranks of a training stage when the workflow config fixes them (None: decided by the GPUs found)."""
+    """Ranks of a training stage when the workflow config fixes them (None: decided by the GPUs found).
+
+    Raises when the config itself asks for more processes per node than GPUs per
+    node: each process needs a GPU of its own (CUDA: "invalid device ordinal").
+    """
     if nproc != "auto":
+        if gpus_per_node != "auto" and 0 < int(gpus_per_node) < int(nproc):
+            raise UserError(f"train.nproc={nproc} processes per node but train.gpus_per_node={gpus_per_node}: "
+                            f"each process needs a GPU of its own; set train.nproc to at most {gpus_per_node} "
+                            "(or auto: one per GPU)")
         return nodes * int(nproc)
     if gpus_per_node != "auto":
         return nodes * max(1, int(gpus_per_node))
     return None
+
+
+def gpu_count_problem(world: int | None) -> str | None:
+    """Why this machine cannot give each of a local run's `world` ranks a GPU of its own, or None.
+
+    A local run starts every rank on this machine (one torchrun per node, all
+    here, without SLURM), on the GPUs this process sees (the launcher hands out
+    the same ones). Under SLURM the plan runs in a job of its own, without the
+    training job's GPUs: `pipeline.distributed.setup` checks there.
+    """
+    if world is None or os.environ.get("SLURM_JOB_ID"):
+        return None
+    count, _ = memory.gpus_found()
+    if count == 0 or world <= count:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = "" if visible is None else f", CUDA_VISIBLE_DEVICES={visible}"
+    return (f"train.nproc / train.nodes x train.gpus_per_node start {world} training processes, but this machine "
+            f"has {count} visible GPU(s){shown}: each process needs a GPU of its own. Lower train.nproc to at most "
+            f"{count} (or auto: one per GPU); to train on the CPU instead, hide the GPUs (CUDA_VISIBLE_DEVICES=)")
 
 
 def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_ema_rate: float | None,
@@ -158,6 +187,9 @@ def main(argv: list[str]) -> int:
                            world=args.world_size)
     if problems:
         raise UserError("the workflow config and the trainer config disagree:\n  " + "\n  ".join(problems))
+    too_few = gpu_count_problem(args.world_size)
+    if too_few:
+        raise UserError(too_few)
     # A hub model (its model.json or hub id) is read from its cached snapshot; the plan records its
     # id and commit. train_config.yaml keeps model.path as given: the config's identity.
     hub_model = hub.describe(cfg.model.path)

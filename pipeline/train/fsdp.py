@@ -49,7 +49,7 @@ from pipeline.model import loading
 from pipeline.model.loss import TokenLoss
 from pipeline.train import sharded_load
 from pipeline.distributed import Dist, any_rank, barrier, check_consistent, plain
-from pipeline.checkpoint.state import TrainedState
+from pipeline.checkpoint.state import TrainedState, keep_implementation
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,9 @@ def _load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) 
         cause = cause[0] if isinstance(cause, tuple) else cause
         raise UserError(f"{root} does not match the model being trained (was it written with another "
                         f"lora/model/ema config?): {str(cause)[:500]}") from None
-    set_optimizer_state_dict(model, optimizer, state[_OPTIM_KEY])
+    optim = state[_OPTIM_KEY]  # its param groups now hold the checkpoint's implementation flags too
+    optim["param_groups"] = keep_implementation(optimizer, optim["param_groups"])
+    set_optimizer_state_dict(model, optimizer, optim)
 
 
 # ----------------------------------------------------------------------- the strategy

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from trainkit import checkpoint_digests, make_run, stage_names, step_losses
 
 from pipeline import layout
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+# Skipped without a CUDA GPU by tests/conftest.py (which hides the GPUs from every other test).
+pytestmark = pytest.mark.gpu
 
 
 def _rows(stage_dir):

@@ -7,6 +7,9 @@ a fresh process (the setting is process-wide): free one 24 MiB block, then
 allocate 40 blocks of 8 MiB interleaved with small long-lived tensors (as a
 training step leaves them), free the big ones and see how much memory goes
 back to the system.
+
+And the FSDP meta-init skeleton: allocated, never written, so not resident,
+in deterministic mode too.
 """
 
 from __future__ import annotations
@@ -60,3 +63,47 @@ def test_a_threshold_the_user_set_is_left_alone():
     pinned, returned = _returned_mb("pin", {"MALLOC_MMAP_THRESHOLD_": "65536"})
     assert not pinned
     assert returned > 0.9 * 320  # the user's own threshold (64 KiB) mmaps the blocks
+
+
+# An FSDP meta-init skeleton (`loading.empty_base`) of a ~365 MB fp32 Llama: its parameters are
+# allocated, never written, so almost nothing of it is resident; deterministic mode must not change
+# that (it fills every empty tensor with NaN unless told not to, touching every page).
+SKELETON = r"""
+import json, sys, torch
+from pathlib import Path
+from pipeline import config as train_config
+from pipeline.model import loading
+from pipeline.train import sharded_load
+import transformers.models.llama.modeling_llama  # imported before the measurement, not during
+
+def anon_mb():
+    return next(int(line.split()[1]) / 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+model_dir, conf = Path(sys.argv[1]), sys.argv[2]
+model_dir.mkdir()
+(model_dir / "config.json").write_text(json.dumps({
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 768, "num_hidden_layers": 6,
+    "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048, "vocab_size": 32000,
+    "tie_word_embeddings": False, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
+cfg = train_config.resolve(Path(conf), "config", [f"model.path={model_dir}", "data.train_cache=/t"])
+torch.use_deterministic_algorithms(True)
+sharded_load.pin_mmap_threshold()  # as the FSDP strategy does before building it
+before = anon_mb()
+skeleton = loading.empty_base(cfg, torch.float32)
+size = sum(p.numel() * p.element_size() for p in skeleton.parameters()) / 2**20
+print(size, anon_mb() - before, torch.utils.deterministic.fill_uninitialized_memory)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_meta_init_skeleton_stays_out_of_host_memory_in_deterministic_mode(tmp_path):
+    from trainkit import REPO, pipeline_env
+
+    env = {k: v for k, v in pipeline_env().items() if not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", SKELETON, str(tmp_path / "model"), str(REPO / "config" / "train")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    size, resident, fill = out.stdout.split()
+    assert float(size) > 300, size
+    assert float(resident) < 0.1 * float(size), f"{resident} MiB resident for a {size} MiB skeleton"
+    assert fill == "True"  # the process's setting is back as it was
