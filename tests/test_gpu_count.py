@@ -63,7 +63,8 @@ def test_the_workflow_config_asking_more_processes_than_gpus_per_node_is_refused
 
 def _plan_args(tmp_path, world: int) -> list[str]:
     return ["--total-updates", "8", "--pilot-fraction", "0.25", "--num-chunks", "1",
-            "--train-config-dir", str(CONF), "--override", "model.path=/m", "--override", "data.train_cache=/t",
+            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw",
+            "--override", "model.path=/m", "--override", "tokens.train_cache=/t",
             "--world-size", str(world), "--out-plan", str(tmp_path / "plan.json"),
             "--out-config", str(tmp_path / "train_config.yaml")]
 

@@ -85,7 +85,7 @@ model_dir.mkdir()
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 768, "num_hidden_layers": 6,
     "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 2048, "vocab_size": 32000,
     "tie_word_embeddings": False, "max_position_embeddings": 512, "rms_norm_eps": 1e-5}))
-cfg = train_config.resolve(Path(conf), "config", [f"model.path={model_dir}", "data.train_cache=/t"])
+cfg = train_config.resolve(Path(conf), "config", [f"model.path={model_dir}", "tokens.train_cache=/t"])
 torch.use_deterministic_algorithms(True)
 sharded_load.pin_mmap_threshold()  # as the FSDP strategy does before building it
 before = anon_mb()
