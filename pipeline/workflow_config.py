@@ -27,7 +27,7 @@ def schema_problems(config: dict, schema_path: Path, command_line: Mapping | Non
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
-    given = _leaves(command_line or {})
+    given = _leaves(command_line) if command_line else set()
     problems = []
     for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
         path = tuple(map(str, error.absolute_path))
