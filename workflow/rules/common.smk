@@ -213,7 +213,7 @@ def _changed_runs():
         runs[RUN] = (f"run {RUN} (trained without the sweep)", BASE_TRAIN[0])
     changed = [run for vrun, (label, cfg) in runs.items() if (run := guard.check(vrun, label, cfg, stages))]
     if changed and config["on_config_change"] == "stop":
-        raise WorkflowError(f"config ({CONFIG_SOURCES}): " + guard.stop_message(changed))
+        raise WorkflowError(f"config ({CONFIG_SOURCES}): {guard.stop_message(changed)}")
     names = {run.vrun: guard.archive_name(run) for run in changed}
     for run in changed:
         logger.warning(f"on_config_change: archive: {run.label} changed ({'; '.join(map(str, run.changes))}): "
