@@ -76,7 +76,7 @@ def test_changed_config_and_schedule_are_named_with_what_was_trained(tmp_path):
         "schedule: pilot:15 + chunk01:142 + chunk02:142 + tail:1 = 300 updates -> "
         "pilot:2 + chunk01:19 + chunk02:19 = 40 updates"]
     message = guard.stop_message([changed])
-    for text in ("run demo (results/demo)", "optim.lr: 0.002 -> 0.001", "run:", "on_config_change: archive",
+    for text in ("run demo in results/demo, trained pilot, chunk01, chunk02 (in progress)", "optim.lr: 0.002 -> 0.001", "run:", "on_config_change: archive",
                  "results/<run>/archive/"):
         assert text in message, message
 

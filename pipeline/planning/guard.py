@@ -156,7 +156,7 @@ def stop_message(changed: list[ChangedRun], *, results: str = "results") -> str:
     lines = ["these results were trained with another config than the one given now; running on would "
              "retrain them in place, deleting what they trained:"]
     for run in changed:
-        lines.append(f"  {run.label} ({results}/{run.vrun}), trained {', '.join(run.trained)}; changed since "
+        lines.append(f"  {run.label} in {results}/{run.vrun}, trained {', '.join(run.trained)}; changed since "
                      f"(old -> now, old from {CONFIG_FILE} and {PLAN_FILE}):")
         lines += [f"    {change}" for change in run.changes]
     lines += [

@@ -41,7 +41,7 @@ def test_a_changed_lr_stops_at_load_naming_the_key_and_changes_nothing(done, run
     proc = run_snakemake(run, "--cores", "all")
     shown = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    for text in ("run demo (results/demo), trained pilot, chunk01, chunk02, tail", "optim.lr: 0.002 -> 0.001",
+    for text in ("run demo in results/demo, trained pilot, chunk01, chunk02, tail", "optim.lr: 0.002 -> 0.001",
                  "new `run:` name", "on_config_change: archive"):
         assert text in shown, shown[-4000:]
     assert jobs_in_log(shown) == []

@@ -210,7 +210,7 @@ def _changed_runs():
     runs = {vrun: (f"sweep variant {name}" if name else f"run {RUN}", TRAIN[vrun][0])
             for vrun, (name, _) in VARIANTS.items()}
     if SWEEP:
-        runs[RUN] = (f"run {RUN} (trained without the sweep)", BASE_TRAIN[0])
+        runs[RUN] = (f"run {RUN} (without the sweep)", BASE_TRAIN[0])
     changed = [run for vrun, (label, cfg) in runs.items() if (run := guard.check(vrun, label, cfg, stages))]
     if changed and config["on_config_change"] == "stop":
         raise WorkflowError(f"config ({CONFIG_SOURCES}): {guard.stop_message(changed)}")
