@@ -2,7 +2,7 @@
 
     python bench/bench_gpu.py                          # on a machine with a CUDA GPU (defaults: the 1B preset,
                                                        # length 2048, a length mix, micro-batch 8)
-    python bench/bench_gpu.py --override model.attn_implementation=flash_attention_2 --override data.packing=on
+    python bench/bench_gpu.py --override model.attn_implementation=flash_attention_2 --override tokens.packing=on
     python bench/bench_gpu.py --smoke                  # tiny model, on the GPU if there is one, else on the CPU
 
 Without a CUDA GPU it prints "not measured: no GPU", records that in

@@ -8,6 +8,7 @@ one rule at a time (a missing data file used to surface as Snakemake's
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from pipeline.storage import hub
@@ -18,22 +19,27 @@ EMBEDDED = "embedded"
 EMBEDDED_KINDS = {EMBEDDED: "text", "embedded-vlm": "vlm"}
 
 
-def schema_problems(config: dict, schema_path: Path) -> list[str]:
-    """Every key of `config` the JSON schema rejects: unknown keys, wrong types, bad values."""
+def schema_problems(config: dict, schema_path: Path, command_line: Mapping | None = None) -> list[str]:
+    """Every key of `config` the JSON schema rejects: unknown keys, wrong types, bad values; those
+    `command_line` (snakemake's `--config` values) set end in "(from --config)"."""
     import jsonschema
     import yaml
 
     schema = yaml.safe_load(Path(schema_path).read_text())
     validator = jsonschema.Draft202012Validator(schema)
+    given = _leaves(command_line) if command_line else set()
     problems = []
     for error in sorted(validator.iter_errors(config), key=lambda e: list(map(str, e.absolute_path))):
-        key = ".".join(map(str, error.absolute_path))
+        path = tuple(map(str, error.absolute_path))
+        key = ".".join(path)
         if error.validator == "additionalProperties":
             known = sorted(error.schema.get("properties", {}))
             for name in sorted(set(error.instance) - set(known)):
-                problems.append(f"{key + '.' if key else ''}{name}: unknown key (known here: {', '.join(known)})")
+                where = " (from --config)" if _given(given, (*path, name)) else ""
+                problems.append(f"{key + '.' if key else ''}{name}: unknown key (known here: {', '.join(known)}){where}")
         else:
-            problems.append(f"{key or '(top level)'}: {error.message}")
+            where = " (from --config)" if _given(given, path) else ""
+            problems.append(f"{key or '(top level)'}: {error.message}{where}")
     return problems
 
 
@@ -64,6 +70,117 @@ def default_differences(config: dict, schema_path: Path) -> dict[str, str]:
         elif node != default or isinstance(node, bool) != isinstance(default, bool):
             out[key] = f"{node!r}, the schema's default is {default!r}"
     return out
+
+
+def _leaves(tree, path: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    if isinstance(tree, Mapping) and tree:
+        return set().union(*(_leaves(value, (*path, str(key))) for key, value in tree.items()))
+    return {path}
+
+
+def _given(leaves: set[tuple[str, ...]], path: tuple[str, ...]) -> bool:
+    """Whether --config set the value at `path` (or a value inside it, or the list holding it)."""
+    return any(leaf[:len(path)] == path or path[:len(leaf)] == leaf for leaf in leaves)
+
+
+def _types(schema: Mapping | None) -> set[str] | None:
+    if not schema or "type" not in schema:
+        return None
+    kind = schema["type"]
+    return {kind} if isinstance(kind, str) else set(kind)
+
+
+def _child(schema: Mapping | None, key) -> Mapping | None:
+    """The schema of `key` inside the object (or array) `schema` describes."""
+    if not schema:
+        return None
+    if isinstance(key, int):
+        return schema.get("items")
+    properties = schema.get("properties", {})
+    if key in properties:
+        return properties[key]
+    extra = schema.get("additionalProperties")
+    return extra if isinstance(extra, Mapping) else None
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), "other")
+
+
+def _typed_leaf(text: str, types: set[str] | None):
+    """A `--config` leaf as a config file would give it, where the schema wants that type.
+
+    Snakemake reads a nested `--config` value with YAML's BaseLoader: every leaf a string
+    ('40', 'true', 'null'). A config file's YAML gives 40, True, None. Where the schema names
+    the types, the string becomes the YAML value only when the schema accepts that value's type
+    (so `data.train: 123` stays the file name '123', `schedule.total_updates: 40` becomes 40,
+    `data.val: null` becomes None); where it names none (a sweep grid's values), the YAML value.
+    A string no type accepts is left as it is, for the schema check to name.
+    """
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and types and "number" in types:
+        try:
+            value = float(text)  # YAML 1.1 reads 1e-3 as a string; JSON Schema's number does not
+        except ValueError:
+            pass
+    if types is None:
+        return value if not isinstance(value, (dict, list)) else text
+    kind = _json_type(value)
+    accepted = kind in types or (kind == "integer" and "number" in types)
+    return value if accepted and kind != "string" else text
+
+
+def type_command_line(config: dict, command_line: Mapping, schema_path: Path) -> None:
+    """Give the values `--config` set inside nested keys (`schedule={total_updates: 40}`) the
+    types a config file would give them (`_typed_leaf`), in `config`, in place.
+
+    Top-level `--config key=value` values are typed by snakemake already (int, float, True/False).
+    The schema check after this stays as strict as for a config file.
+    """
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+
+    def walk(given, target, schema_here):
+        items = given.items() if isinstance(given, Mapping) else enumerate(given)
+        for key, value in items:
+            sub = _child(schema_here, key)
+            if isinstance(value, (Mapping, list)) and isinstance(target, (dict, list)):
+                walk(value, target[key], sub)
+            elif isinstance(value, str):
+                target[key] = _typed_leaf(value, _types(sub))
+
+    for key, value in command_line.items():
+        if isinstance(value, (Mapping, list)) and key in config:
+            walk(value, config[key], _child(schema, key))
+
+
+def sources(configfiles: list, command_line: Mapping) -> str:
+    """Where the workflow config came from, for error messages: config/config.yaml, each
+    --configfile, and --config when it set anything."""
+    names = ["config/config.yaml"] + [_relative(f) for f in configfiles if _relative(f) != "config/config.yaml"]
+    return ", ".join(names + (["--config " + " ".join(sorted(command_line))] if command_line else []))
+
+
+def _relative(path) -> str:
+    path = Path(path)
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def path_problems(config: dict) -> list[str]:

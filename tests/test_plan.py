@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -114,3 +115,16 @@ def test_without_a_gpu_or_a_size_the_estimate_is_only_printed(tmp_path, capsys):
     assert plan.main(_plan_args(tmp_path, "--override", f"model.path={model}", "--max-length", "4096")) == 0
     out = capsys.readouterr().out
     assert "memory per GPU" in out and "not checked" in out
+
+
+def test_the_workflow_resolution_is_written_as_is_and_its_sha256_is_the_cache_key(tmp_path):
+    cfg = train_config.resolve(CONF, "config", BASE + ["optim.lr=1e-3"])
+    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
+            "--resolved-config", plan.resolved_json(cfg), "--export-weights", "ema", "--export-ema-rate", "0.98",
+            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml")]
+    assert plan.main(args) == 0
+    written = (tmp_path / "train_config.yaml").read_text()
+    assert written == train_config.to_yaml(cfg)
+    assert hashlib.sha256(written.encode()).hexdigest() == plan.config_id(cfg)
+    with pytest.raises(SystemExit):  # one source of the config, not both
+        plan.main(args + ["--train-config-dir", str(CONF)])

@@ -71,3 +71,46 @@ def test_paths_name_the_key_that_holds_them(tmp_path):
     assert path_problems({"model": "meta-llama/Llama-3.2-1B", "data": {"train": "embedded"}}) == []  # a hub id
     assert path_problems({"model": "./models/missing", "data": {}}) == [
         "model: ./models/missing does not exist (and is not a hub id like org/name or org/name@revision)"]
+
+
+def _from_command_line(given: dict) -> dict:
+    """config/config.yaml with `given` applied as snakemake applies `--config` (nested values are
+    BaseLoader strings; dicts merged, lists replaced), then typed."""
+    from snakemake.cli import parse_config
+    from snakemake.utils import update_config
+
+    from pipeline.workflow_config import type_command_line
+
+    command_line = parse_config([f"{key}={value}" for key, value in given.items()])
+    config = _config()
+    update_config(config, command_line)
+    type_command_line(config, command_line, SCHEMA)
+    return config, command_line
+
+
+def test_nested_command_line_values_get_the_types_a_config_file_gives():
+    config, command_line = _from_command_line({
+        "schedule": "{total_updates: 40, pilot_fraction: 0.1}", "data": "{val: null, train: 123}",
+        "train": "{nproc: 2, overrides: [optim.lr=1e-3]}", "export": "{ema_rate: 1e-3}",
+        "sweep": "{grid: {optim.lr: [1.0e-3, 2.0e-3]}}"})
+    assert command_line["schedule"] == {"total_updates": "40", "pilot_fraction": "0.1"}  # what snakemake hands over
+    assert config["schedule"] == {"total_updates": 40, "pilot_fraction": 0.1, "num_chunks": 2}
+    assert config["data"]["val"] is None and config["data"]["train"] == "123"  # a file name stays a string
+    assert config["train"]["nproc"] == 2 and config["train"]["overrides"] == ["optim.lr=1e-3"]
+    assert config["export"]["ema_rate"] == 0.001
+    assert config["sweep"]["grid"] == {"optim.lr": [0.001, 0.002]}  # as config/sweep.yaml gives them
+    assert schema_problems(config, SCHEMA, command_line) == []
+
+
+def test_a_bad_command_line_value_stays_an_error_that_names_config():
+    from pipeline.workflow_config import sources
+
+    config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
+    assert schema_problems(config, SCHEMA, command_line) == [
+        "data.max_lenght: unknown key (known here: chat_template, duplicates, max_length, reasoning, test, "
+        "too_long, train, val) (from --config)",
+        "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
+    assert sources([], command_line) == "config/config.yaml, --config data schedule"
+    config = _config()
+    config["schedule"]["total_updates"] = "many"  # from a file: no --config blamed
+    assert schema_problems(config, SCHEMA, command_line={}) == ["schedule.total_updates: 'many' is not of type 'integer'"]

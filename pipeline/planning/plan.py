@@ -1,9 +1,15 @@
 """The run's plan: its stages, its resolved trainer config, and the checks that span both configs.
 
     python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
-        --train-config-dir config/train --train-config-name config --override optim.lr=2e-3 ... \\
+        --resolved-config '{"seed": 0, "optim": {"lr": 0.002, ...}, ...}' \\
         --export-weights ema --export-ema-rate 0.98 [--world-size 8] --max-length 2048 \\
         --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
+
+The trainer config is resolved once, when the workflow loads
+(`workflow/rules/common.smk`): the `plan` rule hands that resolution over as
+JSON (`--resolved-config`) and the plan writes it as it is. Outside the
+workflow (tests, benchmarks) `--train-config-dir/--train-config-name/--override`
+resolve it here instead.
 
 Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
 what to export, how many processes) and the trainer's (`config/train/` plus
@@ -56,6 +62,14 @@ from pipeline.storage.publish import write_text
 def config_id(cfg: train_config.TrainConfig) -> str:
     """sha256 of the resolved config as train_config.yaml holds it: what the trained stages depend on."""
     return hashlib.sha256(train_config.to_yaml(cfg).encode()).hexdigest()
+
+
+def resolved_json(cfg: train_config.TrainConfig) -> str:
+    """The resolved config as `--resolved-config` takes it: `to_typed` of it writes the same
+    train_config.yaml, so its sha256 is `config_id(cfg)`."""
+    from omegaconf import OmegaConf
+
+    return json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)), separators=(",", ":"))
 
 
 def world_size(nodes: int, gpus_per_node: int | str, nproc: int | str) -> int | None:
@@ -167,10 +181,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--total-updates", type=int, required=True)
     ap.add_argument("--pilot-fraction", type=float, required=True)
     ap.add_argument("--num-chunks", type=int, required=True)
-    ap.add_argument("--train-config-dir", type=Path, required=True)
-    # Required, like the workflow values below: their defaults live in the workflow schema, and the
-    # plan rule passes them (a default here would be a second one, free to drift).
-    ap.add_argument("--train-config-name", required=True, help="workflow train.config_name")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--resolved-config", type=json.loads,
+                        help="the trainer config the workflow resolved when it loaded (JSON): written as is")
+    source.add_argument("--train-config-dir", type=Path, help="else resolve config/train/ here, with --override")
+    # No default here: the workflow schema holds train.config_name's (a second one would be free to drift).
+    ap.add_argument("--train-config-name", help="with --train-config-dir: the config's name (workflow train.config_name)")
     ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
     ap.add_argument("--export-weights", choices=("ema", "raw"), required=True, help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
@@ -182,7 +198,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
-    cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
+    if args.resolved_config is not None:
+        cfg = train_config.to_typed(args.resolved_config)  # the workflow's resolution, typed and checked again
+    else:
+        if args.train_config_name is None:
+            ap.error("--train-config-dir needs --train-config-name")
+        cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
     problems = cross_check(cfg, export_weights=args.export_weights, export_ema_rate=args.export_ema_rate,
                            world=args.world_size)
     if problems:

@@ -81,7 +81,8 @@ CASES = [
     Case("malformed dataset", {"data": {"train": "bad.jsonl"}},
          ["pipeline: validate failed (exit 3)", "bad.jsonl record 1 (line 2, id 'b')", "empty_text",
           "bad.jsonl record 2 (line 3, id 'c')", "unknown_role", "full report:"], prepare=_malformed_dataset),
-    Case("failed pilot gate", {"train": {"overrides": _lr0_overrides()}},
+    # A new trainer config on the finished run: its stages are archived, then the pilot trains again.
+    Case("failed pilot gate", {"train": {"overrides": _lr0_overrides()}, "on_config_change": "archive"},
          ["pipeline: pilot-gate failed (exit 77)", "grads_flowing", "gate.override"]),
     Case("training stage that crashes", env={"SFT_FAULTS": '{"stage": "tail", "fail_at_step": 299}'},
          expect=["pipeline: train failed (exit 1)", "injected failure at update 299"], prepare=_tail_crashes),

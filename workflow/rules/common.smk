@@ -3,18 +3,21 @@
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 from pipeline import layout
 from pipeline.errors import UserError
-from pipeline.planning.plan import world_size as plan_world_size
+from pipeline.planning import guard
+from pipeline.planning.plan import resolved_json, world_size as plan_world_size
 from pipeline.planning.schedule import PILOT, plan_stages
 from pipeline.storage import hub
 from pipeline.planning.sweep import prune_points as sweep_prune_points, variants as sweep_variants
-from pipeline.workflow_config import EMBEDDED_KINDS
+from pipeline.workflow_config import EMBEDDED_KINDS, sources as config_sources
 
 
 def _chat_template_problems(value):
@@ -26,16 +29,24 @@ def _chat_template_problems(value):
             "nor an existing .jinja file"]
 
 
-def _check_config():
-    """Every problem of config/config.yaml at once, naming its key, before any job runs."""
-    from pipeline.workflow_config import path_problems, schema_problems
+# What `--config` set (nested values still strings, as snakemake read them) and where the
+# config came from: errors name `--config` or the file that holds the key.
+COMMAND_LINE = dict(workflow.config_settings.config)
+CONFIG_SOURCES = config_sources(workflow.config_settings.configfiles, COMMAND_LINE)
 
-    problems = schema_problems(config, Path(workflow.current_basedir) / "../schemas/config.schema.yaml")
+
+def _check_config():
+    """Every problem of the workflow config at once, naming its key, before any job runs."""
+    from pipeline.workflow_config import path_problems, schema_problems, type_command_line
+
+    schema = Path(workflow.current_basedir) / "../schemas/config.schema.yaml"
+    type_command_line(config, COMMAND_LINE, schema)
+    problems = schema_problems(config, schema, COMMAND_LINE)
     if not problems:
         validate(config, "../schemas/config.schema.yaml")  # fills in the defaults
         problems = path_problems(config) + _chat_template_problems(config["data"]["chat_template"])
     if problems:
-        raise WorkflowError("config: " + "\n  ".join(["problems in the workflow config (config/config.yaml):",
+        raise WorkflowError("config: " + "\n  ".join([f"problems in the workflow config ({CONFIG_SOURCES}):",
                                                       *problems]))
 
 
@@ -174,7 +185,7 @@ def _resolve_train_config(label, overrides):
     problems = cross_check(cfg, export_weights=config["export"]["weights"],
                            export_ema_rate=config["export"]["ema_rate"], world=WORLD_SIZE)
     if problems:
-        raise WorkflowError(f"config{where}: the workflow config (config/config.yaml) and the trainer config "
+        raise WorkflowError(f"config{where}: the workflow config ({CONFIG_SOURCES}) and the trainer config "
                             "(config/train/ + train.overrides) disagree:\n  " + "\n  ".join(problems))
     return cfg, config_id(cfg)
 
@@ -186,6 +197,41 @@ BASE_TRAIN = TRAIN[RUN] if not SWEEP else _resolve_train_config("", train_overri
 HAS_EMA = bool(next(iter(TRAIN.values()))[0].ema.rates)
 if any(bool(cfg.ema.rates) != HAS_EMA for cfg, _ in TRAIN.values()):
     raise WorkflowError("config: in one sweep either every variant keeps EMA weights (ema.rates) or none does")
+
+
+def _changed_runs():
+    """Runs (sweep variants) that trained with another trainer config or schedule than they would
+    now (pipeline.planning.guard). `on_config_change: stop` refuses to run before any job, naming
+    every changed key; `archive` moves their trained outputs aside when the run starts (onstart
+    below: Snakemake calls it only when jobs really run, never on a dry run, a report or a DAG).
+    A sweep's runs are checked one by one, and results/<run>/ too when a plain run trained there.
+    Cluster jobs load the workflow again: the main process has decided already."""
+    if not workflow.is_main_process:
+        return []
+    stages = plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])
+    runs = {vrun: (f"sweep variant {name}" if name else f"run {RUN}", TRAIN[vrun][0])
+            for vrun, (name, _) in VARIANTS.items()}
+    if SWEEP:
+        runs[RUN] = (f"run {RUN} (without the sweep)", BASE_TRAIN[0])
+    changed = [run for vrun, (label, cfg) in runs.items() if (run := guard.check(vrun, label, cfg, stages))]
+    if changed and config["on_config_change"] == "stop":
+        raise WorkflowError(f"config ({CONFIG_SOURCES}): {guard.stop_message(changed)}")
+    names = {run.vrun: guard.archive_name(run) for run in changed}
+    for run in changed:
+        logger.warning(f"on_config_change: archive: {run.label} changed ({'; '.join(map(str, run.changes))}): "
+                       f"its trained outputs move to results/{run.vrun}/archive/{names[run.vrun]}/ when "
+                       "the run starts (not on a dry run), then it retrains")
+    return [(run, names[run.vrun]) for run in changed]
+
+
+CHANGED_RUNS = _changed_runs()
+
+
+onstart:
+    if not workflow.touch:
+        for run, name in CHANGED_RUNS:
+            logger.warning(f"on_config_change: archive: moved {run.label}'s trained outputs to "
+                           f"{guard.archive(run, name)}")
 
 
 def variant_overrides(vrun):

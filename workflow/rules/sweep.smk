@@ -3,6 +3,12 @@
 
 if SWEEP:
 
+    # Small JSON work, where snakemake runs (with the Snakefile's own localrules).
+    localrules:
+        plan_base,
+        sweep_prune,
+        sweep_compare,
+
     rule plan_base:
         # The trainer config without any variant's overrides: what the base model is evaluated with,
         # once for the whole sweep (a new variant does not evaluate the base again).
@@ -18,13 +24,13 @@ if SWEEP:
             fraction=config["schedule"]["pilot_fraction"],
             chunks=config["schedule"]["num_chunks"],
             config_id=BASE_TRAIN[1],
+            resolved=lambda wc, output: shlex.quote(resolved_json(BASE_TRAIN[0])),  # as the plan rule's
             config_dir=TRAIN_CONFIG_DIR,
             config_name=config["train"]["config_name"],
             override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
         shell:
             launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
-            "--num-chunks {params.chunks} --train-config-dir {params.config_dir} "
-            "--train-config-name {params.config_name} {params.override_flags} "
+            "--num-chunks {params.chunks} --resolved-config {params.resolved} "
             "--out-plan {output.plan} --out-config {output.config}"
 
     checkpoint sweep_prune:

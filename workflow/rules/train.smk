@@ -23,6 +23,11 @@ rule plan:
         fraction=config["schedule"]["pilot_fraction"],
         chunks=config["schedule"]["num_chunks"],
         config_id=lambda wc: TRAIN[wc.vrun][1],
+        # The config as the workflow resolved it when it loaded (the one resolution), as JSON. A
+        # function of `output`: Snakemake leaves it out of the params it compares (config_id is the key).
+        resolved=lambda wc, output: shlex.quote(resolved_json(TRAIN[wc.vrun][0])),
+        # Not used by the command any more, but kept: Snakemake compares the set of param values,
+        # and dropping these would re-plan, and so retrain, every run planned before.
         config_dir=TRAIN_CONFIG_DIR,
         config_name=config["train"]["config_name"],
         override_flags=lambda wc: " ".join(f"--override '{o}'" for o in variant_overrides(wc.vrun)),
@@ -32,8 +37,8 @@ rule plan:
         max_length=config["data"]["max_length"],  # the memory estimate's longest sequence
     shell:
         launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
-        "--num-chunks {params.chunks} --train-config-dir {params.config_dir} --train-config-name {params.config_name} "
-        "{params.override_flags} --export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
+        "--num-chunks {params.chunks} --resolved-config {params.resolved} "
+        "--export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
         "{params.world} --max-length {params.max_length} --out-plan {output.plan} --out-config {output.config}"
 
 
