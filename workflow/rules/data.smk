@@ -23,6 +23,8 @@ rule prepare_base:
     params:
         kind=lambda wc: EMBEDDED_KINDS[wc.demo],
         data_dir=lambda wc, output: os.path.dirname(output.train),
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline prepare-base --kind {params.kind} --model-dir {output.model} "
         "--data-dir {params.data_dir}"
@@ -56,6 +58,8 @@ rule prepare_tokenizer:
     params:
         model=base_model,
         chat_template=optional("--chat-template", config["data"]["chat_template"]),
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} --out {output}"
 
@@ -79,6 +83,8 @@ rule validate_dataset:
         duplicates=config["data"]["duplicates"],
         reasoning=config["data"]["reasoning"],
         failed_reports=VALIDATION_FAILED,
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
         "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
@@ -105,6 +111,8 @@ rule tokenize:
         too_long=config["data"]["too_long"],
         duplicates=config["data"]["duplicates"],
         reasoning=config["data"]["reasoning"],
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
         "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "

@@ -21,6 +21,8 @@ rule evaluate_base:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
+    resources:
+        **job_resources("evaluate"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --config {input.config} --stage base {params.test} {params.max_test} "
         "--max-new-tokens {params.max_new_tokens} --out {output}"
@@ -41,6 +43,8 @@ rule evaluate_stage:
         test=lambda wc, input: optional("--test", input.get("test")),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
+    resources:
+        **job_resources("evaluate"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {input.stage}/checkpoint --stage {wildcards.stage} "
         "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} --out {output}"
