@@ -23,16 +23,14 @@ include: "workflow/rules/export.smk"
 include: "workflow/rules/sweep.smk"
 
 
-# Seconds of work on small JSON files: run them where snakemake runs, not as cluster jobs.
+# Seconds of work on small JSON files: run them where snakemake runs, not as cluster jobs
+# (a sweep's rules, which exist only with a sweep, say so themselves: `localrule: True`).
 localrules:
     all,
     plan,
     pilot_gate,
     summarize,
     export_best,
-    sweep_prune,
-    sweep_compare,
-    plan_base,
     label_view,
 
 

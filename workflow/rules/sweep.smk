@@ -11,6 +11,7 @@ if SWEEP:
         output:
             plan=f"{R}/plan.json",
             config=f"{R}/train_config.yaml",
+        localrule: True
         log:
             f"logs/plan/{RUN}.log",
         params:
@@ -35,6 +36,7 @@ if SWEEP:
             evals=lambda wc: [f"results/{v}/eval/{wc.stage}.json" for v in VARIANTS],
         output:
             f"{R}/sweep/prune/{{stage}}.json",
+        localrule: True
         log:
             f"logs/sweep_prune/{RUN}/{{stage}}.log",
         params:
@@ -52,6 +54,7 @@ if SWEEP:
             plot=report(f"{R}/sweep/loss.png", caption="../report/sweep_loss.rst", category="Sweep"),
             html=report(f"{R}/sweep/comparison.html", caption="../report/sweep_html.rst", category="Sweep"),
             best=f"{R}/sweep/best.json",
+        localrule: True
         log:
             f"logs/sweep_compare/{RUN}.log",
         params:
