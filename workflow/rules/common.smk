@@ -257,11 +257,14 @@ def tracker_exports():
     return text.replace("{", "{{").replace("}", "}}")
 
 
+# The base's weights on disk (0 while an embedded base is not built, or a hub model not cached).
+BASE_BYTES = weights_bytes(HUB_SNAPSHOT.path if HUB_SNAPSHOT is not None else Path(MODEL))
+
+
 def job_resources(kind):
     """A rule's `resources:` for its kind of job (pipeline/planning/resources.py): derived from
     train.* / evaluate.gpus and the base model's size, with the `slurm.*` settings of its kind."""
-    model_dir = HUB_SNAPSHOT.path if HUB_SNAPSHOT is not None else Path(MODEL)
-    return rule_resources(kind, config, weights_bytes(model_dir))
+    return rule_resources(kind, config, BASE_BYTES)
 
 
 def export_adapter():
