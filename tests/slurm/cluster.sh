@@ -41,6 +41,7 @@ MUNGE_PID=/run/munge/munged.pid
 START_TIMEOUT="${SLURM_TEST_START_TIMEOUT:-90}"
 MIN_JOB_AGE="${SLURM_TEST_MIN_JOB_AGE:-300}"
 FAKE_GPUS="${SLURM_TEST_FAKE_GPUS:-0}"
+SECOND_PARTITION=gpu  # besides the default "debug" (tests/slurm/conftest.py names both)
 
 log() { echo "[cluster.sh] $*" >&2; }
 die() { echo "[cluster.sh] ERROR: $*" >&2; exit 1; }
@@ -211,6 +212,8 @@ SlurmctldDebug=info
 SlurmdDebug=info
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus$topo RealMemory=$mem$node_gres State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+# A second partition on the same node: a profile that names it shows where a job was sent.
+PartitionName=$SECOND_PARTITION Nodes=$host Default=NO MaxTime=INFINITE State=UP
 EOF
     if [ -e "$CONF" ] && cmp -s "$tmp" "$CONF"; then
         rm -f "$tmp"

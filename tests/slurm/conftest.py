@@ -19,6 +19,7 @@ fail instead, so a misconfigured runner cannot silently skip the SLURM suite.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
 PROFILE_DIR = HERE / "profile"
 PARTITION = "debug"
+SECOND_PARTITION = "gpu"  # cluster.sh declares it on the same node; the test profile sends jobs there
 
 _SLURM_BINARIES = ("slurmctld", "slurmd", "sbatch", "squeue", "munged")
 # apt-get install of slurm-wlm takes well under a minute with a warm mirror;
@@ -88,6 +90,7 @@ class SlurmCluster:
     script: Path
     profile: Path
     partition: str
+    second_partition: str
     hostname: str
     fake_gpus: int
 
@@ -159,6 +162,26 @@ class SlurmCluster:
             pytest.fail(f"SLURM jobs outlived the snakemake run in {workdir} (cancelled now): {left}",
                         pytrace=False)
 
+    def record_sbatch(self, where: Path) -> tuple[dict[str, str], Path]:
+        """An environment whose `sbatch` (a shim first on PATH) submits as usual and appends what
+        slurmctld made of each job (`scontrol show job -o`: partition, account, GPUs, time limit,
+        the plugin's comment naming the rule) to the returned file, for snakemake(..., env=...)."""
+        real = shlex.quote(shutil.which("sbatch"))
+        shim_dir = Path(where) / "sbatch_shim"
+        shim_dir.mkdir(parents=True, exist_ok=True)
+        record = Path(where) / "sbatch_jobs.txt"
+        shim = shim_dir / "sbatch"
+        quoted = shlex.quote(str(record))
+        shim.write_text(
+            "#!/bin/bash\n"
+            f'out="$({real} "$@")"; rc=$?\n'
+            'printf "%s\\n" "$out"\n'
+            f'[ $rc -eq 0 ] && scontrol show job -o "${{out%%;*}}" >> {quoted}\n'
+            "exit $rc\n"
+        )
+        shim.chmod(0o755)
+        return {"PATH": f"{shim_dir}:{os.environ['PATH']}"}, record
+
     def squeue(self) -> str:
         """All jobs slurmctld still remembers (MinJobAge), as 'id|state|name'."""
         return subprocess.run(
@@ -214,6 +237,7 @@ def slurm_cluster():
             script=CLUSTER_SH,
             profile=PROFILE_DIR,
             partition=PARTITION,
+            second_partition=SECOND_PARTITION,
             hostname=hostname,
             fake_gpus=FAKE_GPUS,
         )

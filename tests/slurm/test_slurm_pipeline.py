@@ -1,16 +1,21 @@
 """The default pipeline on the real local SLURM (tests/slurm/cluster.sh), as users run it.
 
 - the whole DAG through `snakemake --profile <test profile>` gives the local run's adapter;
+- in that run, what slurmctld got for each job: the test profile's partition and account for
+  the training stages and the stages' evaluation, the workflow's `slurm` settings for the other
+  jobs of their kind, the profile's default-resources for what neither sets, and the GPUs of
+  `evaluate.gpus` for evaluation, verification and the smoke test;
 - a training job that gets SIGUSR1 mid-stage saves, fails, is resubmitted by
   `--retries`, resumes from its checkpoint and ends with the same adapter;
 - a failure injected in chunk02 leaves pilot and chunk01 alone, and a plain
-  `snakemake --cores all` afterwards runs exactly chunk02 and what follows;
+  `snakemake --cores all` afterwards runs exactly chunk02 and what follows; that chunk02
+  job's `--set-resources` changes the keys it names and keeps the rule's own runtime and GPUs;
 - the example cluster profile, installed as the user's `slurm` profile as its
-  README says, asks SLURM for GPUs for the training rules.
+  README says, asks SLURM for GPUs for the training and evaluation rules.
 
 The cluster has two (fake) GPUs, so the rules' `gpu=1` requests are honoured; the
-machine has 2 CPUs, so the workflow profile's CPU and memory requests are capped to
-one CPU per job: a stage's evaluation runs beside the next stage's training, as
+machine has 2 CPUs, so the test profile's set-resources cap the rules' CPU and memory
+requests to one CPU per job: a stage's evaluation runs beside the next stage's training, as
 `snakemake --cores all` does locally.
 """
 
@@ -34,33 +39,37 @@ pytestmark = pytest.mark.slurm
 
 RUN = "results/demo"
 VRUN = "demo"  # the {vrun} wildcard of a run without a sweep: the run itself
-# What one job gets on the test node (2 CPUs, ~22 GB; tests/slurm/cluster.sh): two jobs at once.
+# What one job gets on the test node (2 CPUs, ~22 GB; tests/slurm/cluster.sh): two jobs at once
+# (the test profile's set-resources).
 JOB_CPUS, JOB_MEM_MB = 1, 6000
 
 
-def _fit_workflow_profile(workdir: Path) -> None:
-    """Cap the copied workflow profile's per-rule CPUs/memory to the test node, keep the rest.
-
-    The training rule derives its CPUs and memory from the model and the ranks
-    (train_resources); the cap goes into the profile's set-resources, which
-    override a rule's own. (A `--set-resources` on the command line would replace
-    the profile's whole set-resources, GPU requests and runtimes included.)
-    """
-    path = workdir / "profiles/default/config.yaml"
-    profile = yaml.safe_load(path.read_text())
-    profile["set-resources"]["train_stage"].update(cpus_per_task=JOB_CPUS, mem_mb=JOB_MEM_MB)
-    for resources in profile["set-resources"].values():
-        if "cpus_per_task" in resources:
-            resources["cpus_per_task"] = min(int(resources["cpus_per_task"]), JOB_CPUS)
-        if "mem_mb" in resources:
-            resources["mem_mb"] = min(int(resources["mem_mb"]), JOB_MEM_MB)
-    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+# The workflow's own `slurm` settings in the SLURM tests' copies (config/config.yaml): where the
+# test profile's set-resources say nothing, they decide; where it does, it wins.
+SLURM_SETTINGS = {"evaluate": {"partition": "gpu", "account": "acct_workflow"}, "cpu": {"account": "acct_cpu"}}
 
 
 def _slurm_workdir(dest: Path) -> Path:
+    """A copy of the workflow whose config/config.yaml carries SLURM_SETTINGS (every later
+    snakemake call in it, local or not, then sees the same config)."""
     workdir = copy_workflow(dest)
-    _fit_workflow_profile(workdir)
+    path = workdir / "config/config.yaml"
+    config = yaml.safe_load(path.read_text())
+    for kind, settings in SLURM_SETTINGS.items():
+        config["slurm"][kind].update(settings)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
     return workdir
+
+
+def _submitted(record: Path) -> dict[str, list[dict[str, str]]]:
+    """rule -> what slurmctld recorded for each of its jobs (`scontrol show job -o` fields),
+    from the file `record_sbatch` fills."""
+    jobs: dict[str, list[dict[str, str]]] = {}
+    for line in record.read_text().splitlines():
+        fields = dict(re.findall(r"(\w+)=(\S*)", line))
+        rule = re.match(r"rule_(\w+?)(?:_wildcards_|$)", fields["Comment"]).group(1)
+        jobs.setdefault(rule, []).append(fields)
+    return jobs
 
 
 def _job_wildcards(stage: str) -> str:
@@ -84,7 +93,8 @@ def slurm_run(slurm_cluster, tmp_path_factory) -> tuple[Path, object]:
     if slurm_cluster.fake_gpus < 1:
         pytest.fail("the pipeline's rules ask for gpu=1: start the test cluster with SLURM_TEST_FAKE_GPUS=1")
     workdir = _slurm_workdir(tmp_path_factory.mktemp("slurm-run"))
-    run = slurm_cluster.snakemake(workdir, "--workflow-profile", "profiles/default", timeout=1500)
+    env, _ = slurm_cluster.record_sbatch(workdir)  # -> workdir/sbatch_jobs.txt
+    run = slurm_cluster.snakemake(workdir, "--workflow-profile", "profiles/default", timeout=1500, env=env)
     print(f"default pipeline through SLURM: {run.seconds:.0f} s")
     slurm_cluster.check_no_job_left(workdir)
     return workdir, run
@@ -108,6 +118,30 @@ def test_default_pipeline_through_slurm_equals_the_local_run(slurm_run, local_de
         rel = f"{RUN}/export/{name}/adapter_model.safetensors"
         assert sha256(workdir / rel) == sha256(local_default_run / rel), rel
     assert json.loads((workdir / RUN / "export/verification.json").read_text())["passed"] is True
+
+
+def test_partition_account_gpus_and_runtime_reach_each_job(slurm_run, slurm_cluster):
+    """Highest first: the profile's set-resources (training, a stage's evaluation), the workflow's
+    `slurm` settings and derived resources, the profile's default-resources (partition debug,
+    runtime 10 minutes, no account)."""
+    workdir, run = slurm_run
+    run.check()
+    jobs = _submitted(workdir / "sbatch_jobs.txt")
+    gpu = slurm_cluster.second_partition
+
+    def seen(rule: str) -> set[tuple[str, str, str, str]]:
+        return {(j["Partition"], j["Account"], j["TimeLimit"], j.get("TresPerJob", "")) for j in jobs[rule]}
+
+    assert len(jobs["train_stage"]) == 4 and len(jobs["evaluate_stage"]) == 4, jobs.keys()
+    # the profile's partition and account; the rule's runtime (240 min) and GPU
+    assert seen("train_stage") == {(gpu, "acct_train", "04:00:00", "gres:gpu:1")}
+    # the profile's account wins over the workflow's slurm.evaluate.account
+    assert seen("evaluate_stage") == {(gpu, "acct_eval", "01:00:00", "gres:gpu:1")}
+    for rule in ("evaluate_base", "verify_merge", "smoke_test"):  # evaluate.gpus: 1
+        assert seen(rule) == {(gpu, "acct_workflow", "01:00:00", "gres:gpu:1")}, rule
+    for rule in ("prepare_base", "prepare_tokenizer", "validate_dataset", "tokenize", "consolidate"):
+        assert seen(rule) == {(slurm_cluster.partition, "acct_cpu", "00:10:00", "")}, rule
+    assert seen("merge_lora") == {(slurm_cluster.partition, "acct_cpu", "02:00:00", "")}
 
 
 def _running_job(slurm_cluster, comment: str, workdir: Path) -> str | None:
@@ -172,7 +206,7 @@ def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_
 
 
 def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm_run, slurm_cluster,
-                                                                           local_default_run):
+                                                                           local_default_run, tmp_path):
     workdir, run = slurm_run
     run.check()
     plan = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}
@@ -180,12 +214,21 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
     # first intra-stage checkpoint; no retries.
     fail_at = plan["chunk02"]["start"] + 60
     before = _mtimes(workdir)
+    env, record = slurm_cluster.record_sbatch(tmp_path)
+    # A --set-resources on the command line replaces the profile's whole set-resources (its
+    # account for train_stage too), so the cap to the test node is repeated here.
     failed = slurm_cluster.snakemake(
         workdir, "--workflow-profile", "profiles/default", "--retries", "0", "-f", f"{RUN}/stages/chunk02",
-        env={"SFT_FAULTS": json.dumps({"stage": "chunk02", "fail_at_step": fail_at})}, timeout=900,
+        "--set-resources", f"train_stage:slurm_partition={slurm_cluster.partition}", f"train_stage:cpus_per_task={JOB_CPUS}",
+        f"train_stage:mem_mb={JOB_MEM_MB}",
+        env={**env, "SFT_FAULTS": json.dumps({"stage": "chunk02", "fail_at_step": fail_at})}, timeout=900,
     )
     assert failed.returncode != 0, failed.stdout[-4000:]
     slurm_cluster.check_no_job_left(workdir)
+    # The partition it names; the rule's runtime and GPU stay (not the profile's default 10 minutes).
+    [job] = _submitted(record)["train_stage"]
+    assert (job["Partition"], job["Account"], job["TimeLimit"], job["TresPerJob"]) == \
+        (slurm_cluster.partition, "(null)", "04:00:00", "gres:gpu:1"), job
     assert not (workdir / RUN / "stages/chunk02").exists()
     after_failure = _mtimes(workdir)
     for stage in ("pilot", "chunk01"):
@@ -211,7 +254,7 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
     assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
 
 
-def test_example_profile_installed_as_slurm_asks_gpus_for_training(slurm_cluster, tmp_path):
+def test_example_profile_installed_as_slurm_asks_gpus_for_training_and_evaluation(slurm_cluster, tmp_path):
     """README (profiles/slurm/README.md): link the profile as ~/.config/snakemake/slurm."""
     workdir = copy_workflow(tmp_path / "wf")
     config_home = tmp_path / "config"
@@ -232,6 +275,8 @@ def test_example_profile_installed_as_slurm_asks_gpus_for_training(slurm_cluster
     assert set(train) == {"pilot", "chunk01", "chunk02", "tail"}, resources
     for stage, res in train.items():
         assert re.search(r"\bgpu=1\b", res), (stage, res)
+    for rule in ("evaluate_base", "smoke_test", "verify_merge"):  # evaluate.gpus: 1
+        assert re.search(r"\bgpu=1\b", resources[(rule, None)]), rule
     assert not re.search(r"\bgpu=", resources[("tokenize", None)])
 
 

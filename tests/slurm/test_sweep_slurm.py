@@ -38,8 +38,8 @@ def test_the_four_pilots_of_a_sweep_are_four_independent_slurm_jobs(slurm_cluste
     assert sorted(w["vrun"] for w in pilots) == sorted(f"demo/variants/{name}" for name in GRID)
     for block in dry.stdout.split("rule train_stage:")[1:]:
         resources = next(line for line in block.splitlines() if line.strip().startswith("resources:"))
-        # what the SLURM executor submits with: the test profile's partition, one GPU per stage
-        assert "slurm_partition=debug" in resources and "gpu=1" in resources, resources
+        # what the SLURM executor submits with: the test profile's partition for training, one GPU per stage
+        assert f"slurm_partition={slurm_cluster.second_partition}" in resources and "gpu=1" in resources, resources
     # The job graph: no pilot has another training stage upstream of it.
     dag = slurm_cluster.snakemake(workdir, "--dag", "--workflow-profile", "profiles/default",
                                   "--configfile", "config/sweep.yaml").check().stdout

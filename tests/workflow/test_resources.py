@@ -1,4 +1,5 @@
-"""What a training stage asks a cluster for follows train.nodes / gpus_per_node / nproc and the model."""
+"""The rules ask for what pipeline/planning/resources.py derives (its unit tests: tests/test_resources.py),
+and no profile of the repository overrides it."""
 
 from __future__ import annotations
 
@@ -7,37 +8,55 @@ import re
 import pytest
 import yaml
 from runkit import copy_workflow, snakemake
+from snakemake.utils import validate
+
+from pipeline.planning.resources import job_resources
 
 pytestmark = pytest.mark.workflow
 
-
-def _train_resources(workdir, config: dict) -> dict[str, str]:
-    (workdir / "variant.yaml").write_text(yaml.safe_dump(config))
-    dry = snakemake(workdir, "results/demo/stages/pilot", "-n", "--cores", "all", "--configfile", "variant.yaml")
-    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
-    block = (dry.stdout + dry.stderr).split("rule train_stage:", 1)[1]
-    line = re.search(r"^\s+resources: (.*)$", block, re.M).group(1)
-    return dict(item.split("=", 1) for item in line.split(", "))
+# The kind of job each rule that may go to a cluster is.
+RULE_KINDS = {"train_stage": "train", "evaluate_base": "evaluate", "evaluate_stage": "evaluate",
+              "verify_merge": "verify", "smoke_test": "smoke", "merge_lora": "merge",
+              "prepare_tokenizer": "cpu", "validate_dataset": "cpu", "tokenize": "cpu", "consolidate": "cpu"}
+# Snakemake's own additions to every job's resources.
+SNAKEMAKE_OWN = {"tmpdir", "mem", "mem_mib", "disk", "disk_mb", "disk_mib"}
 
 
-def test_one_node_asks_for_its_gpus_and_cpus_and_memory_per_rank(tmp_path):
-    res = _train_resources(copy_workflow(tmp_path / "wf"), {"train": {"gpus_per_node": 4}})
-    assert res["nodes"] == "1" and res["gpu"] == "4" and "mpi" not in res
-    assert res["cpus_per_task"] == "16" and int(res["mem_mb"]) >= 4 * 6000
+def _dry_run_resources(text: str) -> dict[str, dict[str, str]]:
+    """rule -> the resources its first job shows in a dry run."""
+    found = {}
+    for block in re.split(r"^(?=(?:local)?(?:rule|checkpoint) \w+:$)", text, flags=re.M):
+        rule = re.match(r"(?:local)?(?:rule|checkpoint) (\w+):", block)
+        line = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if rule and line and rule.group(1) not in found:
+            items = dict(item.split("=", 1) for item in line.group(1).split(", "))
+            found[rule.group(1)] = {k: v for k, v in items.items() if k not in SNAKEMAKE_OWN}
+    return found
 
 
-def test_two_nodes_ask_for_gpus_per_node_and_one_task_per_node(tmp_path):
-    res = _train_resources(copy_workflow(tmp_path / "wf"), {"train": {"nodes": 2, "gpus_per_node": 8, "nproc": 8}})
-    assert (res["nodes"], res["mpi"], res["tasks"], res["gres"]) == ("2", "srun", "2", "gpu:8")
-    assert "gpu" not in res and res["cpus_per_task"] == "32" and int(res["mem_mb"]) >= 8 * 6000
-
-
-def test_memory_follows_the_model_size(tmp_path):
+def test_every_rule_asks_for_what_its_kind_derives(tmp_path):
     workdir = copy_workflow(tmp_path / "wf")
     model = tmp_path / "big_model"
     model.mkdir()
     (model / "config.json").write_text("{}")
     with open(model / "model.safetensors", "wb") as f:  # a sparse 20 GiB file: size only, no disk
         f.truncate(20 * 2**30)
-    res = _train_resources(workdir, {"model": str(model), "train": {"gpus_per_node": 1}})
-    assert int(res["mem_mb"]) >= 20 * 1024 + 6000
+    variant = {"model": str(model), "train": {"nodes": 2, "gpus_per_node": 8, "nproc": 8}, "evaluate": {"gpus": 2},
+               "slurm": {"train": {"partition": "gpu-long", "extra": "--exclusive"},
+                         "evaluate": {"account": "lab-eval"}, "cpu": {"partition": "cpu"}}}
+    (workdir / "variant.yaml").write_text(yaml.safe_dump(variant))
+    dry = snakemake(workdir, "-n", "--cores", "all", "--configfile", "variant.yaml")
+    assert dry.returncode == 0, (dry.stdout + dry.stderr)[-3000:]
+    shown = _dry_run_resources(dry.stdout + dry.stderr)
+
+    config = yaml.safe_load((workdir / "config/config.yaml").read_text()) | variant
+    validate(config, str(workdir / "workflow/schemas/config.schema.yaml"))
+    for rule, kind in RULE_KINDS.items():
+        expected = {key: str(value(None, 1) if callable(value) else value)
+                    for key, value in job_resources(kind, config, 20 * 2**30).items()}
+        assert shown[rule] == expected, (rule, shown[rule], expected)
+    # what that means for three of them
+    assert {k: shown["train_stage"][k] for k in ("nodes", "gres", "mpi", "slurm_partition")} == \
+        {"nodes": "2", "gres": "gpu:8", "mpi": "srun", "slurm_partition": "gpu-long"}
+    assert shown["smoke_test"]["gpu"] == "2" and shown["smoke_test"]["slurm_account"] == "lab-eval"
+    assert shown["tokenize"] == {"slurm_partition": "cpu"}

@@ -14,6 +14,7 @@ from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.planning import guard
 from pipeline.planning.plan import resolved_json, world_size as plan_world_size
+from pipeline.planning.resources import job_resources as rule_resources, training_threads, weights_bytes
 from pipeline.planning.schedule import PILOT, plan_stages
 from pipeline.storage import hub
 from pipeline.planning.sweep import prune_points as sweep_prune_points, variants as sweep_variants
@@ -275,15 +276,12 @@ def init_flag(wildcards, input):
 
 
 def train_threads():
-    """All local cores but one (left to evaluating the previous stage meanwhile).
-
-    A cluster executor has no local core count; there the job's cpus_per_task
-    (profiles/default) sizes the allocation and this value is not used.
-    """
+    """All local cores but one; 1 under a cluster executor (no local core count: there the job's
+    cpus_per_task, from job_resources, sizes the allocation)."""
     try:
-        return max(1, workflow.cores - 1)
+        return training_threads(workflow.cores)
     except WorkflowError:
-        return 1
+        return training_threads(None)
 
 
 TRAIN_NODES = config["train"]["nodes"]
@@ -312,37 +310,14 @@ def tracker_exports():
     return text.replace("{", "{{").replace("}", "}}")
 
 
-def _base_model_bytes():
-    """Bytes of the base model's weight files (0 when it is not a local dir yet, nor cached)."""
-    root = HUB_SNAPSHOT.path if HUB_SNAPSHOT is not None else Path(MODEL)
-    return sum(p.stat().st_size for p in root.glob("*.safetensors")) if root.is_dir() else 0
+# The base's weights on disk (0 while an embedded base is not built, or a hub model not cached).
+BASE_BYTES = weights_bytes(HUB_SNAPSHOT.path if HUB_SNAPSHOT is not None else Path(MODEL))
 
 
-def train_resources():
-    """What a training stage asks a cluster for, derived from train.nodes / gpus_per_node / nproc
-    and the model's size (the profiles' set-resources still override any of it).
-
-    One node: `gpu` GPUs (--gpus). More: one task per node (the launcher starts one torchrun per
-    node with srun), `gres: gpu:G` per node. Memory per node: about one copy of the base (a
-    sharded FSDP load maps it once per node) plus 6 GB per rank; 4 CPUs per rank.
-    """
-    per_node = config["train"]["gpus_per_node"]
-    gpus = 1 if per_node == "auto" else int(per_node)  # a cluster needs a number: set gpus_per_node there
-    nproc = config["train"]["nproc"]
-    ranks = int(nproc) if nproc != "auto" else max(1, gpus)
-    resources = {
-        "nodes": TRAIN_NODES,
-        "mem_mb": max(8000, int(_base_model_bytes() * 1.25 / 2**20) + 6000 * ranks),
-        "cpus_per_task": 4 * ranks,
-    }
-    if TRAIN_NODES > 1:
-        # mpi: snakemake runs the rule's command on the first node; the launcher's srun does the rest.
-        resources.update(mpi="srun", tasks=TRAIN_NODES, tasks_per_gpu=0)
-        if gpus:
-            resources["gres"] = f"gpu:{gpus}"
-    elif gpus:
-        resources["gpu"] = gpus
-    return resources
+def job_resources(kind):
+    """A rule's `resources:` for its kind of job (pipeline/planning/resources.py): derived from
+    train.* / evaluate.gpus and the base model's size, with the `slurm.*` settings of its kind."""
+    return rule_resources(kind, config, BASE_BYTES)
 
 
 def export_adapter():

@@ -34,6 +34,8 @@ rule prepare_base:
     params:
         kind=lambda wc: EMBEDDED_KINDS[wc.demo],
         data_dir=lambda wc, output: os.path.dirname(output.train),
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline prepare-base --kind {params.kind} --model-dir {output.model} "
         "--data-dir {params.data_dir}"
@@ -67,6 +69,8 @@ rule prepare_tokenizer:
     params:
         model=base_model,
         chat_template=optional("--chat-template", config["data"]["chat_template"]),
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} --out {output}"
 
@@ -91,6 +95,8 @@ rule validate_dataset:
         reasoning=config["data"]["reasoning"],
         fields=field_flags(),
         failed_reports=VALIDATION_FAILED,
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
         "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
@@ -118,6 +124,8 @@ rule tokenize:
         duplicates=config["data"]["duplicates"],
         reasoning=config["data"]["reasoning"],
         fields=field_flags(),
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
         "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "

@@ -22,6 +22,8 @@ rule evaluate_base:
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),
+    resources:
+        **job_resources("evaluate"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --config {input.config} --stage base {params.test} {params.max_test} "
         "--max-new-tokens {params.max_new_tokens} {params.fields} --out {output}"
@@ -44,6 +46,8 @@ rule evaluate_stage:
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),
+    resources:
+        **job_resources("evaluate"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline evaluate --checkpoint {params.checkpoint} --stage {wildcards.stage} "
         "{params.test} {params.max_test} --max-new-tokens {params.max_new_tokens} {params.fields} --out {output}"

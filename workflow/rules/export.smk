@@ -28,6 +28,8 @@ rule consolidate:
         model=base_model,
         ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
         if HAS_EMA else "--models main",
+    resources:
+        **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline consolidate --checkpoint {params.checkpoint} --base {params.model} "
         "--out-adapter {output.adapter} {params.ema} --tokenizer {input.tokenizer} {params.card}"
@@ -74,6 +76,8 @@ rule merge_lora:
         card=card_flags,
         model=base_model,
         dtype=config["export"]["dtype"],
+    resources:
+        **job_resources("merge"),
     shell:
         launch() + "python -m pipeline merge --base {params.model} --adapter {input.adapter} --out {output} "
         "--tokenizer {input.tokenizer} "
@@ -93,6 +97,8 @@ rule verify_merge:
         layout.log_file("verify_merge", "{vrun}"),
     params:
         model=base_model,
+    resources:
+        **job_resources("verify"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline verify-merge --base {params.model} --adapter {input.adapter} "
         "--merged {input.merged} --out {output}"
@@ -115,6 +121,8 @@ rule smoke_test:
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),  # the held-out file's own key / role names (data.smk)
         min_em=optional("--min-exact-match", config["export"]["min_exact_match"]),
+    resources:
+        **job_resources("smoke"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline smoke-test --model {input.merged} {params.test} {params.max_test} "
         "--max-new-tokens {params.max_new_tokens} {params.min_em} {params.fields} --out {output}"

@@ -58,7 +58,7 @@ rule train_stage:
         init=init_flag,
     threads: train_threads()
     resources:
-        **train_resources(),
+        **job_resources("train"),
     shell:
         # The launcher runs one process, torchrun over the GPUs the job holds (train.nproc), or one
         # torchrun per node under srun (train.nodes), and passes SIGTERM / SIGUSR1 to every rank,
