@@ -220,7 +220,7 @@ def _changed_runs():
     names = {run.vrun: guard.archive_name(run) for run in changed}
     for run in changed:
         logger.warning(f"on_config_change: archive: {run.label} changed ({'; '.join(map(str, run.changes))}): "
-                       f"its trained outputs move to results/{run.vrun}/archive/{names[run.vrun]}/ when "
+                       f"its trained outputs move to {layout.RunTree.of(run.vrun).root / guard.ARCHIVE_DIR / names[run.vrun]}/ when "
                        "the run starts (not on a dry run), then it retrains")
     return [(run, names[run.vrun]) for run in changed]
 
