@@ -79,8 +79,8 @@ CASES = [
          ["export.ema_rate=0.5 is not one of the trainer's ema.rates=[0.9, 0.98]"], at_load=True),
     Case("unknown trainer key", {"train": {"overrides": ["optim.lrr=1"]}}, ["optim.lrr"], at_load=True),
     Case("malformed dataset", {"data": {"train": "bad.jsonl"}},
-         ["pipeline: validate failed (exit 3)", "bad.jsonl record 1 (line 2, id 'b')", "empty_text",
-          "bad.jsonl record 2 (line 3, id 'c')", "unknown_role", "full report:"], prepare=_malformed_dataset),
+         ["pipeline: validate failed (exit 3)", "bad.jsonl (JSON Lines) record 1 (line 2, id 'b')", "empty_text",
+          "bad.jsonl (JSON Lines) record 2 (line 3, id 'c')", "unknown_role", "full report:"], prepare=_malformed_dataset),
     # A new trainer config on the finished run: its stages are archived, then the pilot trains again.
     Case("failed pilot gate", {"train": {"overrides": _lr0_overrides()}, "on_config_change": "archive"},
          ["pipeline: pilot-gate failed (exit 77)", "grads_flowing", "gate.override"]),

@@ -408,6 +408,16 @@ def card_flags(wildcards, input):
             f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
 
 
+def field_flags():
+    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles (nothing when empty),
+    for every command that reads the dataset files."""
+    from shlex import quote
+
+    pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
+    return " ".join(f"{flag} {quote(pairs(config['data'][key]))}" for flag, key in
+                    (("--columns", "columns"), ("--roles", "roles")) if config["data"][key])
+
+
 def optional(flag, value):
     """`flag value`, or nothing when there is no value: None, or the empty list Snakemake gives for an
     input / output declared as [] (a split the config sets to null): a flag without its value is an

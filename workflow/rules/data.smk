@@ -7,16 +7,6 @@ DEMO_TREE = layout.RunTree.of("{demo}")  # an embedded demo's base model and dat
 LABEL_VIEW_RECORDS = 5  # records per split on the report's label page (`python -m pipeline labels -n` for more)
 
 
-def field_flags():
-    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles (nothing when empty),
-    for every command that reads the dataset files."""
-    from shlex import quote
-
-    pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
-    return " ".join(f"{flag} {quote(pairs(config['data'][key]))}" for flag, key in
-                    (("--columns", "columns"), ("--roles", "roles")) if config["data"][key])
-
-
 rule prepare_base:
     output:
         model=directory(DEMO_TREE.base_model),

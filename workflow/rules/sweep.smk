@@ -31,7 +31,7 @@ if SWEEP:
         shell:
             launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
             "--num-chunks {params.chunks} --resolved-config {params.resolved} "
-            "--out-plan {output.plan} --out-config {output.config}"
+            "--export-weights raw --out-plan {output.plan} --out-config {output.config}"  # exports nothing itself
 
     checkpoint sweep_prune:
         # At a prune point only the `keep` best variants (lowest validation loss at that stage's end)
