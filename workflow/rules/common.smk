@@ -61,7 +61,8 @@ WORK = layout.work_dir(RUN)  # undeclared scratch: intra-stage checkpoints survi
 # results/<name>/: its base model in model/, its demo dataset in data/.
 
 _sched = config["schedule"]
-STAGES = [s.name for s in plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])]
+STAGE_PLAN = plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])  # with their updates
+STAGES = [s.name for s in STAGE_PLAN]
 LAST_STAGE = STAGES[-1]
 
 
@@ -209,12 +210,11 @@ def _changed_runs():
     Cluster jobs load the workflow again: the main process has decided already."""
     if not workflow.is_main_process:
         return []
-    stages = plan_stages(_sched["total_updates"], _sched["pilot_fraction"], _sched["num_chunks"])
     runs = {vrun: (f"sweep variant {name}" if name else f"run {RUN}", TRAIN[vrun][0])
             for vrun, (name, _) in VARIANTS.items()}
     if SWEEP:
         runs[RUN] = (f"run {RUN} (without the sweep)", BASE_TRAIN[0])
-    changed = [run for vrun, (label, cfg) in runs.items() if (run := guard.check(vrun, label, cfg, stages))]
+    changed = [run for vrun, (label, cfg) in runs.items() if (run := guard.check(vrun, label, cfg, STAGE_PLAN))]
     if changed and config["on_config_change"] == "stop":
         raise WorkflowError(f"config ({CONFIG_SOURCES}): {guard.stop_message(changed)}")
     names = {run.vrun: guard.archive_name(run) for run in changed}
