@@ -53,11 +53,41 @@ def session_has_cuda() -> bool:
     return proc.stdout.strip().endswith("True")
 
 
+# `pytest -n 2` (the README's test command) runs the tests in two pytest-xdist workers, handing
+# out whole groups (`--dist loadgroup`, pyproject's addopts) in the order below. A group is one
+# module, so that a module's fixtures (a whole-DAG run shared by its tests) are made once, except:
+# - "slurm": the SLURM suite, one at a time on the one local cluster;
+# - "default_run": the tests that read `local_default_run` (made once per worker that needs it:
+#   here and in the SLURM suite, which compares with it).
+# These two and then the other snakemake modules are handed out first: the long groups start at
+# once and the short unit-test modules fill the end.
+SLURM_GROUP, DEFAULT_RUN_GROUP = "slurm", "default_run"
+
+
+def xdist_group(item) -> str:
+    if item.get_closest_marker("slurm"):
+        return SLURM_GROUP
+    if {"local_default_run", "done"} & set(item.fixturenames):
+        return DEFAULT_RUN_GROUP
+    return item.nodeid.split("::")[0]
+
+
+def _hand_out_order(item) -> int:
+    group = xdist_group(item)
+    if group in (SLURM_GROUP, DEFAULT_RUN_GROUP):
+        return 0
+    return 1 if item.get_closest_marker("workflow") or "/workflow/" in group else 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
 def pytest_collection_modifyitems(config, items):
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and not session_has_cuda():
         for item in gpu_tests:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
+    items.sort(key=_hand_out_order)  # stable: collection order within each rank
 
 
 @pytest.fixture(autouse=True)
