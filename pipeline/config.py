@@ -157,9 +157,9 @@ class LoraConfig:
                                     "distributed.strategy=fsdp")
     init: str = setting("default", "adapter initialization (peft init_lora_weights): default (A Kaiming-uniform, "
                                    "B zero) or gaussian (A normal with std 1/r, B zero); both start at the base "
-                                   "model. pissa / olora / corda / loftq rewrite the base weights, and eva / "
-                                   "lora_ga / orthogonal / mica are not no-op or data-driven starts: refused "
-                                   "(pipeline.config.LORA_INITS)")
+                                   "model. Refused, with the reason: pissa / olora / corda / loftq (they rewrite "
+                                   "the base weights, which the merge reads unchanged from the base files), eva / "
+                                   "lora_ga (a pass over the data first), orthogonal (B is not zero), mica")
 
 
 @dataclass
@@ -198,7 +198,7 @@ class OptimConfig:
     lora_plus_ratio: float | None = setting(None, "LoRA+: lora_B weights (and DoRA magnitudes) learn at "
                                                   "lr x this ratio, the rest at lr (as peft's "
                                                   "create_loraplus_optimizer, but adapters on embeddings keep lr); "
-                                                  "null = off. The LoRA+ paper uses 2-16")
+                                                  "null = off (the LoRA+ paper suggests 16)")
     global_batch: int = setting(32, "sequences per optimizer update, all ranks together; a multiple of the "
                                     "world size")
     micro_batch: int = setting(8, "upper bound on the sequences of one forward on one rank: each rank's "

@@ -228,9 +228,9 @@ def _check_dora_layers(modules: list[tuple[str, torch.nn.Module]], chosen: list[
     bad = sorted({f"{n.rsplit('.', 1)[-1]} ({type(m).__name__})" for n, m in modules
                   if n.rsplit(".", 1)[-1] in chosen and not isinstance(m, kinds)})
     if bad:
-        raise UserError(f"lora.use_dora=true, but lora.target_modules={requested} selects layers DoRA does not "
-                        f"support: {', '.join(bad)}; DoRA adapts {' / '.join(k.__name__ for k in kinds)} layers. "
-                        "Leave those out of lora.target_modules, or set lora.use_dora=false")
+        raise UserError(f"lora.use_dora=true, but lora.target_modules={requested} selects layers DoRA is not "
+                        f"supported on here: {', '.join(bad)}; DoRA adapts {' / '.join(k.__name__ for k in kinds)} "
+                        "layers. Leave those out of lora.target_modules, or set lora.use_dora=false")
 
 
 def check_vision_settings(model, cfg: TrainConfig) -> None:
