@@ -76,6 +76,33 @@ class Attention(Choice):
     flex_attention = "flex_attention"
 
 
+# lora.init values: the accepted ones start the adapter as a no-op on the unchanged base, so a
+# merge is W + delta over the base files as stored (pipeline.export.lora_math); the others say why not.
+LORA_INITS = {"default": True, "gaussian": "gaussian"}
+REFUSED_INITS = {
+    "pissa": "rewrites the base weights (W - the adapter's principal part)",
+    "olora": "rewrites the base weights (W - the adapter's QR part)",
+    "corda": "rewrites the base weights, from activation statistics over data",
+    "loftq": "rewrites the base weights (quantization-aware)",
+    "eva": "is data-driven: it needs a pass over the training data before the first update",
+    "lora_ga": "is data-driven: it needs gradients over the training data before the first update",
+    "orthogonal": "does not start at the base model (B is not zero)",
+    "mica": "freezes lora_B (a variant with a different trained set)",
+}
+
+
+def init_problem(init: str) -> str | None:
+    """Why `lora.init` cannot be used (None when it can). The base-rewriting ones would need the
+    rewritten base at merge time, and the streaming merge reads the base unchanged from its files."""
+    if init in LORA_INITS:
+        return None
+    known = next((k for k in REFUSED_INITS if init == k or init.startswith(k + "_")), None)
+    if known is None:
+        return f"lora.init={init!r} is not one of {', '.join(LORA_INITS)}"
+    return (f"lora.init={init!r} is not supported: it {REFUSED_INITS[known]}; the workflow's merge reads the base "
+            f"weights unchanged from the base files. Use one of: {', '.join(LORA_INITS)}")
+
+
 class Strategy(Choice):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -124,6 +151,15 @@ class LoraConfig:
     target_modules: list[str] = setting([ALL_LINEAR], "layer name suffixes (e.g. [q_proj, v_proj]), or "
                                                       "[all-linear]: every Linear / Conv1D layer but the output head")
     use_rslora: bool = setting(False, "rank-stabilized LoRA scaling (alpha / sqrt(r))")
+    use_dora: bool = setting(False, "DoRA: each adapted layer also learns a magnitude per output feature "
+                                    "(peft lora_magnitude_vector), W' = m * (W + s*B@A) / ||W + s*B@A|| per "
+                                    "output row; Linear / Conv1D / Embedding layers, not with "
+                                    "distributed.strategy=fsdp")
+    init: str = setting("default", "adapter initialization (peft init_lora_weights): default (A Kaiming-uniform, "
+                                   "B zero) or gaussian (A normal with std 1/r, B zero); both start at the base "
+                                   "model. Refused, with the reason: pissa / olora / corda / loftq (they rewrite "
+                                   "the base weights, which the merge reads unchanged from the base files), eva / "
+                                   "lora_ga (a pass over the data first), orthogonal (B is not zero), mica")
 
 
 @dataclass
@@ -159,6 +195,10 @@ class OptimConfig:
     warmup_fraction: float = setting(0.03, "linear warmup over this fraction of the whole run, in [0, 1)")
     min_lr_ratio: float = setting(0.1, "the cosine ends at lr x min_lr_ratio at the last update of the run")
     grad_clip: float = setting(1.0, "max gradient norm; 0 disables clipping")
+    lora_plus_ratio: float | None = setting(None, "LoRA+: lora_B weights (and DoRA magnitudes) learn at "
+                                                  "lr x this ratio, the rest at lr (as peft's "
+                                                  "create_loraplus_optimizer, but adapters on embeddings keep lr); "
+                                                  "null = off (the LoRA+ paper suggests 16)")
     global_batch: int = setting(32, "sequences per optimizer update, all ranks together; a multiple of the "
                                     "world size")
     micro_batch: int = setting(8, "upper bound on the sequences of one forward on one rank: each rank's "
@@ -308,8 +348,28 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("lora.r must be positive and lora.target_modules non-empty")
     if cfg.vision.loader_workers < 0:
         problems.append("vision.loader_workers must be >= 0")
+    problems += _lora_variant_problems(cfg)
     if problems:
         raise UserError("invalid trainer config:\n  " + "\n  ".join(problems))
+
+
+def _lora_variant_problems(cfg: TrainConfig) -> list[str]:
+    """lora.init, lora.use_dora and optim.lora_plus_ratio: what they combine with."""
+    problems = []
+    if cfg.lora.enabled and (why := init_problem(cfg.lora.init)):
+        problems.append(why)
+    if cfg.lora.enabled and cfg.lora.use_dora and cfg.distributed.strategy == "fsdp":
+        problems.append("lora.use_dora=true with distributed.strategy=fsdp is not supported: DoRA computes its "
+                        "magnitude vector from the base weights when the adapter is attached, and FSDP attaches it "
+                        "to an empty skeleton before it reads the base (distributed.meta_init; DoRA under FSDP is "
+                        "not tested without it either); use distributed.strategy=ddp or lora.use_dora=false")
+    ratio = cfg.optim.lora_plus_ratio
+    if ratio is not None and not cfg.lora.enabled:
+        problems.append("optim.lora_plus_ratio is a LoRA setting, but lora.enabled=false (full fine-tuning): "
+                        "set optim.lora_plus_ratio=null")
+    elif ratio is not None and not ratio > 0:
+        problems.append(f"optim.lora_plus_ratio={ratio} must be positive (or null: off)")
+    return problems
 
 
 def batch_split(cfg: TrainConfig, world_size: int) -> tuple[int, int]:

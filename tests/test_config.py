@@ -30,6 +30,12 @@ def test_overrides_apply_and_groups_compose():
                                         "[sdpa, eager, flash_attention_2, flash_attention_3, flex_attention]"),
     ("model.gpu_memory_gb=-1", "model.gpu_memory_gb"),
     ("validation.batch_size=0", "validation.batch_size must be positive"),
+    ("lora.init=pissa", "lora.init='pissa' is not supported: it rewrites the base weights"),
+    ("lora.init=pissa_niter_4", "lora.init='pissa_niter_4' is not supported: it rewrites the base weights"),
+    ("lora.init=olora", "lora.init='olora' is not supported: it rewrites the base weights"),
+    ("lora.init=eva", "lora.init='eva' is not supported: it is data-driven"),
+    ("lora.init=kaiming", "lora.init='kaiming' is not one of default, gaussian"),
+    ("optim.lora_plus_ratio=0", "optim.lora_plus_ratio=0.0 must be positive"),
 ])
 def test_bad_keys_and_values_name_the_key(override, words):
     with pytest.raises(UserError, match=re.escape(words)):
@@ -98,3 +104,23 @@ def test_a_bare_on_in_a_group_file_is_the_switch_on(tmp_path):
     (tree / "tokens" / "packed.yaml").write_text("packing: on\n")
     cfg = train_config.resolve(tree, "config", BASE + ["tokens=packed", "model.activation_checkpointing=false"])
     assert cfg.tokens.packing is train_config.Switch.on and cfg.model.activation_checkpointing == "off"
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["distributed=fsdp", "lora.use_dora=true"],
+     "lora.use_dora=true with distributed.strategy=fsdp is not supported"),
+    (["lora=full", "optim.lora_plus_ratio=4"], "optim.lora_plus_ratio is a LoRA setting, but lora.enabled=false"),
+])
+def test_lora_variants_that_do_not_combine_name_both_keys(overrides, words):
+    with pytest.raises(UserError, match=re.escape(words)):
+        train_config.resolve(CONF, "config", BASE + overrides)
+
+
+def test_lora_variant_settings_resolve():
+    cfg = train_config.resolve(CONF, "config", BASE + ["lora.use_dora=true", "lora.init=gaussian",
+                                                       "optim.lora_plus_ratio=16"])
+    assert (cfg.lora.use_dora, cfg.lora.init, cfg.optim.lora_plus_ratio) == (True, "gaussian", 16.0)
+    default = train_config.resolve(CONF, "config", BASE)
+    assert (default.lora.use_dora, default.lora.init, default.optim.lora_plus_ratio) == (False, "default", None)
+    # full fine-tuning ignores lora.*: a leftover init is not an error there
+    assert not train_config.resolve(CONF, "config", BASE + ["lora=full", "lora.init=pissa"]).lora.enabled

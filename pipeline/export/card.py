@@ -129,6 +129,7 @@ def evaluation_rows(evals: list[dict]) -> list[list]:
 _HYPERPARAMETERS = [
     ("LoRA", "lora.enabled"), ("LoRA rank r", "lora.r"), ("LoRA alpha", "lora.alpha"),
     ("LoRA dropout", "lora.dropout"), ("LoRA targets", "lora.target_modules"), ("rsLoRA", "lora.use_rslora"),
+    ("DoRA", "lora.use_dora"), ("LoRA init", "lora.init"), ("LoRA+ lr ratio (lora_B)", "optim.lora_plus_ratio"),
     ("learning rate", "optim.lr"), ("weight decay", "optim.weight_decay"), ("Adam betas", "optim.betas"),
     ("warmup fraction", "optim.warmup_fraction"), ("min LR ratio", "optim.min_lr_ratio"),
     ("gradient clip", "optim.grad_clip"), ("global batch", "optim.global_batch"),

@@ -1,4 +1,4 @@
-"""LoRA merge math over plain state dicts: W' = W + s * B @ A, computed in fp32.
+"""LoRA merge math over plain state dicts: W' = W + s * B @ A (DoRA: rescaled), computed in fp32.
 
 Everything here is pure: functions take tensors and return new ones, never
 modify their inputs, and give the same result when called again. The
@@ -18,6 +18,12 @@ What is merged, and how (mirroring peft's LoRA layers):
 * `s = alpha / r`, or `alpha / sqrt(r)` with `use_rslora`, where r and alpha
   come from `rank_pattern` / `alpha_pattern` when a pattern matches the module
   name (peft's rule: the first pattern that matches the name's dotted suffix);
+* DoRA (`use_dora`): `base_model.model.<module>.lora_magnitude_vector` (m, one
+  value per output feature) goes with that module's LoRA pair, and the merged
+  weight is V = W + s * B @ A rescaled to W' = m / ||V|| * V, the norm taken
+  per output feature over the inputs (rows of a Linear weight; columns of a
+  fan_in_fan_out Conv1D weight and of an Embedding, whose output features are
+  its embedding dims), over the unmerged base W, as peft's `merge_and_unload`;
 * a module the config lists in `modules_to_save` (trained in full, e.g. a
   vision-language projector) is saved whole: `base_model.model.<module>.<param>`
   replaces the base tensor `<module>.<param>` as it is (`Replacement`);
@@ -34,8 +40,9 @@ Base keys: the adapter names modules as the live model does; `stored_key`
 under, where the two differ (`pipeline.model.base_keys`).
 
 The mapping is exact: every adapter tensor must land on a base tensor and
-every LoRA pair must be complete, otherwise `UserError`. Adapter kinds whose
-merge is not W + s*B@A (DoRA, LoRA bias, aLoRA, ...) are refused up front.
+every LoRA pair must be complete (and carry its magnitude under DoRA, and only
+then), otherwise `UserError`. Adapter kinds whose merge is neither W + s*B@A nor
+DoRA's (LoRA bias, aLoRA, ...) are refused up front.
 """
 
 from __future__ import annotations
@@ -55,12 +62,12 @@ ADAPTER_PREFIX = "base_model.model."
 _LINEAR_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.(?P<half>lora_[AB])\.weight")
 _EMBEDDING_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_embedding_(?P<half>[AB])")
 _BASE_LAYER_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.base_layer\.weight")
+_MAGNITUDE_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.lora_magnitude_vector")
 _TOKENS_KEY = re.compile(r"base_model\.model\.(?P<module>.+)\.token_adapter\.trainable_tokens_delta")
 
 # Config fields that change what the adapter computes beyond W + s*B@A. Any
 # truthy value is refused: silently merging them would give a different model.
 _UNSUPPORTED = {
-    "use_dora": "DoRA rescales each merged column by a learned magnitude",
     "lora_bias": "the LoRA B bias would also have to be merged into the base bias",
     "alora_invocation_tokens": "activated LoRA acts only after its invocation tokens and cannot be merged",
     "use_qalora": "QALoRA targets quantized layers",
@@ -89,6 +96,7 @@ class LoraSettings:
     alpha_pattern: dict[str, float]
     use_rslora: bool
     fan_in_fan_out: bool
+    use_dora: bool = False
     modules_to_save: tuple[str, ...] = ()
     # peft trainable_token_indices: {module name (or a dotted suffix) or "": row ids}; "" = the list form
     token_indices: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -133,6 +141,13 @@ class LoraTarget:
     scaling: float
     fan_in_fan_out: bool
     base_layer_key: str | None = None  # adapter tensor replacing the base weight, if saved
+    magnitude_key: str | None = None  # DoRA: the module's lora_magnitude_vector
+
+    @property
+    def transposed(self) -> bool:
+        """Does the weight store B @ A transposed (output features along dim 1)? Embedding and
+        fan_in_fan_out (Conv1D) weights do."""
+        return self.kind == "embedding" or self.fan_in_fan_out
 
 
 def parse_adapter_config(config: Mapping) -> LoraSettings:
@@ -158,6 +173,7 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
             alpha_pattern={str(k): float(v) for k, v in (config.get("alpha_pattern") or {}).items()},
             use_rslora=bool(config.get("use_rslora", False)),
             fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
+            use_dora=bool(config.get("use_dora", False)),
             modules_to_save=tuple(config.get("modules_to_save") or ()),
             token_indices=_token_indices(config.get("trainable_token_indices")),
         )
@@ -222,6 +238,7 @@ def plan_targets(
     plan: dict[str, LoraTarget | Replacement | TokenRows] = {}
     halves: dict[tuple[str, str], dict[str, str]] = {}
     base_layers: dict[str, str] = {}
+    magnitudes: dict[str, str] = {}
     unknown = []
     for key in adapter_shapes:
         if _saved_module(key, settings.modules_to_save) and not _LINEAR_KEY.fullmatch(key):
@@ -235,6 +252,9 @@ def plan_targets(
             continue
         if match := _BASE_LAYER_KEY.fullmatch(key):
             base_layers[match["module"]] = key
+            continue
+        if match := _MAGNITUDE_KEY.fullmatch(key):
+            magnitudes[match["module"]] = key
             continue
         if match := _TOKENS_KEY.fullmatch(key):
             target = _token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes, settings, stored_key)
@@ -262,15 +282,33 @@ def plan_targets(
             raise UserError(f"base tensor {base_key} is targeted twice (LoRA and trainable tokens?)")
         rank, scaling = scaling_for(settings, module)
         target = LoraTarget(module, base_key, pair["A"], pair["B"], kind, rank, scaling,
-                            settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None))
+                            settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None),
+                            magnitudes.pop(module, None))
         _check_shapes(target, adapter_shapes[target.a_key], adapter_shapes[target.b_key], base_shapes[base_key])
+        _check_magnitude(target, settings.use_dora, adapter_shapes)
         if target.base_layer_key and tuple(adapter_shapes[target.base_layer_key]) != tuple(base_shapes[base_key]):
             raise UserError(f"adapter's saved {module} is {tuple(adapter_shapes[target.base_layer_key])}, the base's "
                             f"{tuple(base_shapes[base_key])}: a resized vocabulary is not supported")
         plan[base_key] = target
     if base_layers:
         raise UserError(f"adapter saves full base layers of non-LoRA modules: {', '.join(sorted(base_layers))}")
+    if magnitudes:
+        raise UserError(f"adapter has DoRA magnitudes of modules without a LoRA pair: {', '.join(sorted(magnitudes))}")
     return plan
+
+
+def _check_magnitude(target: LoraTarget, use_dora: bool, adapter_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Under DoRA every LoRA module has its magnitude, one value per output feature (rows of B);
+    without DoRA none has one (peft would ignore it: merging it would change the model)."""
+    if use_dora and target.magnitude_key is None:
+        raise UserError(f"adapter config sets use_dora, but module {target.module} has no lora_magnitude_vector")
+    if not use_dora and target.magnitude_key is not None:
+        raise UserError(f"adapter has {target.magnitude_key}, but its config does not set use_dora")
+    if target.magnitude_key is not None:
+        features = adapter_shapes[target.b_key][0]
+        if tuple(adapter_shapes[target.magnitude_key]) != (features,):
+            raise UserError(f"adapter's {target.magnitude_key} is {tuple(adapter_shapes[target.magnitude_key])}; "
+                            f"({features},) expected (one per output feature of {target.module})")
 
 
 def _token_rows(key: str, module: str, shape: tuple, base_shapes: Mapping[str, tuple[int, ...]],
@@ -300,8 +338,7 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
     if a[0] != target.rank or b[1] != target.rank:
         raise UserError(f"{target.module}: lora_A {a} / lora_B {b} disagree with the config's rank {target.rank}")
     # Delta B @ A is (b[0], a[1]); Embedding and fan_in_fan_out weights store it transposed.
-    transposed = target.kind == "embedding" or target.fan_in_fan_out
-    expected = (a[1], b[0]) if transposed else (b[0], a[1])
+    expected = (a[1], b[0]) if target.transposed else (b[0], a[1])
     if tuple(w) != expected:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
@@ -318,8 +355,9 @@ def merged(target: LoraTarget | Replacement | TokenRows, base_weight: torch.Tens
         if not dtypes.fits(tensor.to(torch.float32), out_dtype):
             raise UserError(f"{target.adapter_key} has values that are not finite in {out_dtype}")
         return tensor.to(out_dtype, copy=True)
+    magnitude = adapter[target.magnitude_key] if target.magnitude_key else None
     return merge_weight(source_weight(target, base_weight, adapter), adapter[target.a_key], adapter[target.b_key],
-                        target, out_dtype)
+                        target, out_dtype, magnitude)
 
 
 def token_rows_merged(target: TokenRows, base_weight: torch.Tensor, values: torch.Tensor,
@@ -348,8 +386,10 @@ def merge_weight(
     b: torch.Tensor,
     target: LoraTarget,
     out_dtype: torch.dtype | None = None,
+    magnitude: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W + s * B @ A, summed in fp32, cast to `out_dtype` (default: W's dtype).
+    """W + s * B @ A, summed in fp32, cast to `out_dtype` (default: W's dtype); with a DoRA
+    `magnitude` m, that sum V rescaled per output feature to m / ||V|| * V (`_dora_rescale`).
 
     Raises UserError if the result holds inf/nan (an overflowing cast or a
     broken adapter): writing such a model would fail much later and obscurely.
@@ -358,14 +398,32 @@ def merge_weight(
     # and the input is never touched (it may even be a read-only file mapping).
     merged = weight.to(torch.float32, copy=True)
     a32, b32 = a.to(torch.float32), b.to(torch.float32)
-    if target.kind == "embedding" or target.fan_in_fan_out:
+    if target.transposed:
         merged.addmm_(a32.T, b32.T, alpha=target.scaling)
     else:
         merged.addmm_(b32, a32, alpha=target.scaling)
+    if magnitude is not None:
+        _dora_rescale(merged, magnitude, target)
     out_dtype = out_dtype or weight.dtype
     if not dtypes.fits(merged, out_dtype):
         raise UserError(f"merging {target.module} gives values that are not finite in {out_dtype}")
     return merged.to(out_dtype)
+
+
+def _dora_rescale(merged: torch.Tensor, magnitude: torch.Tensor, target: LoraTarget) -> None:
+    """In place: V (fp32, = W + s*B@A) times m / ||V|| per output feature, as peft's DoRA merge.
+
+    peft (`DoraLinearLayer.get_weight_norm`, `DoraLinearVariant.merge_*`) takes
+    the L2 norm of each output feature's weights over the inputs, of the base
+    weight plus the scaled delta (the base as loaded, before any merge): dim 1
+    of a Linear weight (out, in); a fan_in_fan_out weight (in, out) and an
+    Embedding (vocab, dim) hold their output features along dim 1, so the norm
+    runs over dim 0 and the factor scales columns. The norm is a constant to
+    peft (detached in training); here there is no graph anyway.
+    """
+    dim = 0 if target.transposed else 1
+    factor = magnitude.to(torch.float32) / torch.linalg.norm(merged, dim=dim)
+    merged.mul_(factor.unsqueeze(dim))
 
 
 def merge_state_dict(

@@ -8,7 +8,8 @@ tensors under other keys than the live model's names: `BaseKeys`). The base's
 safetensors shards are read one at a
 time with `safe_open`, tensor by tensor (a handle per tensor, so no more than
 one tensor of the base is ever mapped in); each LoRA target gets
-W + s * B @ A in fp32 (`pipeline.export.lora_math`; a module the adapter saved
+W + s * B @ A in fp32 (under DoRA rescaled per output feature by its magnitude
+vector, which the adapter holds whole; `pipeline.export.lora_math`; a module the adapter saved
 whole, PEFT `modules_to_save`, replaces the base tensor), is cast to the output
 dtype and checked finite, and is streamed into the output shard of the same
 name (`safetensors_stream.StreamingWriter`), so peak memory is the adapter
@@ -33,8 +34,8 @@ into the embeddings / untied head, grown to the new vocabulary (the config's
 
 Refused before anything is written (`UserError`): an output equal to, inside
 or containing the base or adapter dir, a non-empty output without
-`--overwrite`, a quantized base, adapter kinds that are not plain LoRA (plus
-`modules_to_save`), and
+`--overwrite`, a quantized base, adapter kinds that are not plain LoRA or DoRA
+(plus `modules_to_save`), and
 any adapter tensor that does not map exactly onto a stored base tensor. The
 base and adapter are only read.
 """

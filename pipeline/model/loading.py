@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
-from pipeline.config import ALL_LINEAR, TrainConfig
+from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
 from pipeline.data.prepare import added_token_ids, read_chat
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
@@ -207,7 +207,30 @@ def lora_targets(model, cfg: TrainConfig) -> list[str]:
         if not tower & set(chosen):
             raise UserError(f"vision.train_tower=true, but no name of lora.target_modules={requested} "
                             f"is a linear layer of the vision tower {parts.tower}; its linear layers: {sorted(tower)}")
+    if cfg.lora.use_dora:
+        _check_dora_layers(modules, chosen, requested)
     return chosen
+
+
+def _dora_kinds() -> tuple[type, ...]:
+    """Layer kinds DoRA trains and the streaming merge folds (peft 0.21: Linear, GPT-2 Conv1D as a
+    Linear with fan_in_fan_out, Embedding; its Conv and MultiheadAttention are left out: the
+    merge handles 2-D weights only, and peft has no DoRA for MultiheadAttention)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return torch.nn.Linear, Conv1D, torch.nn.Embedding
+
+
+def _check_dora_layers(modules: list[tuple[str, torch.nn.Module]], chosen: list[str], requested: list[str]) -> None:
+    """UserError naming lora.use_dora, lora.target_modules and the layers when a chosen name
+    selects a layer kind DoRA does not support."""
+    kinds = _dora_kinds()
+    bad = sorted({f"{n.rsplit('.', 1)[-1]} ({type(m).__name__})" for n, m in modules
+                  if n.rsplit(".", 1)[-1] in chosen and not isinstance(m, kinds)})
+    if bad:
+        raise UserError(f"lora.use_dora=true, but lora.target_modules={requested} selects layers DoRA is not "
+                        f"supported on here: {', '.join(bad)}; DoRA adapts {' / '.join(k.__name__ for k in kinds)} "
+                        "layers. Leave those out of lora.target_modules, or set lora.use_dora=false")
 
 
 def check_vision_settings(model, cfg: TrainConfig) -> None:
@@ -347,6 +370,8 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
         lora_dropout=cfg.lora.dropout,
         target_modules=targets,
         use_rslora=cfg.lora.use_rslora,
+        use_dora=cfg.lora.use_dora,
+        init_lora_weights=LORA_INITS[cfg.lora.init],  # the config refuses the others (pipeline.config.init_problem)
         bias="none",
         task_type="CAUSAL_LM",
         **extra,

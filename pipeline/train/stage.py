@@ -57,6 +57,7 @@ from pipeline.train.ema import EMA
 from pipeline.train.evals import Evaluator
 from pipeline.train.faults import Hooks, InjectedFailure
 from pipeline.train.monitor import Monitor
+from pipeline.train.optimizer import adamw
 from pipeline.train.strategy import choose as choose_strategy
 from pipeline.train.update import LoopState, Updater
 
@@ -103,12 +104,9 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     model = strategy.build_model(cfg, precision, checkpointing=checkpointing)
     loss_model = strategy.unwrap(model)  # without DDP's wrapper: what evaluation calls
     raw_model = loss_model.lm
-    named = loading.trainable(raw_model)
+    # In the optimizer's param-group order (LoRA+ splits them): every saved state is keyed by it.
+    named, optimizer = adamw(loading.trainable(raw_model), cfg.optim, d.device)
     ema = EMA(strategy.ema_view(named), cfg.ema.rates, cfg.ema.every)
-    optimizer = torch.optim.AdamW(
-        [p for _, p in named], lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,
-        weight_decay=cfg.optim.weight_decay, **_adamw_kernel(d.device),
-    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total, cfg.optim.warmup_fraction, cfg.optim.min_lr_ratio)
     )
@@ -252,12 +250,6 @@ def _deterministic() -> None:
     # when its handle is created, before the first matmul.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
-
-
-def _adamw_kernel(device: torch.device) -> dict:
-    # One fused kernel for the whole update on a GPU; on a CPU the foreach
-    # implementation, which the CPU figures and tests were made with.
-    return {"fused": True} if device.type == "cuda" else {"foreach": True}
 
 
 def _seed_all(seed: int) -> None:

@@ -133,7 +133,7 @@ def _adapter_copy(adapter, tmp_path, *, config=None, tensors=None):
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("dora", "use_dora"),
+        ("dora_without_magnitudes", "sets use_dora, but module"),
         ("extra_tensor", "not LoRA A/B weights"),
         ("missing_half", "has only its lora_A"),
         ("unknown_module", "stores no tensor"),
@@ -146,7 +146,7 @@ def test_unmergeable_adapters_are_refused_before_writing(llama_pair, tmp_path, c
     a_key = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
     vocab = json.loads((base / "config.json").read_text())["vocab_size"]
     edits = {
-        "dora": dict(config={"use_dora": True}),
+        "dora_without_magnitudes": dict(config={"use_dora": True}),
         "extra_tensor": dict(tensors=lambda w: {**w, "base_model.model.model.norm.weight": torch.ones(32)}),
         "missing_half": dict(tensors=lambda w: {k: v for k, v in w.items() if "q_proj.lora_B" not in k}),
         "unknown_module": dict(tensors=lambda w: {k.replace("q_proj", "qq_proj"): v for k, v in w.items()}),
