@@ -231,3 +231,35 @@ def test_images_given_to_a_text_only_model_are_named_as_such(tmp_path, tokenizer
     [(split, problem)] = report.problems
     assert (problem.index, problem.reason) == (0, "images_on_text_model")
     assert "1 image(s) given to a text-only model" in problem.message
+
+
+# --- the README's examples ------------------------------------------------------------------------
+
+
+def _readme_records() -> list[dict]:
+    """The one-record examples of the README's Data section (its ```json blocks, one record a line)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("### Data: files and record shapes", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"^```json\n(.*?)^```", section, re.M | re.S)
+    return [json.loads(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_every_readme_example_record_is_accepted_and_tools_render_where_supported(tmp_path):
+    from pipeline.data.chat import BUILTIN_TEMPLATES
+
+    records = _readme_records()
+    assert len(records) == 7  # messages, with tools, conversations, alpaca, two prompt/completion, text
+    for i, record in enumerate(records):
+        parsed = parse_file(write_jsonl(tmp_path / f"r{i}.jsonl", [record]))
+        assert not parsed.problems, (record, [p.describe() for p in parsed.problems])
+    [with_tools] = parse_file(write_jsonl(tmp_path / "tools.jsonl", [r for r in records if "tools" in r])).records
+    qwen = chatkit.build_tokenizer("qwen2.5")
+    assert supervised(qwen, encode_records([with_tools], qwen, max_length=8192, too_long="error"))[0].startswith(
+        '<tool_call>\n{"name": "get_weather"')
+    chatml = copy.deepcopy(qwen)
+    chatml.chat_template = BUILTIN_TEMPLATES["chatml"].template  # ours renders no tool calls: refused
+    with pytest.raises(DataError, match="does not render tool calls"):
+        encode_records([with_tools], chatml, max_length=8192, too_long="error")
