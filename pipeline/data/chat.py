@@ -412,13 +412,15 @@ class ChatRender:
             first, last = rendered.calls[numbers[0]], rendered.calls[numbers[-1]]
             start = rendered.answers[k][0] if k in rendered.answers else rendered.think.get(k)
             if start is None:  # no content written: the turn opens where the template's assistant header ends
-                header = self._probe("header")
+                header, before_content = self._probe("header")
                 earlier = max((span[1] for j, (span, _) in turns.items() if j < k), default=0)
                 at = text.rfind(header, earlier, first[0]) if header else -1
                 if at < 0:
                     raise DataError(f"{self.name}: the start of the tool call {names[numbers[0]]!r} cannot be "
                                     f"located (the template's assistant header {header!r} is not before it)")
                 start = at + len(header)
+                if before_content and text.startswith(before_content, start):  # prompt, as before any content
+                    start += len(before_content)
             end = text.find(eot, last[1])
             if end < 0:
                 raise DataError(f"{self.name}: no end-of-turn marker {eot!r} after the tool call "
@@ -484,16 +486,23 @@ def _plain_affixes(tokenizer) -> tuple[str, str]:
     return bos, getattr(tokenizer, "eos_token", None) or ""
 
 
-def _assistant_header(tokenizer, template: str) -> str:
-    """What the template writes between a user's content and the assistant's (the close of the user turn and
-    the assistant header: ``[/INST]``, ``<|im_end|>\n<|im_start|>assistant\n``), from a generation prompt."""
+def _assistant_header(tokenizer, template: str) -> tuple[str, str]:
+    """(what the template writes between a user's content and the assistant's: the close of the user turn
+    and the assistant header, ``[/INST]``, ``<|im_end|>\n<|im_start|>assistant\n``, from a generation
+    prompt; what it writes after that header before a last turn's content, Qwen3's empty think block).
+    ('', '') when the template cannot say."""
     probe = "Probe of the assistant header."
+    user = {"role": "user", "content": probe}
     try:
-        opened = tokenizer.apply_chat_template([{"role": "user", "content": probe}], tokenize=False,
-                                               chat_template=template, add_generation_prompt=True)
+        opened = tokenizer.apply_chat_template([user], tokenize=False, chat_template=template,
+                                               add_generation_prompt=True)
+        answered = tokenizer.apply_chat_template([user, {"role": "assistant", "content": _sentinel("A", 0)}],
+                                                 tokenize=False, chat_template=template)
     except Exception:  # noqa: BLE001 -- no header known: a call without content is then refused
-        return ""
-    return opened.rpartition(probe)[2] if probe in opened else ""
+        return "", ""
+    header = opened.rpartition(probe)[2] if probe in opened else ""
+    after = answered.rpartition(probe)[2].partition(_sentinel("A", 0))[0]
+    return header, after[len(header):] if header and after.startswith(header) else ""
 
 
 def record_name(source: str, record) -> str:

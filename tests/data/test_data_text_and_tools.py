@@ -146,6 +146,8 @@ CALL_LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>
     # Llama 3.1 writes only the call of a calling turn (its content is not rendered, so not trained).
     ("llama-3.1", "", [CALL_LLAMA, "It is 18C and sunny.<|eot_id|>"]),
     ("llama-3.1", "Let me check.", [CALL_LLAMA, "It is 18C and sunny.<|eot_id|>"]),
+    ("mistral-nemo", "", ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call12345"}]</s>',
+                          "It is 18C and sunny.</s>"]),
 ])
 def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path, family, content, expected):
     """The calling turn is supervised from its content (or the end of the assistant header) through the call
@@ -163,6 +165,22 @@ def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path, family, conte
     assert encoded.input_ids.tolist() == chatkit.char_ids(family, tokenizer.apply_chat_template(
         record.messages, tools=TOOLS, tokenize=False))
     assert encoded.stats["eot_trained"] == 1
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2.5"])
+def test_a_last_turn_of_two_calls_is_trained_without_the_empty_think_block(tmp_path, family):
+    """Qwen3 writes an empty think block before a last turn's content: prompt, as for a turn with content."""
+    call = tool_record()["messages"][1]["tool_calls"][0]
+    second = {"type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET"}}}
+    record = {"messages": [{"role": "user", "content": "Weather and time?"},
+                           {"role": "assistant", "content": "", "tool_calls": [call, second]}]}
+    tokenizer = chatkit.build_tokenizer(family)
+    encoded = encode_records(parse_file(write_jsonl(tmp_path / "t.jsonl", [record])).records, tokenizer,
+                             max_length=8192, too_long="error")
+    assert ("<think>\n\n</think>" in tokenizer.decode(encoded.input_ids)) == (family == "qwen3")
+    assert supervised(tokenizer, encoded) == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>']
 
 
 @pytest.mark.parametrize("family, why", [
