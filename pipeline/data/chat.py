@@ -58,6 +58,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.data import tools
 from pipeline.errors import DataError, UserError
 
 # The workflow config key that chooses the template, named in every error that a fix of it solves.
@@ -351,7 +352,7 @@ class ChatRender:
             raise DataError("the chat template renders this conversation differently when the assistant contents "
                             f"change, so the assistant tokens cannot be located:\n"
                             f"{_first_difference(real_text, put_back)}\n{suggest_builtin(self.template)}")
-        unshown = next((m for m in record.messages if m["role"] == "tool" and not _written(m["content"], put_back)),
+        unshown = next((m for m in record.messages if m["role"] == "tool" and not tools.written(m["content"], put_back)),
                        None)
         if unshown is not None:
             raise DataError(f"{self.name} does not render tool turns (the result {unshown['content'][:40]!r} is not "
@@ -360,7 +361,8 @@ class ChatRender:
             pieces = _SENTINEL.split(self.expand(sentinel_text, record))
         rendered = self._spans(pieces, parts, in_data, names)
         if calls:
-            self._call_spans(rendered, record, calls, names)
+            tools.call_spans(rendered, record, calls, names, eot=self._probe("eot"), header=self._probe("header"),
+                             template=self.name)
         return rendered
 
     def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, names: list[str]) -> Rendered:
@@ -397,43 +399,6 @@ class ChatRender:
         rendered.reasoning_dropped, rendered.dropped_by_template = in_data - kept, kept < offered
         return rendered
 
-    def _call_spans(self, rendered: Rendered, record, calls: dict[int, list[int]], names: list[str]) -> None:
-        """Supervise each tool-calling turn from its content (or its reasoning, or else the end of the assistant
-        header) through its calls and the end-of-turn marker; `DataError` where the template's text does not
-        allow it (no end-of-turn marker, a call's arguments not written)."""
-        eot = self._probe("eot")
-        if eot is None:
-            raise DataError(f"{self.name} closes an assistant turn with no special token, so the end of a tool call "
-                            "cannot be located: choose a template that supports tools")
-        text = rendered.text
-        arguments = [c["function"]["arguments"] for m in record.messages for c in m.get("tool_calls") or []]
-        turns = dict(zip(sorted(rendered.answers), zip(rendered.spans, rendered.eot)))  # turn -> (span, eot)
-        for k, numbers in sorted(calls.items()):
-            first, last = rendered.calls[numbers[0]], rendered.calls[numbers[-1]]
-            start = rendered.answers[k][0] if k in rendered.answers else rendered.think.get(k)
-            if start is None:  # no content written: the turn opens where the template's assistant header ends
-                header, before_content = self._probe("header")
-                earlier = max((span[1] for j, (span, _) in turns.items() if j < k), default=0)
-                at = text.rfind(header, earlier, first[0]) if header else -1
-                if at < 0:
-                    raise DataError(f"{self.name}: the start of the tool call {names[numbers[0]]!r} cannot be "
-                                    f"located (the template's assistant header {header!r} is not before it)")
-                start = at + len(header)
-                if before_content and text.startswith(before_content, start):  # prompt, as before any content
-                    start += len(before_content)
-            end = text.find(eot, last[1])
-            if end < 0:
-                raise DataError(f"{self.name}: no end-of-turn marker {eot!r} after the tool call "
-                                f"{names[numbers[-1]]!r}")
-            for n in numbers:
-                missing = [key for key in arguments[n] if json.dumps(key) not in text[rendered.calls[n][1]:end]]
-                if missing:
-                    raise DataError(f"{self.name} does not render tool call arguments (argument {missing[0]!r} "
-                                    f"of {names[n]!r} is not in its text): choose a template that supports tools")
-            turns[k] = ((start, end + len(eot)), True)
-        ordered = [turns[k] for k in sorted(turns)]
-        rendered.spans, rendered.eot = [span for span, _ in ordered], [flag for _, flag in ordered]
-
     def _end_of_turn(self, following: str) -> int:
         """Characters of `following` (template text after a content) that close the turn: whitespace + a special token."""
         stripped = following.lstrip()
@@ -466,12 +431,6 @@ def _content(match, parts: list[tuple[str, str]], names: list[str]) -> str:
     """What a sentinel stands for: a turn's reasoning (R), its answer (A), a tool call's name (C)."""
     kind, k = match.group(1), int(match.group(2))
     return names[k] if kind == "C" else parts[k][0] if kind == "R" else parts[k][1]
-
-
-def _written(content: str, text: str) -> bool:
-    """Whether a tool result is in the rendered text, as it is or JSON-escaped (templates that `tojson` it)."""
-    content = content.strip()
-    return content in text or json.dumps(content)[1:-1] in text
 
 
 def _plain_affixes(tokenizer) -> tuple[str, str]:
