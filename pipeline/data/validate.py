@@ -8,7 +8,10 @@ tokenization will), duplicate ids, exact-duplicate samples under the
 duplicates policy, and that at least one record is left to train on; across
 files: val or test conversations that also occur in train (and test in val),
 where a conversation with images is the same only with the same image files'
-content.
+content. A record reports every defect it has: its image files are checked even
+when its structure is already faulty (no ``<image>`` placeholder), images given
+to a text-only model are a problem of their own (``images_on_text_model``), and a
+plain text record in the test split is one (``text_in_test``: nothing to score).
 
 Always writes ``validation.json`` (ok flag, counts per reason, the problems,
 warnings, split-level notes, per-file stats) and ``validation.csv`` (one row per
