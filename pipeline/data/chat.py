@@ -34,14 +34,31 @@ the form Qwen3 and DeepSeek-R1 generate) behind a sentinel of its own, and train
 it from the ``<think>`` the template writes before it. A template that drops it
 (DeepSeek-R1's shipped ones always, Qwen3's before the last user turn) is
 detected from the missing sentinel: those records are counted, never silently.
+
+Plain text records (`pipeline.data.formats.TEXT_ROLE`) take no template: the
+text is trained whole, with the BOS the tokenizer puts before plain text (if
+any) as context and its EOS appended (unless the text ends with it) and
+trained, as TRL does for language-modelling data, so the model learns where a
+document ends.
+
+Tool calls: an assistant turn's ``tool_calls`` and the ``tool`` turns go to the
+template as given (and the record's ``tools`` as ``tools=``). Each call's name
+is replaced by a sentinel of its own; the turn is supervised from its content
+(or, for a turn with no content, from the end of the assistant header the
+template writes for a generation prompt) through the calls to the template's
+end-of-turn marker. Tool results are prompt. A template that does not write a
+call's name and arguments, or a tool result, or that raises on them, does not
+support tools: the record is refused, naming the template.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.data import tools
 from pipeline.errors import DataError, UserError
 
 # The workflow config key that chooses the template, named in every error that a fix of it solves.
@@ -157,7 +174,7 @@ def split_reasoning(message: dict) -> tuple[str, str]:
 
 # Private-use characters: a sentinel survives any trim/strip and no data holds them (checked).
 _OPEN, _CLOSE = "\ue000", "\ue001"
-_SENTINEL = re.compile(f"{_OPEN}([AR])(\\d+){_CLOSE}")
+_SENTINEL = re.compile(f"{_OPEN}([ARC])(\\d+){_CLOSE}")  # reasoning, answer, a tool call's name
 _THINK_OPEN = "<think>"
 
 
@@ -180,6 +197,11 @@ class Rendered:
     reasoning: int = 0
     reasoning_dropped: int = 0
     dropped_by_template: bool = False
+    # Where things are in `text`, for the spans of tool-calling turns: each call's name by call number,
+    # each written answer [lo, hi) (lo at its reasoning's <think> if any) and each reasoning's <think> by turn.
+    calls: dict[int, tuple[int, int]] = field(default_factory=dict)
+    answers: dict[int, tuple[int, int]] = field(default_factory=dict)
+    think: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,6 +220,7 @@ class ChatRender:
     conversation: object = None  # messages -> what the template takes (content parts for a VLM)
     expand: object = None  # (text, record) -> text, for a VLM's image tokens
     _markers: list[str] = field(default_factory=list, init=False, repr=False)
+    _probes: dict = field(default_factory=dict, init=False, repr=False)  # computed once: see `_probe`
 
     def __post_init__(self):
         if self.reasoning not in REASONING_POLICIES:
@@ -209,17 +232,38 @@ class ChatRender:
         # Longest first, so a marker is never matched by a shorter one it starts with.
         self._markers = sorted((n for n in names if n and n.strip()), key=len, reverse=True)
 
+    def _probe(self, name: str):
+        """Facts of the tokenizer and template, found once when first needed: 'plain' (the BOS and EOS of
+        plain text), 'eot' (the end-of-turn marker), 'header' (the assistant header of a generation prompt)."""
+        if name not in self._probes:
+            self._probes[name] = {"plain": lambda: _plain_affixes(self.tokenizer),
+                                  "eot": lambda: end_of_turn(self.tokenizer, self.template),
+                                  "header": lambda: _assistant_header(self.tokenizer, self.template)}[name]()
+        return self._probes[name]
+
+    @property
+    def name(self) -> str:
+        """The template as the user knows it: the run tokenizer's choice (chat.json), else its directory."""
+        where = getattr(self.tokenizer, "name_or_path", "") or ""
+        chosen = None
+        if where and Path(where, "chat.json").is_file():
+            chosen = json.loads(Path(where, "chat.json").read_text()).get("template")
+        return f"the chat template ({SETTING}: {chosen or 'tokenizer'}{f', in {where}' if where else ''})"
+
     # One record ----------------------------------------------------------------------------
 
-    def _messages(self, messages: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, str]], int]:
+    def _messages(self, messages: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, str]], int,
+                                                        dict[int, list[int]], list[str]]:
         """(sentinel messages, real messages, per assistant turn (reasoning, answer) with the policy applied,
-        turns with reasoning in the data)."""
+        turns with reasoning in the data, {assistant turn: its calls' numbers}, each call's name)."""
         sentinel, real, parts = [], [], []
+        calls: dict[int, list[int]] = {}
+        names: list[str] = []
         in_data = 0
         for message in messages:
             if message["role"] != "assistant":
-                sentinel.append({"role": message["role"], "content": message["content"]})
-                real.append({"role": message["role"], "content": message["content"]})
+                sentinel.append(dict(message))
+                real.append(dict(message))
                 continue
             reasoning, answer = split_reasoning(message)
             in_data += bool(reasoning)
@@ -227,36 +271,52 @@ class ChatRender:
                 reasoning = ""
             k = len(parts)
             parts.append((reasoning, answer))
+            given = message.get("tool_calls") or []
+            # A turn that only calls tools has no content: an empty one renders as the data does.
+            shown = _sentinel("A", k) if answer or not given else ""
             if reasoning:
-                sentinel.append({"role": "assistant", "content": f"<think>\n{_sentinel('R', k)}\n</think>\n\n"
-                                                                  f"{_sentinel('A', k)}"})
+                sentinel.append({"role": "assistant", "content": f"<think>\n{_sentinel('R', k)}\n</think>\n\n{shown}"})
                 real.append({"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}"})
             else:
-                sentinel.append({"role": "assistant", "content": _sentinel("A", k)})
+                sentinel.append({"role": "assistant", "content": shown})
                 real.append({"role": "assistant", "content": answer})
-        return sentinel, real, parts, in_data
+            if given:
+                calls[k] = list(range(len(names), len(names) + len(given)))
+                names += [c["function"]["name"] for c in given]
+                sentinel[-1]["tool_calls"] = [{**c, "function": {**c["function"], "name": _sentinel("C", n)}}
+                                              for n, c in zip(calls[k], given)]
+                real[-1]["tool_calls"] = given
+        return sentinel, real, parts, in_data, calls, names
 
     def render_records(self, records: list, render) -> tuple[list[Rendered | None], dict[int, str]]:
         """Each record rendered for training, or None and why (never raises for one record).
 
-        `render(conversations)` -> (texts, {position: error}) renders without the generation prompt.
+        `render(conversations, tools)` -> (texts, {position: error}) renders without the generation
+        prompt, `tools` per conversation. A plain text record takes no template (`_plain`).
         """
         errors: dict[int, str] = {}
+        out: list[Rendered | None] = [None] * len(records)
         prepared = []
         for i, record in enumerate(records):
             if any(_OPEN in m["content"] or _CLOSE in m["content"] for m in record.messages):
                 errors[i] = "holds the private-use characters U+E000/U+E001, which the labeller reserves"
                 prepared.append(None)
-                continue
-            prepared.append(self._messages(record.messages))
+            elif getattr(record, "is_text", False):
+                out[i] = self._plain(record.messages[0]["content"])
+                prepared.append(None)
+            else:
+                prepared.append(self._messages(record.messages))
         ok = [i for i, p in enumerate(prepared) if p is not None]
         convert = self.conversation or (lambda m: m)
-        sentinel_texts, failed = render([convert(prepared[i][0]) for i in ok])
-        real_texts, _ = render([convert(prepared[i][1]) for i in ok])
-        out: list[Rendered | None] = [None] * len(records)
+        tools = [getattr(records[i], "tools", None) for i in ok]
+        sentinel_texts, failed = render([convert(prepared[i][0]) for i in ok], tools)
+        real_texts, _ = render([convert(prepared[i][1]) for i in ok], tools)
         for j, i in enumerate(ok):
             if j in failed:
-                errors[i] = f"{failed[j]}; {suggest_builtin(self.template)}"
+                uses_tools = bool(tools[j]) or any(m["role"] == "tool" or m.get("tool_calls")
+                                                   for m in records[i].messages)
+                errors[i] = (f"{failed[j]}; {self.name} does not render tool calls or tool turns: choose a template "
+                             "that supports tools" if uses_tools else f"{failed[j]}; {suggest_builtin(self.template)}")
                 continue
             try:
                 out[i] = self._assemble(records[i], sentinel_texts[j], real_texts[j], *prepared[i][2:])
@@ -264,57 +324,80 @@ class ChatRender:
                 errors[i] = str(err)
         return out, errors
 
-    def _assemble(self, record, sentinel_text: str, real_text: str | None,
-                  parts: list[tuple[str, str]], in_data: int) -> Rendered:
+    def _plain(self, text: str) -> Rendered:
+        """A plain text record as trained: the tokenizer's BOS (context), the text and an EOS (both trained)."""
+        bos, eos_token = self._probe("plain")
+        eos = "" if not eos_token or text.endswith(eos_token) else eos_token
+        return Rendered(bos + text + eos, [(len(bos), len(bos) + len(text) + len(eos))], [bool(eos_token)])
+
+    def _assemble(self, record, sentinel_text: str, real_text: str | None, parts: list[tuple[str, str]],
+                  in_data: int, calls: dict[int, list[int]], names: list[str]) -> Rendered:
         pieces = _SENTINEL.split(sentinel_text)  # text, kind, k, text, kind, k, ..., text
         found = [(pieces[n], int(pieces[n + 1])) for n in range(1, len(pieces), 3)]
-        expected = [("R", k) for k, (r, _) in enumerate(parts) if r] + [("A", k) for k in range(len(parts))]
-        missing_answers = [k for k in range(len(parts)) if ("A", k) not in found]
+        expected = ([("R", k) for k, (r, _) in enumerate(parts) if r] + [("A", k) for k in range(len(parts))]
+                    + [("C", n) for n in range(len(names))])
+        # A turn that calls tools may lose its content to the template (Llama 3.1 writes only the call).
+        missing_answers = [k for k in range(len(parts)) if ("A", k) not in found and k not in calls]
         if missing_answers or len(set(found)) != len(found) or not set(found) <= set(expected):
             turn = missing_answers[0] + 1 if missing_answers else "?"
             raise DataError(f"the chat template does not write assistant turn {turn} exactly once as given, "
                             "so its tokens cannot be located; " + suggest_builtin(self.template))
+        unwritten = [names[n] for n in range(len(names)) if ("C", n) not in found]
+        if unwritten:
+            raise DataError(f"{self.name} does not render tool calls (the call of {unwritten[0]!r} is not in its "
+                            "text): choose a template that supports tools")
         # The check: the template writes the same text around real contents as around sentinels.
-        put_back = _SENTINEL.sub(lambda m: (parts[int(m.group(2))][0] if m.group(1) == "R"
-                                            else parts[int(m.group(2))][1]), sentinel_text)
+        put_back = _SENTINEL.sub(lambda m: _content(m, parts, names), sentinel_text)
         if real_text is not None and put_back != real_text:
             raise DataError("the chat template renders this conversation differently when the assistant contents "
                             f"change, so the assistant tokens cannot be located:\n"
                             f"{_first_difference(real_text, put_back)}\n{suggest_builtin(self.template)}")
+        unshown = next((m for m in record.messages if m["role"] == "tool" and not tools.written(m["content"], put_back)),
+                       None)
+        if unshown is not None:
+            raise DataError(f"{self.name} does not render tool turns (the result {unshown['content'][:40]!r} is not "
+                            "in its text): choose a template that supports tools")
         if self.expand is not None:
             pieces = _SENTINEL.split(self.expand(sentinel_text, record))
-        return self._spans(pieces, parts, in_data)
+        rendered = self._spans(pieces, parts, in_data, names)
+        if calls:
+            tools.call_spans(rendered, record, calls, names, eot=self._probe("eot"), header=self._probe("header"),
+                             template=self.name)
+        return rendered
 
-    def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int) -> Rendered:
-        """The training text and its spans from the split sentinel render (text, kind, k, text, ...)."""
+    def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, names: list[str]) -> Rendered:
+        """The training text and its spans from the split sentinel render (text, kind, k, text, ...).
+
+        A turn with tool calls gets its span from `_call_spans`; `Rendered.calls` holds, per call, where its
+        name is, and `Rendered.answers` where each turn's content is (None: not written).
+        """
         out: list[str] = []
         pos = 0
         spans, eot = [], []
-        open_at: int | None = None  # where a turn's span opened at its reasoning's <think>
-        kept = 0
+        rendered = Rendered("", spans, eot, reasoning=in_data)
         for n in range(0, len(pieces), 3):
             if n:  # a sentinel, between pieces[n - 3] and pieces[n]
                 kind, k = pieces[n - 2], int(pieces[n - 1])
-                reasoning, answer = parts[k]
-                if kind == "R":
-                    kept += 1
+                text = names[k] if kind == "C" else parts[k][0] if kind == "R" else parts[k][1]
+                if kind == "C":
+                    rendered.calls[k] = (pos, pos + len(text))
+                elif kind == "R":
                     start = "".join(out).rfind(_THINK_OPEN, spans[-1][1] if spans else 0)
-                    open_at = start if start >= 0 else pos
-                    out.append(reasoning)
-                    pos += len(reasoning)
+                    rendered.think[k] = start if start >= 0 else pos
                 else:
-                    start = pos if open_at is None else open_at
-                    out.append(answer)
-                    pos += len(answer)
+                    rendered.answers[k] = (rendered.think.get(k, pos), pos + len(text))
                     marker = self._end_of_turn(pieces[n])
+                    spans.append((rendered.answers[k][0], pos + len(text) + marker))
                     eot.append(marker > 0)
-                    spans.append((start, pos + marker))
-                    open_at = None
+                out.append(text)
+                pos += len(text)
             out.append(pieces[n])
             pos += len(pieces[n])
+        kept = len(rendered.think)
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)
-        return Rendered("".join(out), spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
-                        dropped_by_template=kept < offered)
+        rendered.text = "".join(out)
+        rendered.reasoning_dropped, rendered.dropped_by_template = in_data - kept, kept < offered
+        return rendered
 
     def _end_of_turn(self, following: str) -> int:
         """Characters of `following` (template text after a content) that close the turn: whitespace + a special token."""
@@ -342,6 +425,43 @@ def end_of_turn(tokenizer, template: str | None = None) -> str | None:
     following = text.split(_sentinel("A", 0), 1)[-1]
     size = ChatRender(tokenizer, template)._end_of_turn(following)
     return following[:size].strip() or None
+
+
+def _content(match, parts: list[tuple[str, str]], names: list[str]) -> str:
+    """What a sentinel stands for: a turn's reasoning (R), its answer (A), a tool call's name (C)."""
+    kind, k = match.group(1), int(match.group(2))
+    return names[k] if kind == "C" else parts[k][0] if kind == "R" else parts[k][1]
+
+
+def _plain_affixes(tokenizer) -> tuple[str, str]:
+    """(the BOS the tokenizer puts before plain text, '' if none; its EOS token, '' if it has none)."""
+    bos = getattr(tokenizer, "bos_token", None) or ""
+    if bos:
+        try:
+            ids = tokenizer("a", add_special_tokens=True)["input_ids"]
+        except Exception:  # noqa: BLE001 -- a tokenizer that cannot say: no BOS
+            ids = []
+        bos = bos if ids and ids[0] == getattr(tokenizer, "bos_token_id", None) else ""
+    return bos, getattr(tokenizer, "eos_token", None) or ""
+
+
+def _assistant_header(tokenizer, template: str) -> tuple[str, str]:
+    """(what the template writes between a user's content and the assistant's: the close of the user turn
+    and the assistant header, ``[/INST]``, ``<|im_end|>\n<|im_start|>assistant\n``, from a generation
+    prompt; what it writes after that header before a last turn's content, Qwen3's empty think block).
+    ('', '') when the template cannot say."""
+    probe = "Probe of the assistant header."
+    user = {"role": "user", "content": probe}
+    try:
+        opened = tokenizer.apply_chat_template([user], tokenize=False, chat_template=template,
+                                               add_generation_prompt=True)
+        answered = tokenizer.apply_chat_template([user, {"role": "assistant", "content": _sentinel("A", 0)}],
+                                                 tokenize=False, chat_template=template)
+    except Exception:  # noqa: BLE001 -- no header known: a call without content is then refused
+        return "", ""
+    header = opened.rpartition(probe)[2] if probe in opened else ""
+    after = answered.rpartition(probe)[2].partition(_sentinel("A", 0))[0]
+    return header, after[len(header):] if header and after.startswith(header) else ""
 
 
 def record_name(source: str, record) -> str:

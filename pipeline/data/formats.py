@@ -5,8 +5,8 @@ Arrow (IPC files, or a ``datasets`` ``save_to_disk`` directory), chosen by the
 name and confirmed by the content; the file kind is named in every problem.
 Which records (`pipeline.data.shapes`): OpenAI ``messages``, ShareGPT/LLaVA
 ``conversations``, TRL ``prompt`` / ``completion`` (strings or message lists)
-and Alpaca ``instruction`` / ``input`` / ``output``, each with optional ``id``,
-``system`` and ``image`` / ``images``; a `FieldMap` (``data.columns`` /
+Alpaca ``instruction`` / ``input`` / ``output`` and plain ``text``, each with optional
+``id``, ``system`` and ``image`` / ``images`` (a text record: ``id`` only); a `FieldMap` (``data.columns`` /
 ``data.roles``) maps a dataset's own key and role names onto these. A file in
 which no record has a shape gets one problem naming the keys it has.
 
@@ -27,7 +27,13 @@ system, the system prompt first, content parts joined into one string with a
 placeholder per image, image paths resolved against the dataset file's
 directory (a ``save_to_disk`` directory's parent). `parse_file` never raises
 on bad content: it returns the well-formed records and a `Problem` for every
-fault it finds, so validation can report all of them at once. `load_records`
+fault it finds, so validation can report all of them at once (`ParsedFile.rejected`
+keeps the images of a rejected record, so a missing image file is reported too).
+
+Plain text records become one message of the role `TEXT_ROLE` (`Record.is_text`);
+the chat renderer trains all of it, no template. Tool calls are kept on their
+messages: an assistant message's ``tool_calls`` (arguments parsed to an object),
+a ``tool`` message's ``tool_call_id`` / ``name``, the record's ``tools``. `load_records`
 is the strict front door for the stages that only want clean data.
 
 Exact duplicates (same messages and images) are found by `duplicate_of`; what
@@ -61,6 +67,9 @@ _REMOTE_SCHEMES = ("http://", "https://", "data:")
 # error (a problem), warn (kept, reported), drop (every copy after the first removed).
 DUPLICATE_POLICIES = ("error", "warn", "drop")
 
+# The role of a plain text record's one message: no chat template, every token trained.
+TEXT_ROLE = "text"
+
 # Records of an unknown shape whose keys the file-level problem lists.
 _KEYS_SHOWN = 12
 
@@ -82,6 +91,12 @@ class Record:
     images: list[str]
     index: int
     line: int | None
+    tools: list[dict] | None = None  # function schemas given to the chat template (tool calling)
+
+    @property
+    def is_text(self) -> bool:
+        """A plain text record (one `TEXT_ROLE` message): trained whole, no chat template."""
+        return len(self.messages) == 1 and self.messages[0]["role"] == TEXT_ROLE
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,9 @@ class ParsedFile:
     records: list[Record] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     records_seen: int = 0  # records in the file, including rejected ones
+    # Records with a problem whose images could still be read: their image files are checked too,
+    # so a record reports every defect at once (a missing placeholder and a missing file).
+    rejected: list[Record] = field(default_factory=list)
 
 
 def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
@@ -183,8 +201,11 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
         elif isinstance(raw, dict):
             shaped += 1
         parsed.problems.extend(problems)
-        if record is not None:
+        if record is not None and not problems:
             parsed.records.append(record)
+        elif record is not None and record.images:
+            parsed.rejected.append(record)
+    parsed.problems += _mixed_text_problems(parsed.records, name, kind)
     parsed.problems += [Problem(name, reason, message, line=line, kind=kind) for reason, message, line in faults]
     if unknown and not shaped:
         dropped = {id(p) for p in unknown}
@@ -193,6 +214,23 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
     if not parsed.records_seen and not parsed.problems:
         parsed.problems.append(Problem(name, "no_records", "the file holds no records", kind=kind))
     return parsed
+
+
+def _mixed_text_problems(records: list[Record], file: str, kind: str) -> list[Problem]:
+    """One file-level problem when a file holds both plain text records and conversations.
+
+    Refused rather than guessed: a text record is trained whole and a
+    conversation only in its answers, so a mixed file is most often a
+    conversation whose keys were not mapped (data.columns).
+    """
+    text = [r for r in records if r.is_text]
+    if not text or len(text) == len(records):
+        return []
+    chat = next(r for r in records if not r.is_text)
+    return [Problem(file, "mixed_shapes", f"{len(text)} plain text record(s) (first: record {text[0].index}) and "
+                    f"{len(records) - len(text)} conversation(s) (first: record {chat.index}) in one file: a file "
+                    "holds one kind; put the text records in a file of their own (a data mix can combine them)",
+                    kind=kind)]
 
 
 def _unshaped_columns(path: Path, kind: str, fields: FieldMap) -> str | None:
@@ -245,10 +283,13 @@ def conversation_key(messages: list[dict[str, str]], *, loose: bool = False) -> 
     ``loose=True`` also collapses whitespace in the text, so near-identical
     copies (re-wrapped lines, trailing spaces) compare equal across splits.
     """
-    if loose:
-        items = [(m["role"], " ".join(m["content"].split())) for m in messages]
-    else:
-        items = [(m["role"], m["content"]) for m in messages]
+    def text(m):
+        return " ".join(m["content"].split()) if loose else m["content"]
+
+    # Tool calls count (two turns that call different functions differ); without them the digest
+    # is what it always was.
+    items = [(m["role"], text(m), m["tool_calls"]) if m.get("tool_calls") else (m["role"], text(m))
+             for m in messages]
     return hashlib.sha1(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -293,7 +334,12 @@ def _normalize_record(
     raw: object, *, index: int, line: int | None, file: str, kind: str | None, base_dir: str,
     fields: FieldMap | None = None,
 ) -> tuple[Record | None, list[Problem]]:
-    """Normalize one parsed JSON value; returns (record or None, every problem found)."""
+    """Normalize one parsed JSON value; returns (record or None, every problem found).
+
+    A record with problems is still returned when its turns and images could be
+    read (None otherwise), so its image files are checked too; only a record
+    without problems is clean.
+    """
     fields = fields or FieldMap()
     problems: list[Problem] = []
 
@@ -324,6 +370,8 @@ def _normalize_record(
     if shape == "ambiguous":
         located("ambiguous_format", f"record has both {key('conversations')!r} and {key('messages')!r}")
         return None, problems
+    if shape == "text":
+        return _text_record(view, fields, located, record_id, index, line), problems
     turns, whole = _SHAPE_TURNS[shape](view, fields, located)
     if turns is None:
         return None, problems
@@ -351,12 +399,18 @@ def _normalize_record(
                 messages.append({"role": canonical or "", "content": ""})
                 turn_at.append((turn.role_at, turn.text_at))
                 continue
+        calls = _tool_calls(turn, canonical, located)
         if text is not None and not isinstance(text, str):
             located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", turn.text_at)
-        elif text is None or not text.strip():
+        elif (text is None or not text.strip()) and calls is None:  # a turn that calls tools may say nothing
             located("empty_text", "text is missing or blank", turn.text_at)
         messages.append({"role": canonical or "", "content": text if isinstance(text, str) else ""})
         turn_at.append((turn.role_at, turn.text_at))
+        if calls:
+            messages[-1]["tool_calls"] = calls
+        if canonical == "tool":  # which call a result answers, for the templates that show it
+            messages[-1].update({k: turn.source[k] for k in ("tool_call_id", "name")
+                                 if isinstance(turn.source.get(k), str)})
         reasoning = turn.source.get("reasoning_content") if turn.source else None
         if reasoning is not None:
             at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.reasoning_content"
@@ -392,9 +446,73 @@ def _normalize_record(
     if parts_ok:
         texts_at = [key("system") if at is None else at[1] for at in turn_at]
         _placeholder_problems(messages, texts_at, images, field_, located)
-    if problems:
-        return None, problems
-    return Record(id=record_id, messages=messages, images=images, index=index, line=line), problems
+    tools = _tools(view, fields, located)
+    return Record(id=record_id, messages=messages, images=images, index=index, line=line, tools=tools), problems
+
+
+def _text_record(view: dict, fields: FieldMap, located: Located, record_id, index: int, line: int | None
+                 ) -> Record:
+    """A plain text record: its text as one `TEXT_ROLE` message; images and a system prompt are refused."""
+    at = fields.key("text")
+    text = view.get("text")
+    if not isinstance(text, str):
+        located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", at)
+    elif not text.strip():
+        located("empty_text", "text is missing or blank", at)
+    for extra in ("image", "images", "system", "tools"):
+        if view.get(extra) is not None:
+            located("bad_text_record", f"a plain text record has no {extra!r} (it is trained as it is, without a "
+                    "chat template); give a conversation instead", fields.key(extra))
+    return Record(id=record_id, messages=[{"role": TEXT_ROLE, "content": text if isinstance(text, str) else ""}],
+                  images=[], index=index, line=line)
+
+
+def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] | None:
+    """A turn's ``tool_calls`` normalized (arguments parsed to an object), None when it has none.
+
+    Only an assistant turn may call tools; each call is OpenAI's ``{"type": "function",
+    "function": {"name", "arguments"}}`` (``type`` optional), arguments an object or its JSON text.
+    """
+    calls = turn.source.get("tool_calls") if turn.source else None
+    if calls is None:
+        return None
+    at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.tool_calls"
+    if role != "assistant":
+        located("bad_tool_call", "only an assistant turn may have tool_calls", at)
+        return None
+    if not isinstance(calls, list) or not calls:
+        located("bad_tool_call", f"tool_calls must be a non-empty list, found a JSON {_json_type(calls)}", at)
+        return None
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                arguments = None
+        if (not isinstance(name, str) or not name.strip() or not isinstance(arguments, dict)
+                or call.get("type", "function") != "function"):
+            located("bad_tool_call", "a tool call is {\"type\": \"function\", \"function\": {\"name\": a string, "
+                    "\"arguments\": an object or its JSON text}}", f"{at}[{j}]")
+            return None
+        out.append({"type": "function", "function": {"name": name, "arguments": arguments},
+                    **({"id": call["id"]} if isinstance(call.get("id"), str) else {})})  # Mistral's templates show it
+    return out
+
+
+def _tools(view: dict, fields: FieldMap, located: Located) -> list[dict] | None:
+    """The record's ``tools`` (function schemas for the chat template), None when it has none."""
+    tools = view.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        located("bad_tools", f"tools must be a list of function schemas (objects), found a JSON {_json_type(tools)}",
+                fields.key("tools"))
+        return None
+    return tools or None
 
 
 # --- the shapes: each gives its turns (None for one that is not an object) and the field that names them all ---
@@ -470,20 +588,32 @@ _SHAPE_TURNS = {
 }
 
 
+# The turns that may follow a turn: after an assistant turn that calls tools come their results
+# (tool turns), then the assistant goes on.
+_NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user",), "assistant+calls": ("tool",),
+         "tool": ("tool", "assistant")}
+
+
 def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
-    """First break of: optional system first, then user/assistant alternating from user.
+    """First break of: optional system first, then user/assistant alternating from user, where an
+    assistant turn with tool calls is followed by one or more tool turns and then the assistant again.
 
     Returns (message position, explanation) or None.
     """
     start = 1 if messages and messages[0]["role"] == "system" else 0
+    state = None
     for k in range(start, len(messages)):
         role = messages[k]["role"]
-        expected = "user" if (k - start) % 2 == 0 else "assistant"
         if role == "system":
             return k, "a system turn is only allowed first"
-        if role != expected:
-            after = f"after {messages[k - 1]['role']!r}" if k > start else "as the first turn"
-            return k, f"turn is {role!r} {after}; user and assistant turns must alternate, starting with user"
+        if role not in _NEXT[state]:
+            after = {None: "as the first turn", "assistant+calls": "after an assistant turn with tool_calls"}.get(
+                state, f"after {messages[k - 1]['role']!r}")
+            message = f"turn is {role!r} {after}; user and assistant turns must alternate, starting with user"
+            if "tool" in (role, state) or state == "assistant+calls":
+                message += "; tool turns follow an assistant turn with tool_calls (its results), then the assistant"
+            return k, message
+        state = "assistant+calls" if messages[k].get("tool_calls") else role
     return None
 
 

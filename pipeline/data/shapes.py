@@ -9,6 +9,15 @@ Accepted shapes (`SHAPES`), tried in this order on a record's keys:
   conversation is the prompt's messages then the completion's)
 * ``alpaca``: ``{"instruction": ..., "input": optional, "output": ...}``, one user turn
   (the instruction, then a blank line and the input when there is one) and one assistant turn
+* ``text``: ``{"text": "..."}``, plain text (continued pre-training, completion-only data):
+  no chat template, every token of it trained (see `pipeline.data.chat`). A file holds
+  either text records or conversations, not both.
+
+A ``messages`` list (and a prompt / completion message list) may hold tool calls
+(OpenAI): an assistant turn's ``tool_calls`` (``[{"type": "function", "function":
+{"name": ..., "arguments": {...} or a JSON string}}]``, its content then optional),
+``tool`` turns with each result, and a record-level ``tools`` list (function schemas)
+that the chat template is given.
 
 Every shape may carry ``id``, ``system`` and ``image`` / ``images``. A record
 with keys of several shapes is read as the first (a dataset that keeps a
@@ -36,14 +45,15 @@ SHAPES = {
     "conversations": (("conversations",), "conversations (ShareGPT/LLaVA)"),
     "prompt_completion": (("prompt", "completion"), "prompt + completion (TRL: strings or message lists)"),
     "alpaca": (("instruction", "output"), "instruction + input + output (Alpaca)"),
+    "text": (("text",), "text (plain text, all of it trained)"),
 }
 # Keys that make a record look like a shape, so its missing partner is reported, not an unknown shape.
 _SIGNS = {"messages": ("messages",), "conversations": ("conversations",),
-          "prompt_completion": ("completion",), "alpaca": ("instruction", "output")}
+          "prompt_completion": ("completion",), "alpaca": ("instruction", "output"), "text": ("text",)}
 # Our keys a dataset may name otherwise: the record's own, and (role, content) inside a turn.
 OUR_COLUMNS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output",
-               "system", "id", "image", "images", "role", "content")
-CANONICAL_ROLES = ("user", "assistant", "system")
+               "system", "id", "image", "images", "role", "content", "text", "tools")
+CANONICAL_ROLES = ("user", "assistant", "system", "tool")
 
 # Accepted spellings of a role (matched case-insensitively) -> canonical role.
 ROLE_ALIASES = {
@@ -52,6 +62,7 @@ ROLE_ALIASES = {
     "gpt": "assistant",
     "assistant": "assistant",
     "system": "system",
+    "tool": "tool",
 }
 
 

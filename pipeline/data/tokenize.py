@@ -110,18 +110,40 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
 
 
 def render(tokenizer, conversations: list[list[dict]], *, add_generation_prompt: bool,
-           chat_template: str | None = None) -> tuple[list, dict[int, str]]:
+           chat_template: str | None = None, tools: list[list[dict] | None] | None = None) -> tuple[list, dict[int, str]]:
     """Render many conversations to text; returns (texts, {position: error}) with None for failures.
 
     Renders the batch in one call; only if that raises are conversations
     rendered one by one, so the failing ones can be named. `chat_template`
-    overrides the tokenizer's (a processor's own template).
+    overrides the tokenizer's (a processor's own template). `tools`: per
+    conversation, the function schemas the template is given (None: none);
+    conversations with the same tools are rendered in one call.
     """
+    if tools is not None and any(tools):
+        groups: dict[str, list[int]] = {}
+        for i, schema in enumerate(tools):
+            groups.setdefault(json.dumps(schema, sort_keys=True), []).append(i)
+        texts: list = [None] * len(conversations)
+        errors: dict[int, str] = {}
+        for members in groups.values():
+            part, failed = _render_with(tokenizer, [conversations[i] for i in members], tools[members[0]],
+                                        add_generation_prompt, chat_template)
+            for j, i in enumerate(members):
+                texts[i] = part[j]
+            errors.update({members[j]: msg for j, msg in failed.items()})
+        return texts, errors
+    return _render_with(tokenizer, conversations, None, add_generation_prompt, chat_template)
+
+
+def _render_with(tokenizer, conversations, tools, add_generation_prompt, chat_template) -> tuple[list, dict[int, str]]:
+    """`render` of conversations that share their tools (None: no tools given)."""
     if not conversations:
         return [], {}
     kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
     if chat_template is not None:
         kwargs["chat_template"] = chat_template
+    if tools:
+        kwargs["tools"] = tools
     try:
         return list(tokenizer.apply_chat_template(conversations, **kwargs)), {}
     except Exception:  # noqa: BLE001 -- a template may raise anything; located below
@@ -228,8 +250,9 @@ def chat_render(tokenizer, images: ImageText | None = None, *, reasoning: str = 
 
 def _renderer(chat: ChatRender):
     """conversations -> (texts, errors) with the chat's template, no generation prompt."""
-    def run(conversations):
-        return render(chat.tokenizer, conversations, add_generation_prompt=False, chat_template=chat.template)
+    def run(conversations, tools=None):
+        return render(chat.tokenizer, conversations, add_generation_prompt=False, chat_template=chat.template,
+                      tools=tools)
     return run
 
 

@@ -8,7 +8,10 @@ tokenization will), duplicate ids, exact-duplicate samples under the
 duplicates policy, and that at least one record is left to train on; across
 files: val or test conversations that also occur in train (and test in val),
 where a conversation with images is the same only with the same image files'
-content.
+content. A record reports every defect it has: its image files are checked even
+when its structure is already faulty (no ``<image>`` placeholder), images given
+to a text-only model are a problem of their own (``images_on_text_model``), and a
+plain text record in the test split is one (``text_in_test``: nothing to score).
 
 Always writes ``validation.json`` (ok flag, counts per reason, the problems,
 warnings, split-level notes, per-file stats) and ``validation.csv`` (one row per
@@ -45,10 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, conversation_key, duplicate_of, parse_file
+from pipeline.data.formats import (DUPLICATE_POLICIES, ParsedFile, Problem, Record, conversation_key, duplicate_of,
+                                   parse_file)
 from pipeline.data.readers import describe_kind
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
 from pipeline.data.images import check_image, file_digest
+from pipeline.data.vision import is_vision_language
 from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING, SETTING, suggest_builtin
 from pipeline.data.tokenize import CHAT_COUNTS, TOO_LONG_POLICIES
 from pipeline.errors import DataError, UserError
@@ -166,8 +171,10 @@ def validate_dataset(
             parsed[name] = _without_records(pf, {p.index for p in copies[name]})
 
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
+    has_images = any(r.images for pf in parsed.values() for r in pf.records + pf.rejected)
+    text_only = has_images and Path(tokenizer_dir).is_dir() and not is_vision_language(tokenizer_dir)
     for name, pf in parsed.items():
-        found[name] += _image_problems(pf, image_verdicts)
+        found[name] += _image_problems(pf, image_verdicts, text_only) + _split_record_problems(pf, name)
     overlaps = _overlap_problems(parsed, image_verdicts)
     for name, _, problem in overlaps:
         found[name].append(problem)
@@ -254,21 +261,41 @@ def _check_policy(name: str, value: str, allowed: tuple[str, ...]) -> None:
 
 def _problem(pf: ParsedFile, position: int, reason: str, message: str, field_: str | None = None) -> Problem:
     """A problem about the `position`-th clean record of `pf`."""
-    record = pf.records[position]
+    return _record_problem(pf, pf.records[position], reason, message, field_)
+
+
+def _record_problem(pf: ParsedFile, record: Record, reason: str, message: str, field_: str | None = None) -> Problem:
+    """A problem about `record` of `pf` (clean or rejected)."""
     return Problem(str(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_,
                    kind=pf.layout)
 
 
-def _image_problems(pf: ParsedFile, verdicts: dict) -> list[Problem]:
+def _image_problems(pf: ParsedFile, verdicts: dict, text_only: bool = False) -> list[Problem]:
+    """Every unreadable image of every record, those already rejected for another defect included
+    (a record reports all its defects at once); with `text_only`, one problem per record with images."""
     problems = []
-    for position, record in enumerate(pf.records):
+    for record in sorted(pf.records + pf.rejected, key=lambda r: r.index):
+        if text_only and record.images:
+            problems.append(_record_problem(
+                pf, record, "images_on_text_model", f"{len(record.images)} image(s) given to a text-only model (its "
+                "tokenizer dir has no image processor): images need a vision-language model; remove them, or "
+                "train a vision-language model", "image"))
         for j, image in enumerate(record.images):
             if image not in verdicts:
                 verdicts[image] = check_image(image)
             if verdicts[image] is not None:
                 reason, message = verdicts[image]
-                problems.append(_problem(pf, position, reason, message, f"image[{j}]"))
+                problems.append(_record_problem(pf, record, reason, message, f"image[{j}]"))
     return problems
+
+
+def _split_record_problems(pf: ParsedFile, split: str) -> list[Problem]:
+    """Records a split cannot use: a test record needs a prompt and a reference answer, which plain text has not."""
+    if split != "test":
+        return []
+    return [_record_problem(pf, r, "text_in_test", "a plain text record has no prompt and reference answer to "
+                            "score: the test split holds conversations (data.test: null skips it)", "text")
+            for r in pf.records if r.is_text]
 
 
 def _duplicate_id_problems(pf: ParsedFile) -> list[Problem]:

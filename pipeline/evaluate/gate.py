@@ -12,6 +12,9 @@ Checks (all evaluated, all reported):
   ranks_consistent every rank ended the pilot with the same weights (the trainer
                    compares per-rank checksums and records it; trivially true for one process)
   throughput       tokens/s was measured; the ETA of the whole run follows from it
+Every check reads the pilot's training loss, never a validation loss, so a run
+without a validation set (``data.val: null``) is gated the same way; its report
+then says so (`skipped.NO_VAL`, `skipped.GATE_BASIS` under ``skipped`` / ``judged_on``).
 The report is written either way. If a check fails the command exits non-zero,
 so no chunk starts, unless `--override` (config: gate.override: true) is given.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 from pipeline import layout
 from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.errors import UserError
+from pipeline.evaluate.skipped import GATE_BASIS, NO_VAL, SKIPPED_KEY
 
 EXIT = layout.EXIT_GATE
 
@@ -47,7 +51,8 @@ def run_checks(pilot_dir: Path, plan: dict) -> dict:
     first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
     checks["loss_falling"] = {"ok": last < first, "first_third_mean": first, "last_third_mean": last,
                               "detail": f"mean loss {first:.4f} (first third) -> {last:.4f} (last third)"}
-    main = open_checkpoint(pilot_dir / layout.STAGE_CHECKPOINT).main  # HF dirs or FSDP shards
+    checkpoint = open_checkpoint(pilot_dir / layout.STAGE_CHECKPOINT)
+    main = checkpoint.main  # HF dirs or FSDP shards
     lora_b = [t for _, t in main.fetch(sorted(k for k in main.specs if "lora_B" in k))]
     moved = any(float(t.abs().max()) > 0 for t in lora_b) if lora_b else True
     norms = [r["grad_norm"] for r in rows if math.isfinite(r.get("grad_norm", math.nan))]
@@ -74,10 +79,20 @@ def run_checks(pilot_dir: Path, plan: dict) -> dict:
     return {
         "checks": checks,
         "passed": all(c["ok"] for c in checks.values()),
+        "judged_on": "training loss",
+        SKIPPED_KEY: [] if _has_validation(checkpoint.config_path) else [NO_VAL],
         "median_step_s": step_s,
         "remaining_updates": remaining,
         "eta_seconds": eta,
     }
+
+
+def _has_validation(config_path: Path) -> bool:
+    """Whether the pilot trained with a validation cache (its resolved config's tokens.val_cache)."""
+    import yaml
+
+    tokens = (yaml.safe_load(Path(config_path).read_text()) or {}).get("tokens") or {}
+    return bool(tokens.get("val_cache"))
 
 
 def main(argv: list[str]) -> int:
@@ -96,6 +111,8 @@ def main(argv: list[str]) -> int:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for name, check in report["checks"].items():
         print(f"pilot gate: {name:<16} {'ok  ' if check['ok'] else 'FAIL'} {check['detail']}")
+    for phrase in report[SKIPPED_KEY]:
+        print(f"pilot gate: {phrase}; {GATE_BASIS}")
     h, rem = divmod(int(report["eta_seconds"]), 3600)
     print(f"pilot gate: ETA of the remaining {report['remaining_updates']} updates at "
           f"{report['median_step_s']:.3f} s/update: {h}h{rem // 60:02d}m (training only)")

@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import layout
+from pipeline.evaluate.skipped import GATE_BASIS, NO_TEST, NO_VAL, skipped_in
 
 COLUMNS = ["stage", "step", "weights", "loss", "perplexity", "exact_match", "n_test"]
 
@@ -42,6 +43,22 @@ def weights_style(weights: str, order: list[str]) -> dict:
     emas = [w for w in order if w.startswith("ema")]
     i = emas.index(weights) if weights in emas else len(emas)
     return dict(color=EMA_COLORS[i % len(EMA_COLORS)], marker="s", ls="--")
+
+
+def skipped(gate: Path | dict | None, smoke: Path | dict | None) -> list[str]:
+    """What the run skipped (`pipeline.evaluate.skipped` phrases), from pilot_report.json and smoke_test.json."""
+    def read(report):
+        if report is None or isinstance(report, dict):
+            return report
+        return json.loads(Path(report).read_text()) if Path(report).exists() else None
+
+    return skipped_in(read(gate), read(smoke))
+
+
+def _skipped_note(phrases: list[str], *which: str) -> str:
+    """The note that stands where a skipped measurement would be ('' when none of `which` was skipped)."""
+    shown = [p for p in phrases if p in which]
+    return "".join(f"<p class=\"note skipped\">{html.escape(p)}</p>" for p in shown)
 
 
 def summary_table(eval_files: list[Path], smoke: Path | None) -> pd.DataFrame:
@@ -195,7 +212,7 @@ def plot_loss(curve: pd.DataFrame, bounds, table: pd.DataFrame, out: Path, title
     plt.close(fig)
 
 
-def plot_eval(table: pd.DataFrame, out: Path, title: str = "") -> None:
+def plot_eval(table: pd.DataFrame, out: Path, title: str = "", skipped: list[str] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,14 +245,15 @@ def plot_eval(table: pd.DataFrame, out: Path, title: str = "") -> None:
     axes[1].set_title("held-out exact match after each stage")
     axes[1].set_ylabel("exact match (fraction of test prompts)")
     axes[1].set_ylim(-0.03, 1.03)
-    for ax in axes:
+    for ax, phrase in zip(axes, (NO_VAL, NO_TEST)):
         ax.set_xticks(range(len(stages)), [f"{s}\n(update {int(steps[s])})" for s in stages], fontsize=8)
         ax.set_xlabel("stage")
         ax.grid(True, axis="y", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         else:
-            ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", color="0.5")
+            ax.text(0.5, 0.5, phrase if phrase in skipped else "not measured", transform=ax.transAxes,
+                    ha="center", color="0.5")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -313,7 +331,8 @@ def _pivot(table: pd.DataFrame, column: str, best, fmt) -> str:
     return html_table(header, rows)
 
 
-def summary_html(table: pd.DataFrame, run: str = "") -> str:
+def summary_html(table: pd.DataFrame, run: str = "", skipped: list[str] = ()) -> str:
+    """The evaluation page; `skipped` (`skipped` phrases) replaces a table the run could not measure."""
     n_test = table["n_test"].dropna()
     body = [
         "<p class=\"note\">One row of <code>summary.csv</code> per stage and weight set. <b>base</b>: the "
@@ -321,10 +340,10 @@ def summary_html(table: pd.DataFrame, run: str = "") -> str:
         "moving average of the weights at that rate; <b>merged</b>: the exported model with the adapter merged "
         "in (smoke test). Bold: the best weight set after that stage.</p>",
         "<h2>Validation loss (nats per supervised token, lower is better)</h2>",
-        _pivot(table, "loss", min, lambda v: f"{v:.4g}"),
+        _skipped_note(skipped, NO_VAL) or _pivot(table, "loss", min, lambda v: f"{v:.4g}"),
         f"<h2>Held-out exact match (greedy answer equals the reference; "
         f"{int(n_test.max()) if not n_test.empty else 0} test prompts)</h2>",
-        _pivot(table, "exact_match", max, lambda v: f"{100 * v:.1f}%"),
+        _skipped_note(skipped, NO_TEST) or _pivot(table, "exact_match", max, lambda v: f"{100 * v:.1f}%"),
         "<h2>All rows (summary.csv)</h2>",
         html_table([html.escape(c) for c in COLUMNS], [[fmt_cell(v) for v in r] for r in table[COLUMNS].itertuples(index=False)], left=1),
     ]
@@ -385,9 +404,11 @@ def gate_html(gate: dict, run: str = "") -> str:
              ["updates after the pilot", fmt_cell(gate.get("remaining_updates"))],
              ["estimated time for them", _duration(gate.get("eta_seconds"))],
              ["override set", "yes" if gate.get("override") else "no"]]
+    facts.insert(0, ["judged on", gate.get("judged_on", "training loss")])
     body = [
         f"<p><span class=\"banner {'pass' if passed else 'fail'}\">{html.escape(verdict)}</span></p>",
         "<p class=\"note\">Sanity checks on the pilot stage before the rest of the run is spent.</p>",
+        *(f"<p class=\"note skipped\">{html.escape(p)}; {GATE_BASIS}.</p>" for p in skipped_in(gate)),
         html_table(["check", "result", "detail"], rows, left=3),
         html_table(None, [[html.escape(a), html.escape(b)] for a, b in facts], left=1),
     ]
@@ -504,7 +525,8 @@ def export_html(export_dir: Path | None, smoke: Path | None, verification: Path 
     if smoke is not None and Path(smoke).exists():
         sm = json.loads(Path(smoke).read_text())
         facts.append(["merged model, held-out exact match (smoke test)",
-                      f"{100 * sm['exact_match']:.1f}% of {sm['n']} prompts"])
+                      html.escape("; ".join(skipped_in(sm))) if sm.get("exact_match") is None
+                      else f"{100 * sm['exact_match']:.1f}% of {sm['n']} prompts"])
     out = []
     if rows:
         out.append(html_table(["export", "what", ""], rows, left=3))
@@ -581,14 +603,17 @@ div.items-start:has(#sft-overview) { flex-direction: column; }
 """
 
 
-def overview_html(loss_png: Path, stages: list[dict], exports: str, samples: list, run: str = "") -> str:
-    """The report's landing page: the loss curves, the stages with their durations, the exports
-    and the last stage's samples. The plot is embedded (a data URI), so the page stands alone."""
+def overview_html(loss_png: Path, stages: list[dict], exports: str, samples: list, run: str = "",
+                  skipped: list[str] = ()) -> str:
+    """The report's landing page: what the run skipped (`skipped` phrases), the loss curves, the stages
+    with their durations, the exports and the last stage's samples. The plot is embedded (a data URI),
+    so the page stands alone."""
     import base64
 
     uri = "data:image/png;base64," + base64.b64encode(Path(loss_png).read_bytes()).decode()
     title = f"Run {run}" if run else "Run overview"
     body = [f"<div id=\"sft-overview\">",
+            *(f"<p class=\"note skipped\">Skipped: {html.escape(p)}.</p>" for p in skipped),
             f"<h2>{html.escape(title)}: loss curves</h2>",
             f"<img class=\"loss\" alt=\"training and validation loss\" src=\"{uri}\">",
             "<p class=\"note\">Training loss per update (light) and smoothed; validation loss of the raw weights "
@@ -649,17 +674,19 @@ def main(argv: list[str]) -> int:
     plot_loss(curve, bounds, table, args.out_loss_plot,
               title=f"{run}training and validation loss, {n_updates} updates in {len(bounds)} stages",
               in_stage=in_stage_evals(args.metrics))
-    plot_eval(table, args.out_eval_plot, title=f"{run}evaluation after each stage" if run else "")
-
     plan = json.loads(args.plan.read_text()) if args.plan is not None else None
     gate = json.loads(args.gate.read_text()) if args.gate is not None else None
-    pages = [(args.out_summary_html, lambda: summary_html(table, args.run)),
+    phrases = skipped(gate, args.smoke)
+    plot_eval(table, args.out_eval_plot, title=f"{run}evaluation after each stage" if run else "", skipped=phrases)
+
+    pages = [(args.out_summary_html, lambda: summary_html(table, args.run, phrases)),
              (args.out_plan_html, lambda: plan_html(plan, gate, args.run)),
              (args.out_gate_html, lambda: gate_html(gate, args.run)),
              (args.out_samples_html, lambda: samples_html(args.eval, args.run)),
              (args.out_overview_html, lambda: overview_html(
                  args.out_loss_plot, stage_rows(args.metrics, args.eval, bounds, args.benchmarks),
-                 export_html(args.export_dir, args.smoke, args.verification), sample_sets(args.eval), args.run))]
+                 export_html(args.export_dir, args.smoke, args.verification), sample_sets(args.eval), args.run,
+                 phrases))]
     for out, page in pages:
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -667,6 +694,8 @@ def main(argv: list[str]) -> int:
     _tracker(args, plan)
     with pd.option_context("display.width", 120, "display.max_columns", 10):
         print(table.to_string(index=False))
+    for phrase in phrases:
+        print(f"summary: {phrase}")
     return 0
 
 

@@ -106,8 +106,13 @@ def _validate(run_pipeline, tokenizer_dir: Path, out: Path, files: dict[str, Pat
 
 
 @pytest.fixture(scope="module")
-def runs(run_pipeline, tokenizer_dir, tmp_path_factory):
-    """All corpus runs plus the good dataset, keyed by file name ('good' for the clean run)."""
+def runs(run_pipeline, tiny_llava, tmp_path_factory):
+    """All corpus runs plus the good dataset, keyed by file name ('good' for the clean run).
+
+    Validated for a vision-language model (tiny LLaVA): the good dataset has a record with an
+    image, which a text-only model refuses (`images_on_text_model`).
+    """
+    tokenizer_dir = tiny_llava["model"]
     root = tmp_path_factory.mktemp("corpus")
     jobs = {"good": dict(GOOD_FILES)}
     for name, slot, _, _ in CASES:

@@ -353,7 +353,7 @@ def test_vision_language_lengths_count_the_image_tokens(tiny_llava):
     assert report.files["train"]["tokens_per_record"]["max"] > 48
 
 
-def test_same_question_is_a_leak_only_with_the_same_image(tmp_path, tokenizer_dir):
+def test_same_question_is_a_leak_only_with_the_same_image(tmp_path, tiny_llava):
     from PIL import Image
 
     for name, color in (("a.png", "red"), ("b.png", "blue")):
@@ -366,6 +366,6 @@ def test_same_question_is_a_leak_only_with_the_same_image(tmp_path, tokenizer_di
 
     train = write_jsonl(tmp_path / "train.jsonl", [asked(0, "a.png"), sample(1)])
     val = write_jsonl(tmp_path / "val.jsonl", [asked(2, "b.png"), asked(3, "a_copy.png")])
-    report = v.validate_dataset(train, val=val, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    report = v.validate_dataset(train, val=val, tokenizer_dir=tiny_llava["model"], max_length=128, too_long="error")
     assert [(p.index, p.reason, p.message) for _, p in report.problems] == [
         (1, "split_overlap", "same conversation as train record 0")]  # a.png under another name; b.png is new

@@ -1,0 +1,283 @@
+"""Plain text records and tool calls: read, validated, tokenized and labelled on shipped templates.
+
+The shipped templates are the verbatim files of ``tests/data/chat_templates/`` (sources in its
+README: Qwen2.5 and Llama 3.1 from ggml-org/llama.cpp ``models/templates/``, Qwen3 from TRL),
+run in the character-level tokenizers of `tests/chatkit.py`, so the expected supervised text
+of every case is written out here and compared with what the labeller supervises.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+import chatkit
+from pipeline.data import validate as v
+from pipeline.data.cache import IGNORE_INDEX, TokenCache
+from pipeline.data.formats import TEXT_ROLE, parse_file
+from pipeline.data.tokenize import encode_records, tokenize_file
+from pipeline.errors import DataError
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def supervised(tokenizer, encoded) -> list[str]:
+    """The decoded text of each run of supervised tokens, record by record."""
+    runs = []
+    for lo, hi in zip(encoded.offsets[:-1], encoded.offsets[1:]):
+        ids, mask = encoded.input_ids[lo:hi], encoded.labels[lo:hi] != IGNORE_INDEX
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int8), [0]])))
+        runs += [tokenizer.decode(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
+    return runs
+
+
+def reasons(parsed_or_report) -> list[tuple[int | None, str]]:
+    problems = getattr(parsed_or_report, "problems")
+    return [(p.index, p.reason) for p in (q[1] if isinstance(q, tuple) else q for q in problems)]
+
+
+# --- plain text -----------------------------------------------------------------------------------
+
+
+def test_text_records_are_read_as_one_text_message(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": "Once upon a time."}, {"id": 7, "text": "The end."}])
+    parsed = parse_file(path)
+    assert not parsed.problems
+    assert [(r.id, r.messages, r.is_text) for r in parsed.records] == [
+        (None, [{"role": TEXT_ROLE, "content": "Once upon a time."}], True),
+        ("7", [{"role": TEXT_ROLE, "content": "The end."}], True)]
+
+
+def test_text_record_defects_are_each_reported(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"text": "  "}, {"text": 3}, {"text": "fine", "image": "a.png", "system": "be brief"}])
+    assert reasons(parse_file(path)) == [(0, "empty_text"), (1, "text_not_string"), (2, "bad_text_record"),
+                                         (2, "bad_text_record")]
+
+
+def test_a_file_mixing_text_and_conversations_is_refused_in_one_line(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"text": "plain"}, {"prompt": "q", "completion": "a"}, {"text": "more plain"}])
+    problems = parse_file(path).problems
+    assert [(p.index, p.reason) for p in problems] == [(None, "mixed_shapes")]
+    assert "2 plain text record(s) (first: record 0) and 1 conversation(s) (first: record 1)" in problems[0].message
+
+
+@pytest.mark.parametrize("family, bos", [("qwen2.5", ""), ("llama-3.1", "<|begin_of_text|>")])
+def test_text_is_trained_whole_with_the_eos_after_it(family, bos):
+    """No chat template: every token but the BOS the tokenizer puts before plain text is a target, and the
+    EOS is appended (once: a text that already ends with it keeps it as is)."""
+    from tokenizers import processors
+
+    from pipeline.data.formats import Record
+
+    tokenizer = copy.deepcopy(chatkit.build_tokenizer(family))
+    if bos:  # Llama's tokenizer puts its BOS before plain text
+        tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, tokenizer.convert_tokens_to_ids(bos))])
+    eos = tokenizer.eos_token
+    records = [Record(None, [{"role": TEXT_ROLE, "content": "Hello {world}\nbye"}], [], 0, None),
+               Record(None, [{"role": TEXT_ROLE, "content": f"ends already{eos}"}], [], 1, None)]
+    encoded = encode_records(records, tokenizer, max_length=4096, too_long="error")
+    first = encoded.input_ids[encoded.offsets[0]:encoded.offsets[1]].tolist()
+    assert first == chatkit.char_ids(family, f"{bos}Hello {{world}}\nbye{eos}")
+    assert supervised(tokenizer, encoded) == ["Hello {world}\nbye" + eos, "ends already" + eos]
+    labels = encoded.labels[encoded.offsets[0]:encoded.offsets[1]]
+    assert (labels[:1] == IGNORE_INDEX).all() == bool(bos)
+    assert encoded.stats["eot_trained"] == 2 and encoded.stats["assistant_turns"] == 0
+
+
+def test_text_file_validates_and_caches_with_every_token_supervised(tmp_path, tokenizer_dir, tokenizer):
+    """Through validation (length, duplicates) and the cache, on the embedded model's tokenizer."""
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": "abc def"}, {"text": "ghi"}, {"text": "abc def"},
+                                                   {"text": "x" * 300}])
+    report = v.validate_dataset(train, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error")
+    assert sorted(p.reason for _, p in report.problems) == ["duplicate_sample", "too_long"]
+    report = v.validate_dataset(train, tokenizer_dir=tokenizer_dir, max_length=64, too_long="drop", duplicates="drop")
+    assert report.ok, report.summary()
+    stats = tokenize_file(train, tokenizer, out_path=tmp_path / "train.safetensors", max_length=64, too_long="drop",
+                          fingerprint="x", split="train", duplicates="drop")
+    assert (stats["records"], stats["duplicates_dropped"], stats["dropped"]) == (2, 1, 1)
+    cache = TokenCache(tmp_path / "train.safetensors")
+    for i, text in enumerate(("abc def", "ghi")):
+        ids, labels = (t.numpy() for t in cache[i])
+        assert tokenizer.decode(ids) == text + tokenizer.eos_token
+        assert (labels == ids).all()  # the embedded tokenizer adds no BOS to plain text: all of it is trained
+
+
+def test_text_records_have_no_place_in_the_test_split(tmp_path, tokenizer_dir):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"prompt": "q", "completion": "a"}])
+    test = write_jsonl(tmp_path / "test.jsonl", [{"text": "no prompt here"}])
+    report = v.validate_dataset(train, test=test, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error")
+    assert [(split, p.reason) for split, p in report.problems] == [("test", "text_in_test")]
+
+
+# --- tool calls -----------------------------------------------------------------------------------
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def tool_record(content: str = "", arguments='{"city": "Paris"}') -> dict:
+    """A user question, an assistant call (OpenAI: arguments as JSON text), its result, the answer."""
+    return {"tools": TOOLS, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": content or None, "tool_calls": [
+            {"id": "call12345", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+        {"role": "tool", "tool_call_id": "call12345", "content": "18C and sunny"},
+        {"role": "assistant", "content": "It is 18C and sunny."}]}
+
+
+CALL_QWEN = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+CALL_LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+
+
+@pytest.mark.parametrize("family, content, expected", [
+    ("qwen2.5", "", [CALL_QWEN, "It is 18C and sunny.<|im_end|>"]),
+    ("qwen2.5", "Let me check.", ["Let me check.\n" + CALL_QWEN, "It is 18C and sunny.<|im_end|>"]),
+    ("qwen3", "", [CALL_QWEN, "It is 18C and sunny.<|im_end|>"]),
+    # Llama 3.1 writes only the call of a calling turn (its content is not rendered, so not trained).
+    ("llama-3.1", "", [CALL_LLAMA, "It is 18C and sunny.<|eot_id|>"]),
+    ("llama-3.1", "Let me check.", [CALL_LLAMA, "It is 18C and sunny.<|eot_id|>"]),
+    ("mistral-nemo", "", ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call12345"}]</s>',
+                          "It is 18C and sunny.</s>"]),
+])
+def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path, family, content, expected):
+    """The calling turn is supervised from its content (or the end of the assistant header) through the call
+    and the end-of-turn marker; the tool result and the tools schema are context only."""
+    tokenizer = chatkit.build_tokenizer(family)
+    parsed = parse_file(write_jsonl(tmp_path / "t.jsonl", [tool_record(content)]))
+    assert not parsed.problems
+    record = parsed.records[0]
+    assert record.tools == TOOLS
+    assert record.messages[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}  # JSON text parsed
+    encoded = encode_records(parsed.records, tokenizer, max_length=8192, too_long="error")
+    text = tokenizer.decode(encoded.input_ids)
+    assert "18C and sunny" in text and "The weather of a city" in text  # result and tools are in the prompt
+    assert supervised(tokenizer, encoded) == expected
+    assert encoded.input_ids.tolist() == chatkit.char_ids(family, tokenizer.apply_chat_template(
+        record.messages, tools=TOOLS, tokenize=False))
+    assert encoded.stats["eot_trained"] == 1
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2.5"])
+def test_a_last_turn_of_two_calls_is_trained_without_the_empty_think_block(tmp_path, family):
+    """Qwen3 writes an empty think block before a last turn's content: prompt, as for a turn with content."""
+    call = tool_record()["messages"][1]["tool_calls"][0]
+    second = {"type": "function", "function": {"name": "get_time", "arguments": {"tz": "CET"}}}
+    record = {"messages": [{"role": "user", "content": "Weather and time?"},
+                           {"role": "assistant", "content": "", "tool_calls": [call, second]}]}
+    tokenizer = chatkit.build_tokenizer(family)
+    encoded = encode_records(parse_file(write_jsonl(tmp_path / "t.jsonl", [record])).records, tokenizer,
+                             max_length=8192, too_long="error")
+    assert ("<think>\n\n</think>" in tokenizer.decode(encoded.input_ids)) == (family == "qwen3")
+    assert supervised(tokenizer, encoded) == [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call><|im_end|>']
+
+
+@pytest.mark.parametrize("family, why", [
+    ("phi-3.5", "does not render tool calls (the call of 'get_weather' is not in its text)"),  # drops them silently
+    ("llama-3", "does not render tool calls (the call of 'get_weather' is not in its text)"),
+    ("gemma-2", "TemplateError: Conversation roles must alternate"),  # raises on the tool turn
+])
+def test_a_template_without_tools_refuses_the_record_naming_the_template(tmp_path, family, why):
+    tokenizer = chatkit.build_tokenizer(family)
+    records = parse_file(write_jsonl(tmp_path / "t.jsonl", [tool_record()])).records
+    with pytest.raises(DataError) as err:
+        encode_records(records, tokenizer, max_length=8192, too_long="error", source="t.jsonl")
+    message = str(err.value)
+    assert message.startswith("t.jsonl record 0 (line 1): ") and why in message
+    assert "the chat template (data.chat_template: tokenizer)" in message and "supports tools" in message
+
+
+def test_tool_call_defects_are_each_reported(tmp_path):
+    good = tool_record()
+    bad_arguments = tool_record(arguments="{not json")
+    orphan_result = {"messages": [{"role": "user", "content": "q"}, {"role": "tool", "content": "r"},
+                                  {"role": "assistant", "content": "a"}]}
+    user_calls = {"messages": [{"role": "user", "content": "q", "tool_calls": good["messages"][1]["tool_calls"]},
+                               {"role": "assistant", "content": "a"}]}
+    bad_tools = {**good, "tools": "get_weather"}
+    parsed = parse_file(write_jsonl(tmp_path / "t.jsonl", [bad_arguments, orphan_result, user_calls, bad_tools]))
+    found = [(p.index, p.reason, p.field) for p in parsed.problems]
+    assert found == [
+        (0, "bad_tool_call", "messages[1].tool_calls[0]"),
+        (0, "empty_text", "messages[1].content"),  # no valid call: an empty assistant turn is empty
+        (0, "bad_role_order", "messages[2].role"),  # and its result answers no call
+        (1, "bad_role_order", "messages[1].role"),
+        (2, "bad_tool_call", "messages[0].tool_calls"),
+        (3, "bad_tools", "tools"),
+    ]
+    assert "tool turns follow an assistant turn with tool_calls" in parsed.problems[2].message
+
+
+# --- several defects in one record ----------------------------------------------------------------
+
+
+def test_a_record_reports_every_defect_missing_placeholder_and_missing_file(tmp_path, tiny_llava):
+    """The placeholder fault does not hide the missing image file (nor the other way round)."""
+    record = {"id": "r0", "image": "nowhere.png",
+              "conversations": [{"from": "human", "value": "what colour?"}, {"from": "gpt", "value": "red"}]}
+    train = write_jsonl(tmp_path / "train.jsonl", [record])
+    report = v.validate_dataset(train, tokenizer_dir=tiny_llava["model"], max_length=128, too_long="error")
+    found = {(p.index, p.reason, p.field) for _, p in report.problems}
+    assert {(0, "image_placeholder_mismatch", "image"), (0, "image_missing", "image[0]")} <= found, found
+    out_json, out_csv = tmp_path / "v.json", tmp_path / "v.csv"
+    v.write_report(report, out_json, out_csv)
+    rows = [line for line in out_csv.read_text().splitlines()[1:] if ",0," in line]
+    assert len(rows) >= 2 and any("image_missing" in r for r in rows)
+    assert {p["reason"] for p in json.loads(out_json.read_text())["problems"]} >= {
+        "image_placeholder_mismatch", "image_missing"}
+
+
+def test_images_given_to_a_text_only_model_are_named_as_such(tmp_path, tokenizer_dir):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "a.png")
+    record = {"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nwhat colour?"},
+                                                  {"from": "gpt", "value": "red"}]}
+    train = write_jsonl(tmp_path / "train.jsonl", [record, {"prompt": "q", "completion": "a"}])
+    report = v.validate_dataset(train, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    [(split, problem)] = report.problems
+    assert (problem.index, problem.reason) == (0, "images_on_text_model")
+    assert "1 image(s) given to a text-only model" in problem.message
+
+
+# --- the README's examples ------------------------------------------------------------------------
+
+
+def _readme_records() -> list[dict]:
+    """The one-record examples of the README's Data section (its ```json blocks, one record a line)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text.split("### Data: files and record shapes", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"^```json\n(.*?)^```", section, re.M | re.S)
+    return [json.loads(line) for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def test_every_readme_example_record_is_accepted_and_tools_render_where_supported(tmp_path):
+    from pipeline.data.chat import BUILTIN_TEMPLATES
+
+    records = _readme_records()
+    assert len(records) == 7  # messages, with tools, conversations, alpaca, two prompt/completion, text
+    for i, record in enumerate(records):
+        parsed = parse_file(write_jsonl(tmp_path / f"r{i}.jsonl", [record]))
+        assert not parsed.problems, (record, [p.describe() for p in parsed.problems])
+    [with_tools] = parse_file(write_jsonl(tmp_path / "tools.jsonl", [r for r in records if "tools" in r])).records
+    qwen = chatkit.build_tokenizer("qwen2.5")
+    assert supervised(qwen, encode_records([with_tools], qwen, max_length=8192, too_long="error"))[0].startswith(
+        '<tool_call>\n{"name": "get_weather"')
+    chatml = copy.deepcopy(qwen)
+    chatml.chat_template = BUILTIN_TEMPLATES["chatml"].template  # ours renders no tool calls: refused
+    with pytest.raises(DataError, match="does not render tool calls"):
+        encode_records([with_tools], chatml, max_length=8192, too_long="error")
