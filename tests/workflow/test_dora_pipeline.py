@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pipeline.evaluate.skipped import GATE_BASIS, NO_VAL
+from pipeline.layout import RunTree, log_file
 from runkit import copy_workflow, jobs_in_log, snakemake
 from safetensors.torch import load_file
 
@@ -64,6 +66,17 @@ def test_no_validation_loss_was_computed(dora_run):
     for report in (results / "eval").glob("*.json"):
         assert '"perplexity"' not in report.read_text(), report
     assert not (results / "export" / "adapter_best").exists()
+
+
+def test_the_reports_say_validation_was_skipped(dora_run):
+    """The gate judged on training loss and the gate report, the run's log and the overview page
+    say there was no validation set, in words, not as a blank or a NaN."""
+    workdir, _ = dora_run
+    tree = RunTree(workdir / RunTree.of(RUN).root)
+    gate = json.loads(tree.pilot_report.read_text())
+    assert gate["judged_on"] == "training loss" and gate["skipped"] == [NO_VAL], gate
+    assert f"pilot gate: {NO_VAL}; {GATE_BASIS}" in (workdir / log_file("pilot_gate", RUN)).read_text()
+    assert f"Skipped: {NO_VAL}." in tree.overview_html.read_text()
 
 
 def test_merged_dora_model_loads_with_stock_transformers(dora_run):
