@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -145,7 +145,20 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
 
     A missing or unreadable path, or one that is no dataset kind, is itself a
     problem (reason ``file_not_found``, ``not_parquet``, ...). `fields`: the
-    user's key and role names (`FieldMap`; none by default).
+    user's key and role names (`FieldMap`; none by default). All records in
+    memory: `stream_file` is the same reading one record at a time.
+    """
+    parsed, records = stream_file(path, fields)
+    parsed.records = list(records)
+    return parsed
+
+
+def stream_file(path: str | Path, fields: FieldMap | None = None) -> tuple[ParsedFile, Iterator[Record]]:
+    """(`ParsedFile` without its records, the records one at a time): `parse_file` in bounded memory.
+
+    The ParsedFile's `problems` and `records_seen` are complete once the
+    iterator is exhausted (file-level faults such as a missing file are there
+    at once, and the iterator is then empty).
     """
     path = Path(path)
     fields = fields or FieldMap()
@@ -153,18 +166,24 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
     parsed = ParsedFile(path, "unknown", "")
     if not path.exists():
         parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
-        return parsed
+        return parsed, iter(())
     try:
         kind = readers.sniff(path)
     except KindError as err:
         parsed.problems.append(Problem(name, err.reason, str(err)))
-        return parsed
+        return parsed, iter(())
     parsed.layout = kind
     parsed.sha256 = readers.fingerprint(path)
     unshaped = _unshaped_columns(path, kind, fields)
     if unshaped is not None:
         parsed.problems.append(Problem(name, "unknown_shape", unshaped, kind=kind))
-        return parsed
+        return parsed, iter(())
+    return parsed, _scan(parsed, kind, fields)
+
+
+def _scan(parsed: ParsedFile, kind: str, fields: FieldMap) -> Iterator[Record]:
+    """The clean records of `parsed.path`; its problems and count go to `parsed` on the way."""
+    path, name = parsed.path, str(parsed.path)
     base_dir = os.path.dirname(os.path.abspath(path))
     faults: list[tuple] = []
     shaped = 0
@@ -184,7 +203,7 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
             shaped += 1
         parsed.problems.extend(problems)
         if record is not None:
-            parsed.records.append(record)
+            yield record
     parsed.problems += [Problem(name, reason, message, line=line, kind=kind) for reason, message, line in faults]
     if unknown and not shaped:
         dropped = {id(p) for p in unknown}
@@ -192,7 +211,6 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
         parsed.problems.append(Problem(name, "unknown_shape", _unknown_shape_text(list(keys)), kind=kind))
     if not parsed.records_seen and not parsed.problems:
         parsed.problems.append(Problem(name, "no_records", "the file holds no records", kind=kind))
-    return parsed
 
 
 def _unshaped_columns(path: Path, kind: str, fields: FieldMap) -> str | None:
