@@ -61,9 +61,10 @@ class DigestIndex:
     def __len__(self) -> int:
         return sum(keys.size for keys, _ in self._runs)
 
-    def first(self, keys: list[bytes], values: list[int]) -> list[int | None]:
+    def first(self, keys: list[bytes], values: list[int], *, add: bool = True) -> list[int | None]:
         """For each key, the value of its earliest occurrence (an earlier call's, or earlier in this list),
-        None where this is the first; the first occurrences are then added with their values."""
+        None where this is the first; the first occurrences are then added with their values. With
+        ``add=False`` only earlier calls' keys count, and nothing is added."""
         if not keys:
             return []
         batch = np.array(keys, dtype=_KEY)
@@ -73,6 +74,8 @@ class DigestIndex:
             at = np.minimum(np.searchsorted(run_keys, batch), run_keys.size - 1)
             hit = run_keys[at] == batch
             found[hit] = run_values[at[hit]]
+        if not add:  # a lookup only: earlier in this list does not count
+            return [None if v < 0 else int(v) for v in found]
         unique, first_at, inverse = np.unique(batch, return_index=True, return_inverse=True)
         inverse = inverse.reshape(-1)
         earlier_in_batch = first_at[inverse] != np.arange(batch.size)
