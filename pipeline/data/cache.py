@@ -102,7 +102,7 @@ class CacheWriter:
         self._spools = {name: open(publish.temp_sibling(self.path, name), "w+b")
                         for name in ("input_ids", "labels")}
         self._lengths: list[np.ndarray] = []
-        self._images: list[list[str]] = []
+        self._images: list[list[str] | None] = []  # per append: its records' image paths, None if it has none
         self.tokens = 0
 
     def append(self, input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray,
@@ -119,7 +119,7 @@ class CacheWriter:
             raise ValueError("images must list the image paths of every record")
         self._spools["input_ids"].write(input_ids.tobytes())
         self._spools["labels"].write(labels.tobytes())
-        self._images += images if images is not None else [[] for _ in range(lengths.size)]
+        self._images.append(images if images is not None and any(images) else None)
         self._lengths.append(lengths)
         self.tokens += input_ids.size
 
@@ -129,8 +129,9 @@ class CacheWriter:
         offsets = np.zeros(lengths.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         small = {"offsets": offsets}
-        if any(self._images):
-            small.update(_image_tensors(self._images))
+        if any(chunk is not None for chunk in self._images):
+            small.update(_image_tensors([paths for chunk, lengths in zip(self._images, self._lengths)
+                                         for paths in (chunk if chunk is not None else [[]] * lengths.size)]))
         sizes = {"input_ids": ("I32", self.tokens, 4), "labels": ("I32", self.tokens, 4)}
         sizes.update({name: (_ALL_TENSORS[name][0], a.size, a.itemsize) for name, a in small.items()})
         # safetensors' order: larger dtypes first, then by name.
