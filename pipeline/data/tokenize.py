@@ -10,7 +10,12 @@ without offsets fall back to tokenizing each span's prefix of the text and
 checking that its ids are a prefix of the whole text's ids.
 
 Work is batched (rendering, tokenizing, labelling with numpy), so the only
-per-record Python is the template rendering itself.
+per-record Python is the template rendering itself. A file is streamed: its
+records are read one at a time (`formats.stream_file`; a JSON array is the
+exception, parsed whole), encoded a batch at a time (`SplitEncoder`) and
+appended to the cache on disk (`cache.CacheWriter`), so memory holds one batch
+plus 8 bytes a record (its length) and, under ``duplicates: drop``, 24 bytes a
+distinct conversation (`stream.DigestIndex`), whatever the file's size.
 
 Vision-language models (`pipeline.data.vision`): the messages are rendered as
 content parts with the processor's chat template, and every image token the

@@ -28,6 +28,15 @@ entry per split with its record count; the held-out test split is exempt):
 reasoning the template does not render (``reasoning_not_rendered``) and
 assistant turns whose end-of-turn marker is not trained (``eot_not_trained``).
 
+Each file is streamed (`formats.stream_file`): its records are read and
+checked a batch at a time, in one pass, with the splits in train, val, test
+order so a split is checked against the ones before it. What is kept across a
+file is bounded by its record count, never its text: a 24-byte digest per
+distinct id and conversation (`stream.DigestIndex`, a second one of the loose
+conversation for the later splits), one token length and four flags per
+record (exact percentiles), and the problems found. Records with images keep
+their image paths in the split-overlap index (images are compared by content).
+
 A failed run also writes both reports to ``--failed-report-dir``, which the
 workflow keeps out of Snakemake's declared outputs: Snakemake deletes the
 outputs of a failed job, and the reports are the evidence of why it failed.
