@@ -177,7 +177,15 @@ def build_results(results: Path = C.RESULTS) -> str:
         ]
     if data:
         s = src("data", {"command": data["command"], "machine_text": data["machine"], "date": data["date"]})
-        table += _data_rows(_load(results, "data"), s)
+        figures = _load(results, "data")
+        if figures:
+            table += _data_rows(figures, s)
+        else:  # a data.md of before its data.json (throughput only)
+            val, tok = _row(data["rows"], "validate ("), _row(data["rows"], "tokenize")
+            table += [
+                (f"dataset validation ({val[0]} records), records/s / tokens/s", f"{val[2]} / {val[3]}", "", s),
+                (f"tokenization + cache ({tok[0]} records), records/s / tokens/s", f"{tok[2]} / {tok[3]}", "", s),
+            ]
     if mem:
         f, s = mem["figures"], src("memory", mem)
         b, a, pad = f["before"], f["after"], f["padding"]
