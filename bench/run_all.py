@@ -76,6 +76,24 @@ def _row(rows: dict, prefix: str) -> list[str]:
     raise KeyError(prefix)
 
 
+def _data_rows(d: dict, s: str) -> list[tuple]:
+    """bench_data.py's figures: records/s at its largest size, and peak RSS at its smallest and largest."""
+    runs, bound = d["results"], d["rss_bound_mb"]
+    small, large = min(r["records"] for r in runs), max(r["records"] for r in runs)
+    at = {(r["records"], r["kind"]): r for r in runs}
+    kinds = sorted({r["kind"] for r in runs})
+    peak = max(r[phase]["peak_rss_mb"] for r in runs for phase in ("validate", "tokenize"))
+    rows = []
+    for phase, what in (("validate", "dataset validation"), ("tokenize", "tokenization + cache")):
+        rate = " / ".join(f"{at[large, k]['records'] / at[large, k][phase]['seconds']:,.0f}" for k in kinds)
+        rss = " / ".join(f"{at[small, k][phase]['peak_rss_mb']:,.0f} -> {at[large, k][phase]['peak_rss_mb']:,.0f} MB"
+                         for k in kinds)
+        rows += [(f"{what} ({large:,} records), records/s: {' / '.join(kinds)}", rate, "", s),
+                 (f"{what}, peak RSS at {small:,} -> {large:,} records: {' / '.join(kinds)}", rss,
+                  f"< {bound:,} MB at every size: " + ("met" if peak < bound else "NOT met"), s)]
+    return rows
+
+
 def _met(train: dict, ema: str) -> str:
     """Judge a ratio on both clocks: on a shared machine the wall clock carries +-20% noise per round."""
     f, rounds = train["figures"], train["per_round"]
@@ -159,11 +177,15 @@ def build_results(results: Path = C.RESULTS) -> str:
         ]
     if data:
         s = src("data", {"command": data["command"], "machine_text": data["machine"], "date": data["date"]})
-        val, tok = _row(data["rows"], "validate ("), _row(data["rows"], "tokenize")
-        table += [
-            (f"dataset validation ({val[0]} records), records/s / tokens/s", f"{val[2]} / {val[3]}", "", s),
-            (f"tokenization + cache ({tok[0]} records), records/s / tokens/s", f"{tok[2]} / {tok[3]}", "", s),
-        ]
+        figures = _load(results, "data")
+        if figures:
+            table += _data_rows(figures, s)
+        else:  # a data.md of before its data.json (throughput only)
+            val, tok = _row(data["rows"], "validate ("), _row(data["rows"], "tokenize")
+            table += [
+                (f"dataset validation ({val[0]} records), records/s / tokens/s", f"{val[2]} / {val[3]}", "", s),
+                (f"tokenization + cache ({tok[0]} records), records/s / tokens/s", f"{tok[2]} / {tok[3]}", "", s),
+            ]
     if mem:
         f, s = mem["figures"], src("memory", mem)
         b, a, pad = f["before"], f["after"], f["padding"]

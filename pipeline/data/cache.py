@@ -21,6 +21,8 @@ The safetensors metadata (string -> string) records what the cache was built
 from (source file sha256, tokenizer fingerprint, max_length, ...), so a later
 stage can refuse a cache that does not match its inputs.
 
+`CacheWriter` writes a split batch by batch (the tokens spooled to disk, not
+held), so tokenizing a dataset of any size takes bounded memory.
 `TokenCache` maps the file instead of loading it: opening a multi-GB cache is
 instant, and DataLoader workers share the page cache rather than copies.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import operator
+import shutil
 import struct
 from pathlib import Path
 
@@ -51,6 +54,7 @@ _IMAGE_TENSORS = {
     "image_path_bytes": ("U8", np.uint8),
     "image_path_offsets": ("I64", np.int64),
 }
+_ALL_TENSORS = {**_TENSORS, **_IMAGE_TENSORS}
 
 
 def write_cache(
@@ -65,24 +69,104 @@ def write_cache(
     """Write one split atomically (temp file + rename: a crash never leaves half a cache).
 
     `images`: per record, the paths of its images (written only if any record has one).
+    The arrays in hand in one go: `CacheWriter` appends them batch by batch instead.
     """
-    from safetensors.numpy import save_file
-
-    input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
-    labels = np.ascontiguousarray(labels, dtype=np.int32)
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    if input_ids.shape != labels.shape or input_ids.ndim != 1:
-        raise ValueError("input_ids and labels must be flat arrays of the same length")
-    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != input_ids.size:
+    if offsets.ndim != 1 or offsets.size < 1 or offsets[0] != 0 or offsets[-1] != np.asarray(input_ids).size:
         raise ValueError("offsets must start at 0 and end at len(input_ids)")
-    meta = {"format": FORMAT, **{str(k): str(v) for k, v in metadata.items()}}
-    tensors = {"input_ids": input_ids, "labels": labels, "offsets": offsets}
-    if images is not None and any(images):
-        if len(images) != offsets.size - 1:
+    if images is not None and any(images) and len(images) != offsets.size - 1:
+        raise ValueError("images must list the image paths of every record")
+    with CacheWriter(path) as writer:
+        writer.append(input_ids, labels, np.diff(offsets), images if images is not None and any(images) else None)
+        writer.close(metadata)
+
+
+class CacheWriter:
+    """Write one split's cache incrementally, in bounded memory: `append` batches, then `close(metadata)`.
+
+    The token arrays go to two spool files beside the cache as they come (a
+    split of any size never sits in RAM); what stays in memory is 8 bytes of
+    length per record (the offsets) and, for a vision-language dataset, the
+    image paths. `close` writes the safetensors file -- its header needs every
+    tensor's size, so it comes last -- by copying the spools behind the header,
+    and renames it into place. The bytes are exactly what
+    ``safetensors.numpy.save_file`` writes for the same arrays (tensors by
+    dtype size, then name; the header padded to 8 bytes), so a cache does not
+    depend on which writer made it. Leaving the ``with`` block without
+    `close` (an error) removes the spools and writes nothing.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._spools = {name: open(publish.temp_sibling(self.path, name), "w+b")
+                        for name in ("input_ids", "labels")}
+        self._lengths: list[np.ndarray] = []
+        self._images: list[list[str] | None] = []  # per append: its records' image paths, None if it has none
+        self.tokens = 0
+
+    def append(self, input_ids: np.ndarray, labels: np.ndarray, lengths: np.ndarray,
+               images: list[list[str]] | None = None) -> None:
+        """Records back to back: their flat ids and labels, tokens per record, and (if any) their image paths."""
+        input_ids = np.ascontiguousarray(input_ids, dtype=np.int32)
+        labels = np.ascontiguousarray(labels, dtype=np.int32)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if input_ids.shape != labels.shape or input_ids.ndim != 1:
+            raise ValueError("input_ids and labels must be flat arrays of the same length")
+        if int(lengths.sum()) != input_ids.size or np.any(lengths < 0):
+            raise ValueError("the record lengths must add up to len(input_ids)")
+        if images is not None and len(images) != lengths.size:
             raise ValueError("images must list the image paths of every record")
-        tensors.update(_image_tensors(images))
-    with publish.staged_file(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
+        self._spools["input_ids"].write(input_ids.tobytes())
+        self._spools["labels"].write(labels.tobytes())
+        self._images.append(images if images is not None and any(images) else None)
+        self._lengths.append(lengths)
+        self.tokens += input_ids.size
+
+    def close(self, metadata: dict[str, str]) -> None:
+        """Write the cache file with `metadata` (plus its format) and rename it into place."""
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        small = {"offsets": offsets}
+        if any(chunk is not None for chunk in self._images):
+            small.update(_image_tensors([paths for chunk, lengths in zip(self._images, self._lengths)
+                                         for paths in (chunk if chunk is not None else [[]] * lengths.size)]))
+        sizes = {"input_ids": ("I32", self.tokens, 4), "labels": ("I32", self.tokens, 4)}
+        sizes.update({name: (_ALL_TENSORS[name][0], a.size, a.itemsize) for name, a in small.items()})
+        # safetensors' order: larger dtypes first, then by name.
+        order = sorted(sizes, key=lambda name: (-sizes[name][2], name))
+        meta = {"format": FORMAT, **{str(k): str(v) for k, v in metadata.items()}}
+        header: dict = {"__metadata__": dict(sorted(meta.items()))}
+        start = 0
+        for name in order:
+            dtype, count, itemsize = sizes[name]
+            header[name] = {"dtype": dtype, "shape": [count], "data_offsets": [start, start + count * itemsize]}
+            start += count * itemsize
+        raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        raw += b" " * (-len(raw) % 8)
+        with publish.staged_file(self.path) as tmp, open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(raw)) + raw)
+            for name in order:
+                if name in small:
+                    out.write(small[name].tobytes())
+                else:
+                    spool = self._spools[name]
+                    spool.flush()
+                    spool.seek(0)
+                    shutil.copyfileobj(spool, out, 1 << 24)
+        self._discard()
+
+    def _discard(self) -> None:
+        for spool in self._spools.values():
+            spool.close()
+            Path(spool.name).unlink(missing_ok=True)
+
+    def __enter__(self) -> CacheWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._discard()
 
 
 def _image_tensors(images: list[list[str]]) -> dict[str, np.ndarray]:

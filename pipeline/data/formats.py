@@ -46,7 +46,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -163,7 +163,20 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
 
     A missing or unreadable path, or one that is no dataset kind, is itself a
     problem (reason ``file_not_found``, ``not_parquet``, ...). `fields`: the
-    user's key and role names (`FieldMap`; none by default).
+    user's key and role names (`FieldMap`; none by default). All records in
+    memory: `stream_file` is the same reading one record at a time.
+    """
+    parsed, records = stream_file(path, fields)
+    parsed.records = list(records)
+    return parsed
+
+
+def stream_file(path: str | Path, fields: FieldMap | None = None) -> tuple[ParsedFile, Iterator[Record]]:
+    """(`ParsedFile` without its records, the records one at a time): `parse_file` in bounded memory.
+
+    The ParsedFile's `problems` and `records_seen` are complete once the
+    iterator is exhausted (file-level faults such as a missing file are there
+    at once, and the iterator is then empty).
     """
     path = Path(path)
     fields = fields or FieldMap()
@@ -171,23 +184,30 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
     parsed = ParsedFile(path, "unknown", "")
     if not path.exists():
         parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
-        return parsed
+        return parsed, iter(())
     try:
         kind = readers.sniff(path)
     except KindError as err:
         parsed.problems.append(Problem(name, err.reason, str(err)))
-        return parsed
+        return parsed, iter(())
     parsed.layout = kind
     parsed.sha256 = readers.fingerprint(path)
     unshaped = _unshaped_columns(path, kind, fields)
     if unshaped is not None:
         parsed.problems.append(Problem(name, "unknown_shape", unshaped, kind=kind))
-        return parsed
+        return parsed, iter(())
+    return parsed, _scan(parsed, kind, fields)
+
+
+def _scan(parsed: ParsedFile, kind: str, fields: FieldMap) -> Iterator[Record]:
+    """The clean records of `parsed.path`; its problems and count go to `parsed` on the way."""
+    path, name = parsed.path, str(parsed.path)
     base_dir = os.path.dirname(os.path.abspath(path))
     faults: list[tuple] = []
     shaped = 0
     unknown: list[Problem] = []  # one per record with no shape: one line for the file if no record has one
     keys: dict[str, None] = {}
+    tally = _ShapeTally()
     for index, (line, raw) in enumerate(readers.read_raw(path, kind, faults)):
         parsed.records_seen += 1
         if isinstance(raw, Unreadable):
@@ -201,11 +221,14 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
         elif isinstance(raw, dict):
             shaped += 1
         parsed.problems.extend(problems)
-        if record is not None and not problems:
-            parsed.records.append(record)
-        elif record is not None and record.images:
+        if record is None:
+            continue
+        tally.see(record)
+        if not problems:
+            yield record
+        elif record.images:  # kept so validation also reports its missing images (a record reports every defect)
             parsed.rejected.append(record)
-    parsed.problems += _mixed_text_problems(parsed.records, name, kind)
+    parsed.problems += tally.problems(name, kind)
     parsed.problems += [Problem(name, reason, message, line=line, kind=kind) for reason, message, line in faults]
     if unknown and not shaped:
         dropped = {id(p) for p in unknown}
@@ -213,24 +236,36 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
         parsed.problems.append(Problem(name, "unknown_shape", _unknown_shape_text(list(keys)), kind=kind))
     if not parsed.records_seen and not parsed.problems:
         parsed.problems.append(Problem(name, "no_records", "the file holds no records", kind=kind))
-    return parsed
 
 
-def _mixed_text_problems(records: list[Record], file: str, kind: str) -> list[Problem]:
-    """One file-level problem when a file holds both plain text records and conversations.
+class _ShapeTally:
+    """Plain text records vs conversations among a file's clean records, counted as they stream past.
 
-    Refused rather than guessed: a text record is trained whole and a
-    conversation only in its answers, so a mixed file is most often a
-    conversation whose keys were not mapped (data.columns).
+    A file holding both is refused rather than guessed: a text record is
+    trained whole and a conversation only in its answers, so a mixed file is
+    most often a conversation whose keys were not mapped (data.columns).
     """
-    text = [r for r in records if r.is_text]
-    if not text or len(text) == len(records):
-        return []
-    chat = next(r for r in records if not r.is_text)
-    return [Problem(file, "mixed_shapes", f"{len(text)} plain text record(s) (first: record {text[0].index}) and "
-                    f"{len(records) - len(text)} conversation(s) (first: record {chat.index}) in one file: a file "
-                    "holds one kind; put the text records in a file of their own (a data mix can combine them)",
-                    kind=kind)]
+
+    def __init__(self) -> None:
+        self.text = self.chat = 0
+        self.first_text: int | None = None
+        self.first_chat: int | None = None
+
+    def see(self, record: Record) -> None:
+        if record.is_text:
+            self.text += 1
+            self.first_text = record.index if self.first_text is None else self.first_text
+        else:
+            self.chat += 1
+            self.first_chat = record.index if self.first_chat is None else self.first_chat
+
+    def problems(self, file: str, kind: str) -> list[Problem]:
+        if not (self.text and self.chat):
+            return []
+        return [Problem(file, "mixed_shapes", f"{self.text} plain text record(s) (first: record {self.first_text}) "
+                        f"and {self.chat} conversation(s) (first: record {self.first_chat}) in one file: a file "
+                        "holds one kind; put the text records in a file of their own (a data mix can combine them)",
+                        kind=kind)]
 
 
 def _unshaped_columns(path: Path, kind: str, fields: FieldMap) -> str | None:

@@ -10,7 +10,12 @@ without offsets fall back to tokenizing each span's prefix of the text and
 checking that its ids are a prefix of the whole text's ids.
 
 Work is batched (rendering, tokenizing, labelling with numpy), so the only
-per-record Python is the template rendering itself.
+per-record Python is the template rendering itself. A file is streamed: its
+records are read one at a time (`formats.stream_file`; a JSON array is the
+exception, parsed whole), encoded a batch at a time (`SplitEncoder`) and
+appended to the cache on disk (`cache.CacheWriter`), so memory holds one batch
+plus 8 bytes a record (its length) and, under ``duplicates: drop``, 24 bytes a
+distinct conversation (`stream.DigestIndex`), whatever the file's size.
 
 Vision-language models (`pipeline.data.vision`): the messages are rendered as
 content parts with the processor's chat template, and every image token the
@@ -49,11 +54,11 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.cache import IGNORE_INDEX, write_cache
+from pipeline.data.cache import IGNORE_INDEX, CacheWriter
 from pipeline.data.chat import REASONING_POLICIES, ChatRender, Rendered, builtin_names, record_name
-from pipeline.data.formats import DUPLICATE_POLICIES, Record, drop_duplicates, load_records
-from pipeline.data.readers import fingerprint as file_fingerprint
+from pipeline.data.formats import DUPLICATE_POLICIES, Record, format_problems, stream_file
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
+from pipeline.data.stream import DigestIndex, batched, sample_digest
 from pipeline.data.vision import ImageText, is_vision_language, load_image_text
 from pipeline.errors import DataError, UserError
 
@@ -370,31 +375,84 @@ def encode_records(
     those with any of it not trained (``reasoning_dropped``; by the template
     itself: ``reasoning_dropped_by_template``), and those whose every
     end-of-turn marker is trained (``eot_trained``).
+
+    All in memory; `SplitEncoder` is the same batch by batch into a `CacheWriter`.
     """
-    chat = chat_render(tokenizer, images, reasoning=reasoning)
-    if too_long not in TOO_LONG_POLICIES:
-        raise UserError(f"too_long must be one of {', '.join(TOO_LONG_POLICIES)}, not {too_long!r}")
-    ids_parts, label_parts, length_parts = [], [], []
-    over: list[str] = []
-    counts = {"too_long": 0, "truncated": 0, "dropped": 0, "dropped_unsupervised": 0}
-    if images is not None:
-        counts["dropped_image_cut"] = 0
-    kept_images: list[list[str]] = []
-    turns = assistant_turns = 0
-    chat_counts = dict.fromkeys(CHAT_COUNTS, 0)
-    raw_max = 0
+    sink = _Arrays()
+    encoder = SplitEncoder(tokenizer, sink, max_length=max_length, too_long=too_long, source=source, images=images,
+                           reasoning=reasoning)
     for start in range(0, len(records), BATCH_SIZE):
-        batch = records[start:start + BATCH_SIZE]
-        tokens, labels, rendered = _label_batch(chat, batch, source, images)
+        encoder.add(records[start:start + BATCH_SIZE])
+    stats = encoder.finish()
+    return EncodedSplit(*sink.arrays(), stats, sink.images if images is not None else None)
+
+
+class _Arrays:
+    """A `CacheWriter` stand-in that keeps the batches in memory (`encode_records`)."""
+
+    def __init__(self) -> None:
+        self.ids: list[np.ndarray] = []
+        self.labels: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.images: list[list[str]] = []
+
+    def append(self, input_ids, labels, lengths, images=None) -> None:
+        self.ids.append(input_ids)
+        self.labels.append(labels)
+        self.lengths.append(lengths)
+        self.images += images or []
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+        lengths = joined(self.lengths, np.int64)
+        offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return joined(self.ids, np.int32), joined(self.labels, np.int32), offsets
+
+
+class SplitEncoder:
+    """Tokenize and label a split batch by batch (`add`), handing each batch's kept records to `sink`
+    (``sink.append(input_ids, labels, lengths, images)``: a `CacheWriter`); `finish` gives the stats.
+
+    What it keeps between batches is running counts and one length per kept
+    record (the exact percentiles of ``tokens_per_record``), so a split of any
+    size is encoded in bounded memory. The policies are `encode_records`'.
+    """
+
+    def __init__(self, tokenizer, sink, *, max_length: int, too_long: str, source: str = "",
+                 images: ImageText | None = None, reasoning: str = "auto"):
+        self.chat = chat_render(tokenizer, images, reasoning=reasoning)
+        if too_long not in TOO_LONG_POLICIES:
+            raise UserError(f"too_long must be one of {', '.join(TOO_LONG_POLICIES)}, not {too_long!r}")
+        self.sink, self.max_length, self.too_long, self.source, self.images = sink, max_length, too_long, source, images
+        self.over: list[str] = []
+        self.counts = {"too_long": 0, "truncated": 0, "dropped": 0, "dropped_unsupervised": 0}
+        if images is not None:
+            self.counts["dropped_image_cut"] = 0
+        self.kept_lengths: list[np.ndarray] = []
+        self.records_in = self.turns = self.assistant_turns = self.tokens = self.supervised = self.raw_max = 0
+        self.image_count = 0
+        self.chat_counts = dict.fromkeys(CHAT_COUNTS, 0)
+
+    def add(self, batch: list[Record]) -> None:
+        """Encode one batch; a template failure raises `DataError` naming its record."""
+        if not batch:
+            return
+        images, max_length, counts = self.images, self.max_length, self.counts
+        self.records_in += len(batch)
+        tokens, labels, rendered = _label_batch(self.chat, batch, self.source, images)
         lengths = tokens.lengths
-        raw_max = max(raw_max, int(lengths.max(initial=0)))
+        self.raw_max = max(self.raw_max, int(lengths.max(initial=0)))
         too_long_rec = lengths > max_length
         counts["too_long"] += int(too_long_rec.sum())
-        if too_long == "error":
-            over += [f"{record_name(source, batch[b])}: {lengths[b]} tokens" for b in np.flatnonzero(too_long_rec)]
-            if over:
-                continue  # keep scanning so the error lists every offender
-        keep = ~too_long_rec if too_long == "drop" else np.ones(len(batch), dtype=bool)
+        if self.too_long == "error":
+            self.over += [f"{record_name(self.source, batch[b])}: {lengths[b]} tokens"
+                          for b in np.flatnonzero(too_long_rec)]
+            if self.over:
+                return  # keep scanning so the error lists every offender
+        keep = ~too_long_rec if self.too_long == "drop" else np.ones(len(batch), dtype=bool)
         token_record = np.repeat(np.arange(len(batch)), lengths)
         position = np.arange(tokens.ids.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         kept_tokens = position < max_length
@@ -409,44 +467,48 @@ def encode_records(
                           < np.bincount(token_record[is_image], minlength=len(batch)))
             keep &= ~cut
             counts["dropped_image_cut"] += int(cut.sum())
-            kept_images += [batch[b].images for b in np.flatnonzero(keep)]
         kept_tokens &= keep[token_record]
         counts["dropped"] += int((too_long_rec & ~keep & ~unsupervised & ~cut).sum())
         counts["dropped_unsupervised"] += int(unsupervised.sum())
         counts["truncated"] += int((too_long_rec & keep).sum())
-        ids_parts.append(tokens.ids[kept_tokens].astype(np.int32))
-        label_parts.append(labels[kept_tokens].astype(np.int32))
-        length_parts.append(np.minimum(lengths[keep], max_length))
+        kept_labels = labels[kept_tokens].astype(np.int32)
+        kept_lengths = np.minimum(lengths[keep], max_length)
+        kept_images = [batch[b].images for b in np.flatnonzero(keep)] if images is not None else None
+        self.sink.append(tokens.ids[kept_tokens].astype(np.int32), kept_labels, kept_lengths, kept_images)
+        self.kept_lengths.append(kept_lengths)
+        self.tokens += int(kept_lengths.sum())
+        self.supervised += int((kept_labels != IGNORE_INDEX).sum())
+        self.image_count += sum(map(len, kept_images or []))
         for b in np.flatnonzero(keep):
-            turns += len(batch[b].messages)
-            assistant_turns += sum(m["role"] == "assistant" for m in batch[b].messages)
+            self.turns += len(batch[b].messages)
+            self.assistant_turns += sum(m["role"] == "assistant" for m in batch[b].messages)
             for key, flag in zip(CHAT_COUNTS, chat_flags(rendered[b])):
-                chat_counts[key] += flag
-    if over:
-        raise DataError(
-            f"{len(over)} record(s) of {source} exceed max_length={max_length} (policy 'error'):\n  "
-            + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
-        )
-    input_ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int32)
-    labels = np.concatenate(label_parts) if label_parts else np.zeros(0, dtype=np.int32)
-    lengths = np.concatenate(length_parts) if length_parts else np.zeros(0, dtype=np.int64)
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    stats = {
-        "records_in": len(records),
-        "records": int(lengths.size),
-        "turns": turns,
-        "assistant_turns": assistant_turns,
-        "tokens": int(input_ids.size),
-        "supervised_tokens": int((labels != IGNORE_INDEX).sum()),
-        "tokens_per_record": _percentiles(lengths),
-        "max_tokens_before_truncation": raw_max,
-        **counts,
-        **chat_counts,
-    }
-    if images is not None:
-        stats["images"] = sum(map(len, kept_images))
-    return EncodedSplit(input_ids, labels, offsets, stats, kept_images if images is not None else None)
+                self.chat_counts[key] += flag
+
+    def finish(self) -> dict:
+        """The split's stats; `DataError` listing the over-long records under too_long=error."""
+        over, max_length = self.over, self.max_length
+        if over:
+            raise DataError(
+                f"{len(over)} record(s) of {self.source} exceed max_length={max_length} (policy 'error'):\n  "
+                + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
+            )
+        lengths = np.concatenate(self.kept_lengths) if self.kept_lengths else np.zeros(0, dtype=np.int64)
+        stats = {
+            "records_in": self.records_in,
+            "records": int(lengths.size),
+            "turns": self.turns,
+            "assistant_turns": self.assistant_turns,
+            "tokens": self.tokens,
+            "supervised_tokens": self.supervised,
+            "tokens_per_record": _percentiles(lengths),
+            "max_tokens_before_truncation": self.raw_max,
+            **self.counts,
+            **self.chat_counts,
+        }
+        if self.images is not None:
+            stats["images"] = self.image_count
+        return stats
 
 
 def _percentiles(lengths: np.ndarray) -> dict:
@@ -462,41 +524,89 @@ def tokenize_file(
     duplicates: str = "error", images: ImageText | None = None, reasoning: str = "auto",
     fields: FieldMap | None = None,
 ) -> dict:
-    """Load, tokenize and cache one dataset file; returns its stats (also stored in the cache metadata).
+    """Read, tokenize and cache one dataset file, streamed; returns its stats (also stored in the cache metadata).
 
     ``duplicates="drop"`` removes exact-duplicate conversations first (counted
     as ``duplicates_dropped``). Raises `DataError` if no record is left.
     `images`: a vision-language model's processor; the cache then holds each
     record's image paths too. `fields`: the dataset's own key and role names.
+
+    Records stream from the file in batches and each batch's tokens go to the
+    cache's spool files (`CacheWriter`): memory holds one batch, a length per
+    record and a 24-byte digest per distinct conversation (``drop``), never
+    the split. A file with problems fails as `load_records` would (every
+    problem listed, before any encoding error), and nothing is written.
     """
     if duplicates not in DUPLICATE_POLICIES:
         raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
-    records = load_records(path, fields)
-    kept = drop_duplicates(records) if duplicates == "drop" else records
-    encoded = encode_records(kept, tokenizer, max_length=max_length, too_long=too_long, source=str(path),
-                             images=images, reasoning=reasoning)
-    if encoded.stats["records"] == 0:
-        copies = f"dropping {len(records) - len(kept)} duplicate(s) and " if len(kept) < len(records) else ""
-        raise DataError(f"{path}: no records left after {copies}applying too_long={too_long!r} "
-                        f"at max_length={max_length}")
-    source_sha = file_fingerprint(path)
-    stats = {"source": str(path), "source_sha256": source_sha, **encoded.stats,
-             "records_in": len(records), "duplicates_dropped": len(records) - len(kept)}
-    write_cache(out_path, input_ids=encoded.input_ids, labels=encoded.labels, offsets=encoded.offsets,
-                images=encoded.images, metadata={
-        "split": split,
-        "source": str(path),
-        "source_sha256": source_sha,
-        "tokenizer_fingerprint": fingerprint,
-        "max_length": str(max_length),
-        "too_long": too_long,
-        "duplicates": duplicates,
-        "reasoning": reasoning,
-        "records": str(encoded.stats["records"]),
-        "supervised_tokens": str(encoded.stats["supervised_tokens"]),
-    })
+    parsed, records = stream_file(path, fields)
+    with CacheWriter(out_path) as writer:
+        encoder = SplitEncoder(tokenizer, writer, max_length=max_length, too_long=too_long, source=str(path),
+                               images=images, reasoning=reasoning)
+        records_in, kept, failed = _encode_stream(records, encoder, parsed, duplicates == "drop")
+        if parsed.problems:
+            raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
+        if failed is not None:
+            raise failed
+        encoded = encoder.finish()
+        if encoded["records"] == 0:
+            copies = f"dropping {records_in - kept} duplicate(s) and " if kept < records_in else ""
+            raise DataError(f"{path}: no records left after {copies}applying too_long={too_long!r} "
+                            f"at max_length={max_length}")
+        stats = {"source": str(path), "source_sha256": parsed.sha256, **encoded,
+                 "records_in": records_in, "duplicates_dropped": records_in - kept}
+        writer.close({
+            "split": split,
+            "source": str(path),
+            "source_sha256": parsed.sha256,
+            "tokenizer_fingerprint": fingerprint,
+            "max_length": str(max_length),
+            "too_long": too_long,
+            "duplicates": duplicates,
+            "reasoning": reasoning,
+            "records": str(encoded["records"]),
+            "supervised_tokens": str(encoded["supervised_tokens"]),
+        })
     return stats
+
+
+def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
+                   ) -> tuple[int, int, DataError | None]:
+    """Feed `records` to `encoder` in batches, without exact duplicates if `drop_duplicates`; returns
+    (records read, records encoded, the first encoding error or None).
+
+    After a problem of the file or an encoding error the rest is only read
+    (no longer encoded), so the file's every problem is still found. The
+    batches are those `encode_records` makes of the records kept.
+    """
+    read = [0]
+    kept = 0
+    failed: DataError | None = None
+    for batch in batched(_unique(records, read) if drop_duplicates else _counted(records, read), BATCH_SIZE):
+        kept += len(batch)
+        if parsed.problems or failed is not None:
+            continue
+        try:
+            encoder.add(batch)
+        except DataError as err:  # reported after the file's own problems, as load_records would first
+            failed = err
+    return read[0], kept, failed
+
+
+def _counted(records, read: list[int]):
+    for record in records:
+        read[0] += 1
+        yield record
+
+
+def _unique(records, read: list[int]):
+    """`records` less the exact duplicates of earlier ones (`formats.drop_duplicates`, streamed)."""
+    seen = DigestIndex()
+    for batch in batched(records, BATCH_SIZE):
+        read[0] += len(batch)
+        earlier = seen.first([sample_digest(r) for r in batch], [r.index for r in batch])
+        yield from (r for r, e in zip(batch, earlier) if e is None)
 
 
 # --- CLI ------------------------------------------------------------------------------------------

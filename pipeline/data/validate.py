@@ -31,6 +31,15 @@ entry per split with its record count; the held-out test split is exempt):
 reasoning the template does not render (``reasoning_not_rendered``) and
 assistant turns whose end-of-turn marker is not trained (``eot_not_trained``).
 
+Each file is streamed (`formats.stream_file`): its records are read and
+checked a batch at a time, in one pass, with the splits in train, val, test
+order so a split is checked against the ones before it. What is kept across a
+file is bounded by its record count, never its text: a 24-byte digest per
+distinct id and conversation (`stream.DigestIndex`, a second one of the loose
+conversation for the later splits), one token length and four flags per
+record (exact percentiles), and the problems found. Records with images keep
+their image paths in the split-overlap index (images are compared by content).
+
 A failed run also writes both reports to ``--failed-report-dir``, which the
 workflow keeps out of Snakemake's declared outputs: Snakemake deletes the
 outputs of a failed job, and the reports are the evidence of why it failed.
@@ -40,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections import Counter
@@ -48,20 +58,23 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.formats import (DUPLICATE_POLICIES, ParsedFile, Problem, Record, conversation_key, duplicate_of,
-                                   parse_file)
+from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, Record, stream_file
 from pipeline.data.readers import describe_kind
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
 from pipeline.data.images import check_image, file_digest
 from pipeline.data.vision import is_vision_language
+from pipeline.data.stream import DigestIndex, batched, digest, loose_digest, sample_digest
 from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING, SETTING, suggest_builtin
-from pipeline.data.tokenize import CHAT_COUNTS, TOO_LONG_POLICIES
+from pipeline.data.tokenize import BATCH_SIZE, CHAT_COUNTS, TOO_LONG_POLICIES
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
 SPLITS = ("train", "val", "test")
 CSV_COLUMNS = ["split", "file", "kind", "index", "line", "id", "field", "reason", "message"]
 REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --failed-report-dir
+
+# Image content digests, by path: a split-overlap candidate's images are read once.
+_file_digest = functools.lru_cache(maxsize=1 << 16)(file_digest)
 
 # Per-record overlap rows shown in the failure summary: the one line per pair of
 # splits already gives the count, and the rows must not crowd out other faults.
@@ -156,63 +169,159 @@ def validate_dataset(
         "reasoning": reasoning, "columns": fields.columns, "roles": fields.roles,
         **{name: str(p) for name, p in paths.items()},
     })
-    parsed = {name: parse_file(p, fields) for name, p in paths.items()}
-    found: dict[str, list[Problem]] = {name: list(pf.problems) for name, pf in parsed.items()}
-
-    copies: dict[str, list[Problem]] = {}
-    for name, pf in parsed.items():
-        found[name] += _duplicate_id_problems(pf)
-        copies[name] = _duplicate_sample_problems(pf)
-        if duplicates == "error":
-            found[name] += copies[name]
-        elif duplicates == "warn":
-            report.warnings += [(name, p) for p in copies[name]]
-        else:  # drop: check what tokenization will keep, so a dropped copy is neither measured nor an overlap
-            parsed[name] = _without_records(pf, {p.index for p in copies[name]})
-
+    scans: dict[str, _SplitScan] = {}
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
-    has_images = any(r.images for pf in parsed.values() for r in pf.records + pf.rejected)
-    text_only = has_images and Path(tokenizer_dir).is_dir() and not is_vision_language(tokenizer_dir)
-    for name, pf in parsed.items():
-        found[name] += _image_problems(pf, image_verdicts, text_only) + _split_record_problems(pf, name)
-    overlaps = _overlap_problems(parsed, image_verdicts)
-    for name, _, problem in overlaps:
-        found[name].append(problem)
-    report.notes += _overlap_notes(parsed, overlaps)
+    text_only = Path(tokenizer_dir).is_dir() and not is_vision_language(tokenizer_dir)
+    measure = _Measure(tokenizer_dir, reasoning, image_verdicts)
+    for name, path in paths.items():  # in SPLITS order: a split is checked against the ones before it
+        scan = _SplitScan(name, *stream_file(path, fields))
+        for batch in batched(scan.stream, BATCH_SIZE):
+            _check_batch(scan, batch, scans, measure, image_verdicts, text_only, duplicates=duplicates,
+                         max_length=max_length, too_long=too_long)
+        if scan.pf.rejected:  # records rejected after the last clean one: their images are still checked
+            _check_batch(scan, [], scans, measure, image_verdicts, text_only, duplicates=duplicates,
+                         max_length=max_length, too_long=too_long)
+        scan.finish()
+        scans[name] = scan
+    for scan in scans.values():
+        report.warnings += [(scan.name, p) for p in scan.copies if duplicates == "warn"]
+    overlaps = [(name, other, p) for name, scan in scans.items() for other, p in scan.overlaps]
+    report.notes += _overlap_notes({name: scan.pf for name, scan in scans.items()}, overlaps)
 
-    lengths, template = _measure_lengths(parsed, tokenizer_dir, image_verdicts, reasoning)
-    for name, pf in parsed.items():
-        stats = {**_file_stats(pf), "duplicates": len(copies[name]),
-                 "duplicates_dropped": len(copies[name]) if duplicates == "drop" else 0,
-                 "overlaps": dict(Counter(other for split, other, _ in overlaps if split == name))}
-        dropped_long: set[int] = set()
-        if name in lengths:
-            measured, errors, flags = lengths[name]
-            problems, length_stats, over_long = _length_check(pf, measured, errors, max_length, too_long)
-            found[name] += problems
-            stats.update(length_stats)
-            stats.update(_chat_stats(measured, flags))
+    for name, scan in scans.items():
+        pf, found = scan.pf, scan.found
+        stats = {"path": str(pf.path), "kind": pf.layout, "sha256": pf.sha256, "records": pf.records_seen,
+                 "images": scan.images, "duplicates": len(scan.copies),
+                 "duplicates_dropped": len(scan.copies) if duplicates == "drop" else 0,
+                 "overlaps": dict(Counter(other for other, _ in scan.overlaps))}
+        if measure.loaded:
+            lengths, flags = scan.measured()
+            stats.update(_length_stats(lengths, max_length, too_long))
+            stats.update(_chat_stats(lengths, flags))
             if name != "test":  # held-out prompts are not trained: what the template drops there costs nothing
-                report.warnings += [(name, w) for w in _chat_warnings(pf, name, measured, flags, template)]
-            dropped_long = over_long if too_long == "drop" else set()
-        stats["records_valid"] = pf.records_seen - len({p.index for p in found[name] if p.index is not None})
-        # A record also in another split is a leak, not unusable: the overlap notes speak for it.
-        broken = {p.index for p in found[name] if p.index is not None and p.reason != "split_overlap"}
-        dropped = {p.index for p in copies[name]} if duplicates == "drop" else set()
-        causes = _unusable_causes(broken, dropped, dropped_long)
+                report.warnings += [(name, w) for w in _chat_warnings(pf, name, scan.chat_hits, measure.template)]
+        stats["records_valid"] = pf.records_seen - scan.with_problems
+        causes = scan.causes if too_long == "drop" else {**scan.causes, "too_long": 0}
         stats["records_usable"] = pf.records_seen - sum(causes.values())
         if pf.records_seen and not stats["records_usable"]:
             why = f"no usable record is left: {_unusable_text(pf.records_seen, causes, max_length)}"
-            if len(broken) == pf.records_seen:
+            if causes["problem"] == pf.records_seen:
                 report.notes.append(f"{pf.path}: {why}")  # each record's own problem is listed already
             else:
-                found[name].append(Problem(str(pf.path), "no_usable_records", why, kind=pf.layout))
+                found.append(Problem(str(pf.path), "no_usable_records", why, kind=pf.layout))
         # File-level problems first, then by record.
-        found[name].sort(key=lambda p: -1 if p.index is None else p.index)
-        stats["problems"] = len(found[name])
+        found.sort(key=lambda p: -1 if p.index is None else p.index)
+        stats["problems"] = len(found)
         report.files[name] = stats
-        report.problems += [(name, p) for p in found[name]]
+        report.problems += [(name, p) for p in found]
     return report
+
+
+class _SplitScan:
+    """One split as it streams past: its problems (O(faults)), running counts, and what later splits are
+    checked against -- 24-byte digests (`DigestIndex`) and one length and four flags per record, no record."""
+
+    def __init__(self, name: str, pf: ParsedFile, stream):
+        self.name, self.pf, self.stream = name, pf, stream
+        self.found: list[Problem] = []  # this split's problems, in the order the checks find them
+        self.copies: list[Problem] = []  # exact duplicates (the duplicates policy decides what they are)
+        self.overlaps: list[tuple[str, Problem]] = []  # (earlier split, problem)
+        self.ids, self.samples, self.texts = DigestIndex(), DigestIndex(), DigestIndex()
+        self.texts_with_images: dict[bytes, list[tuple[tuple[str, ...], int]]] = {}
+        self.lengths: list[np.ndarray] = []
+        self.flags: list[np.ndarray] = []
+        self.chat_hits: dict[str, list] = {}  # warning reason -> [records, first record]
+        self.images = 0
+        self.with_problems = 0  # records with any problem (split overlaps too)
+        self.causes = {"problem": 0, "duplicate": 0, "too_long": 0}  # why records will not reach the cache
+
+    def finish(self) -> None:
+        """Add the file's own problems (complete once the stream is read) in front of the records' ones."""
+        parse = [p for p in self.pf.problems]
+        broken = {p.index for p in parse if p.index is not None}
+        self.with_problems += len(broken)
+        self.causes["problem"] += len(broken)
+        self.found = parse + self.found
+
+    def measured(self) -> tuple[np.ndarray, np.ndarray]:
+        """(token length per measured record, -1 where it is not measurable; its `CHAT_COUNTS` flags)."""
+        if not self.lengths:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, len(CHAT_COUNTS)), dtype=bool)
+        return np.concatenate(self.lengths), np.concatenate(self.flags)
+
+
+def _check_batch(scan: _SplitScan, batch: list[Record], scans: dict[str, _SplitScan], measure: "_Measure",
+                 image_verdicts: dict, text_only: bool, *, duplicates: str, max_length: int, too_long: str) -> None:
+    """Every check on one batch of a split's clean records, in the order `validate_dataset` reports them,
+    and the image checks of the records rejected since the last batch (`ParsedFile.rejected`: their other
+    defects are the file's problems, counted once, in `_SplitScan.finish`)."""
+    rejected, scan.pf.rejected[:] = list(scan.pf.rejected), []
+    # the per-record checks locate records by batch position
+    pf = dataclasses.replace(scan.pf, records=batch, rejected=rejected)
+    found = _duplicate_id_problems(pf, scan.ids)
+    copies = _duplicate_sample_problems(pf, scan.samples)
+    scan.copies += copies
+    dropped: set[int] = set()
+    if duplicates == "error":
+        found += copies
+    elif duplicates == "drop":  # check what tokenization will keep: a dropped copy is neither measured nor an overlap
+        dropped = {p.index for p in copies}
+        pf = dataclasses.replace(pf, records=[r for r in batch if r.index not in dropped])
+    scan.images += sum(len(r.images) for r in pf.records)
+    found += _image_problems(pf, image_verdicts, text_only) + _split_record_problems(pf, scan.name)
+    overlaps = _overlap_problems(scan, pf, scans, image_verdicts)
+    scan.overlaps += overlaps
+    found += [p for _, p in overlaps]
+    over_long: set[int] = set()
+    if pf.records:
+        lengths, errors, flags = measure(pf)
+        problems, _, over_long = _length_check(pf, lengths, errors, max_length, too_long)
+        found += problems
+        scan.lengths.append(lengths)
+        scan.flags.append(flags)
+        for reason, hit in _chat_hit_masks(lengths, flags).items():
+            positions = np.flatnonzero(hit)
+            if positions.size:
+                entry = scan.chat_hits.setdefault(reason, [0, pf.records[positions[0]]])
+                entry[0] += positions.size
+    scan.found += found
+    counted = {r.index for r in rejected}  # already among the records with problems
+    scan.with_problems += len({p.index for p in found} - counted)
+    broken = {p.index for p in found if p.reason != "split_overlap"} - counted
+    scan.causes["problem"] += len(broken)
+    scan.causes["duplicate"] += len(dropped - broken)
+    scan.causes["too_long"] += len(over_long - broken - dropped)
+
+
+class _Measure:
+    """Token lengths and chat flags of a batch, as tokenization will count them (`sequence_lengths`); the
+    tokenizer is loaded at the first batch that has records, so a dataset with none never loads it.
+
+    A vision-language model's records are measured with their image tokens
+    expanded, except where an image is unusable (already a problem): -1 there.
+    """
+
+    def __init__(self, tokenizer_dir, reasoning: str, image_verdicts: dict):
+        self.tokenizer_dir, self.reasoning, self.image_verdicts = tokenizer_dir, reasoning, image_verdicts
+        self.loaded = False
+        self.template = ""
+
+    def __call__(self, pf: ParsedFile) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+        from pipeline.data.tokenize import load_chat, sequence_lengths  # imports transformers: only when needed
+
+        if not self.loaded:
+            self.tokenizer, self.images = load_chat(self.tokenizer_dir)
+            self.template = (self.images.chat_template if self.images else self.tokenizer.chat_template) or ""
+            self.loaded = True
+        usable = [i for i, r in enumerate(pf.records) if self.images is None
+                  or all(self.image_verdicts.get(p) is None for p in r.images)]
+        measured, errors, measured_flags = sequence_lengths(self.tokenizer, [pf.records[i] for i in usable],
+                                                            self.images, reasoning=self.reasoning)
+        lengths = np.full(len(pf.records), -1, dtype=np.int64)
+        lengths[usable] = measured
+        flags = np.zeros((len(pf.records), len(CHAT_COUNTS)), dtype=bool)
+        flags[usable] = measured_flags
+        return lengths, {usable[i]: msg for i, msg in errors.items()}, flags
 
 
 def write_report(report: ValidationReport, out_json: str | Path, out_csv: str | Path) -> None:
@@ -298,69 +407,67 @@ def _split_record_problems(pf: ParsedFile, split: str) -> list[Problem]:
             for r in pf.records if r.is_text]
 
 
-def _duplicate_id_problems(pf: ParsedFile) -> list[Problem]:
-    """Every record whose id an earlier record already uses: an id is meant to be unique, whatever the policy."""
-    problems = []
-    first_id: dict[str, int] = {}
-    for position, record in enumerate(pf.records):
-        if record.id is None:
-            continue
-        if record.id in first_id:
-            earlier = pf.records[first_id[record.id]]
-            problems.append(_problem(pf, position, "duplicate_id",
-                                     f"id {record.id!r} is also used by record {earlier.index}", "id"))
-        else:
-            first_id[record.id] = position
-    return problems
+def _duplicate_id_problems(pf: ParsedFile, seen: DigestIndex) -> list[Problem]:
+    """Every record whose id an earlier record already uses (`seen`: the split's ids so far): an id is meant
+    to be unique, whatever the policy."""
+    with_id = [(position, r) for position, r in enumerate(pf.records) if r.id is not None]
+    earlier = seen.first([digest(r.id) for _, r in with_id], [r.index for _, r in with_id])
+    return [_problem(pf, position, "duplicate_id", f"id {r.id!r} is also used by record {e}", "id")
+            for (position, r), e in zip(with_id, earlier) if e is not None]
 
 
-def _duplicate_sample_problems(pf: ParsedFile) -> list[Problem]:
-    """Every record identical to an earlier one (same messages and images); the duplicates policy decides their fate."""
-    return [_problem(pf, position, "duplicate_sample", f"same conversation as record {pf.records[earlier].index}")
-            for position, earlier in duplicate_of(pf.records).items()]
+def _duplicate_sample_problems(pf: ParsedFile, seen: DigestIndex) -> list[Problem]:
+    """Every record identical to an earlier one (same messages and images, `formats.duplicate_of`; `seen`:
+    the split's conversations so far); the duplicates policy decides their fate."""
+    earlier = seen.first([sample_digest(r) for r in pf.records], [r.index for r in pf.records])
+    return [_problem(pf, position, "duplicate_sample", f"same conversation as record {e}")
+            for position, e in enumerate(earlier) if e is not None]
 
 
-def _without_records(pf: ParsedFile, indices: set[int]) -> ParsedFile:
-    """`pf` less the records at file indices `indices` (its problems and counts untouched)."""
-    return dataclasses.replace(pf, records=[r for r in pf.records if r.index not in indices])
-
-
-def _overlap_problems(parsed: dict[str, ParsedFile], image_verdicts: dict) -> list[tuple[str, str, Problem]]:
-    """(split, earlier split, problem) per val / test record whose conversation occurs in train (for test: or val).
+def _overlap_problems(scan: _SplitScan, pf: ParsedFile, earlier: dict[str, _SplitScan], image_verdicts: dict
+                      ) -> list[tuple[str, Problem]]:
+    """(earlier split, problem) per record of `pf` (a batch of `scan`'s split) whose conversation occurs in an
+    earlier split (val: train; test: train or val); the batch is then remembered for the later splits.
 
     Whitespace-insensitive; a record with images matches only a record with
-    the same image content (under any file name); a record is matched to the
-    first split it occurs in. `image_verdicts`: path -> problem or None
-    (`check_image`), an unreadable image is compared by its path.
+    the same image content (under any file name): images are read only for a
+    text that occurs in both splits; a record is matched to the first split it
+    occurs in, and to that split's first such record. `image_verdicts`: path
+    -> problem or None (`check_image`), an unreadable image is compared by its path.
     """
-    texts = {name: [conversation_key(r.messages, loose=True) for r in pf.records] for name, pf in parsed.items()}
-    # Only a text that occurs in two splits needs its images read (a train set's images are many).
-    counts = Counter(key for keys in texts.values() for key in set(keys))
-    digests: dict[str, str] = {}
-
-    def image_key(path: str) -> str:
-        if path not in digests:
-            digests[path] = path if image_verdicts.get(path) is not None else file_digest(path)
-        return digests[path]
-
-    found = []
-    seen: dict[str, dict[tuple, int]] = {}
-    for name in SPLITS:
-        if name not in parsed:
-            continue
-        pf = parsed[name]
-        keys = [(text, *map(image_key, r.images)) if counts[text] > 1 else (text,)
-                for text, r in zip(texts[name], pf.records)]
-        for position, key in enumerate(keys):
-            other = next((o for o, index_of in seen.items() if key in index_of), None)
-            if other is not None:
-                earlier = parsed[other].records[seen[other][key]]
-                found.append((name, other, _problem(pf, position, "split_overlap",
-                                                    f"same conversation as {other} record {earlier.index}")))
-        seen[name] = {}
-        for position, key in enumerate(keys):
-            seen[name].setdefault(key, position)
+    texts = [loose_digest(r) for r in pf.records]
+    found: list[tuple[str, Problem]] = []
+    matches: list[int | None] = [None] * len(texts)
+    for other, prior in earlier.items():
+        plain = [i for i, r in enumerate(pf.records) if not r.images and matches[i] is None]
+        for i, index in zip(plain, prior.texts.first([texts[i] for i in plain], [0] * len(plain), add=False)):
+            if index is not None:
+                matches[i] = (other, index)
+        for i, r in enumerate(pf.records):
+            if r.images and matches[i] is None and texts[i] in prior.texts_with_images:
+                key = _image_key(r.images, image_verdicts)
+                index = next((index for paths, index in prior.texts_with_images[texts[i]]
+                              if _image_key(paths, image_verdicts) == key), None)
+                if index is not None:
+                    matches[i] = (other, index)
+    for position, match in enumerate(matches):
+        if match is not None:
+            other, index = match
+            found.append((other, _problem(pf, position, "split_overlap", f"same conversation as {other} record {index}")))
+    if scan.name != SPLITS[-1]:  # the last split is no later split's "earlier"
+        plain = [i for i, r in enumerate(pf.records) if not r.images]
+        scan.texts.first([texts[i] for i in plain], [pf.records[i].index for i in plain])
+        for i, r in enumerate(pf.records):
+            if r.images:
+                entries = scan.texts_with_images.setdefault(texts[i], [])
+                if all(paths != tuple(r.images) for paths, _ in entries):
+                    entries.append((tuple(r.images), r.index))
     return found
+
+
+def _image_key(paths, image_verdicts: dict) -> tuple[str, ...]:
+    """The images' content digests (an unreadable image: its path), to compare records across splits."""
+    return tuple(path if image_verdicts.get(path) is not None else _file_digest(path) for path in paths)
 
 
 def _overlap_notes(parsed: dict[str, ParsedFile], overlaps: list[tuple[str, str, Problem]]) -> list[str]:
@@ -412,33 +519,6 @@ def _unusable_text(total: int, causes: dict[str, int], max_length: int) -> str:
     return f"of its {total} records, " + ", ".join(f"{n} {phrase(cause, n)}" for cause, n in present)
 
 
-def _measure_lengths(parsed: dict[str, ParsedFile], tokenizer_dir, image_verdicts: dict, reasoning: str = "auto"
-                     ) -> tuple[dict[str, tuple[np.ndarray, dict, np.ndarray]], str]:
-    """({split: (token lengths per clean record, {position: template error}, `CHAT_COUNTS` flags per record)},
-    the chat template's text); the tokenizer is loaded only if there is anything to measure.
-
-    A vision-language model's records are measured with their image tokens
-    expanded, except where an image is unusable (already a problem): -1 there.
-    """
-    if not any(pf.records for pf in parsed.values()):
-        return {}, ""
-    from pipeline.data.tokenize import load_chat, sequence_lengths  # imports transformers: only when needed
-
-    tokenizer, images = load_chat(tokenizer_dir)
-    out = {}
-    for name, pf in parsed.items():
-        usable = [i for i, r in enumerate(pf.records) if images is None
-                  or all(image_verdicts.get(p) is None for p in r.images)]
-        measured, errors, measured_flags = sequence_lengths(tokenizer, [pf.records[i] for i in usable], images,
-                                                            reasoning=reasoning)
-        lengths = np.full(len(pf.records), -1, dtype=np.int64)
-        lengths[usable] = measured
-        flags = np.zeros((len(pf.records), len(CHAT_COUNTS)), dtype=bool)
-        flags[usable] = measured_flags
-        out[name] = (lengths, {usable[i]: msg for i, msg in errors.items()}, flags)
-    return out, (images.chat_template if images else tokenizer.chat_template) or ""
-
-
 def _length_check(
     pf: ParsedFile, lengths: np.ndarray, errors: dict[int, str], max_length: int, too_long: str,
 ) -> tuple[list[Problem], dict, set[int]]:
@@ -449,11 +529,6 @@ def _length_check(
     if too_long == "error":
         problems += [_problem(pf, i, "too_long", f"{lengths[i]} tokens > max_length {max_length}") for i in over]
     return problems, _length_stats(lengths, max_length, too_long), {pf.records[i].index for i in over}
-
-
-def _file_stats(pf: ParsedFile) -> dict:
-    return {"path": str(pf.path), "kind": pf.layout, "sha256": pf.sha256, "records": pf.records_seen,
-            "images": sum(len(r.images) for r in pf.records)}
 
 
 def _length_stats(lengths: np.ndarray, max_length: int, too_long: str) -> dict:
@@ -495,28 +570,33 @@ def _reasoning_fix(template: str) -> str:
     return f"set {SETTING}: {fit} to train it"
 
 
-def _chat_warnings(pf: ParsedFile, split: str, lengths: np.ndarray, flags: np.ndarray, template: str) -> list[Problem]:
-    """File-level warnings (one per kind, with the record count and the first record) for records whose
-    reasoning the template does not render, and those with an end-of-turn marker that is not trained."""
-    rendered = lengths >= 0
+def _chat_hit_masks(lengths: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
+    """Per chat warning, which records it concerns: reasoning the template does not render, and an
+    end-of-turn marker not trained (of the records rendered)."""
     eot_trained, _, _, by_template = (flags[:, CHAT_COUNTS.index(k)] for k in CHAT_COUNTS)
+    return {REASONING_NOT_RENDERED: by_template, EOT_NOT_TRAINED: (lengths >= 0) & ~eot_trained}
+
+
+def _chat_warnings(pf: ParsedFile, split: str, hits: dict[str, list], template: str) -> list[Problem]:
+    """File-level warnings (one per kind, with the record count and the first record) for records whose
+    reasoning the template does not render, and those with an end-of-turn marker that is not trained.
+    `hits`: reason -> [records, the first one] (`_chat_hit_masks`, over the split)."""
     found = []
-    for reason, hit, message in (
-        (REASONING_NOT_RENDERED, by_template,
+    for reason, message in (
+        (REASONING_NOT_RENDERED,
          "{n} record(s) of {split} have reasoning the chat template does not render (it is not trained): "
          f"{_reasoning_fix(template)}, or {REASONING_SETTING}: drop to silence this"),
-        (EOT_NOT_TRAINED, rendered & ~eot_trained,
+        (EOT_NOT_TRAINED,
          "{n} record(s) of {split} have an assistant turn whose end-of-turn marker is not trained (the chat "
          "template writes no special token right after the content), so the model is not taught to stop: "
          f"{suggest_builtin(template)}"),
     ):
-        positions = np.flatnonzero(hit)
-        if positions.size:
-            first = pf.records[positions[0]]
+        if reason in hits:
+            n, first = hits[reason]
             where = Problem(str(pf.path), reason, "", index=first.index, line=first.line, id=first.id,
                             kind=pf.layout).where()
-            found.append(Problem(str(pf.path), reason, message.format(n=positions.size, split=split)
-                                 + f" (first: {where})", kind=pf.layout))
+            found.append(Problem(str(pf.path), reason, message.format(n=n, split=split) + f" (first: {where})",
+                                 kind=pf.layout))
     return found
 
 
