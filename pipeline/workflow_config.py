@@ -18,6 +18,9 @@ EMBEDDED = "embedded"
 # The embedded defaults a `model` (or a data split) may name, each built by `prepare_base` into
 # results/<name>/ (model/, data/), and the kind `prepare-base --kind` builds.
 EMBEDDED_KINDS = {EMBEDDED: "text", "embedded-vlm": "vlm"}
+# What a `datasets` save_to_disk dir holds beside its shards (a DatasetDict: dataset_dict.json), the
+# one kind of dataset that is a directory (pipeline/data/readers.py reads it, and names a wrong one).
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 
 
 def schema_problems(config: dict, schema_path: Path, command_line: Mapping | None = None) -> list[str]:
@@ -207,8 +210,11 @@ def path_problems(config: dict) -> list[str]:
         path = Path(value).expanduser()
         if not path.exists():
             problems.append(f"{key}: {value} does not exist")
+        elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES):
+            problems.append(f"{key}: {value} is a directory but not a `datasets` save_to_disk dir "
+                            f"(no {' / '.join(SAVED_DATASET_FILES)}); give a dataset file or such a dir")
         elif not path.is_file() and not path.is_dir():
-            problems.append(f"{key}: {value} is neither a dataset file nor a `datasets` save_to_disk dir")
+            problems.append(f"{key}: {value} is neither a dataset file nor a directory")
     return problems + train_set_problems(data)
 
 
