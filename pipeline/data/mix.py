@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.errors import UserError
+
 _MIX_STREAM = 0x6D6978  # the seed stream of the slot shuffles ("mix"), apart from every dataset's
 
 
@@ -84,6 +86,16 @@ def largest_remainder(exact: np.ndarray, total: int) -> list[int]:
     return [int(c) for c in floors]
 
 
+def from_config(entries, sizes: list[int], seed: int) -> Mix:
+    """The mix of the trainer's `tokens.mix` entries (name, weight, records) whose caches hold `sizes`
+    records: what the plan shows and the trainer samples. A bad share is a `UserError` naming the key."""
+    sources = [Source(e.name, size, e.weight, e.records) for e, size in zip(entries, sizes)]
+    try:
+        return Mix(sources, seed)
+    except ValueError as err:
+        raise UserError(f"tokens.mix: {err}") from None
+
+
 class Mix:
     """The run's sample order over several datasets, as indices into their concatenation
     (dataset i's record r is `offsets[i] + r`)."""
@@ -127,9 +139,12 @@ class Mix:
 
     def indices(self, start: int, stop: int) -> list[int]:
         """Concatenated indices of the run's samples [start, stop)."""
-        out = []
-        for g in range(start, stop):
-            out.append(int(self.epoch(g // self.size)[1][g % self.size]))
+        out: list[int] = []
+        while start < stop:
+            epoch, at = divmod(start, self.size)
+            take = min(stop - start, self.size - at)
+            out += self.epoch(epoch)[1][at:at + take].tolist()
+            start += take
         return out
 
     def drawn(self, samples: int) -> list[int]:

@@ -176,13 +176,9 @@ def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:
     """Per dataset of a mixed run (`tokens.mix`): its records, weight or records asked, records per
     mixed epoch and records drawn over the whole run (`pipeline.data.mix`, the trainer's own order)."""
     from pipeline.data.cache import TokenCache
-    from pipeline.data.mix import Mix, Source
+    from pipeline.data.mix import from_config
 
-    sources = [Source(m.name, len(TokenCache(m.cache)), m.weight, m.records) for m in cfg.tokens.mix]
-    try:
-        mix = Mix(sources, cfg.seed)
-    except ValueError as err:
-        raise UserError(f"tokens.mix: {err}") from None
+    mix = from_config(cfg.tokens.mix, [len(TokenCache(m.cache)) for m in cfg.tokens.mix], cfg.seed)
     table = mix.table(total_updates * cfg.optim.global_batch)
     for row in table:
         print(f"mix: {row['name']}: {row['records']} records, {row['per_epoch']} per mixed epoch "

@@ -47,7 +47,7 @@ from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
-from pipeline.data.mix import ConcatCache, Mix, Source
+from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
 from pipeline.model.loss import Collator
@@ -232,11 +232,7 @@ def train_data(tokens: train_config.TokensConfig, seed: int) -> tuple[TokenCache
     if not tokens.mix:
         return TokenCache(tokens.train_cache), None
     caches = [TokenCache(m.cache) for m in tokens.mix]
-    sources = [Source(m.name, len(c), m.weight, m.records) for m, c in zip(tokens.mix, caches)]
-    try:
-        return ConcatCache(caches), Mix(sources, seed)
-    except ValueError as err:
-        raise UserError(f"tokens.mix: {err}") from None
+    return ConcatCache(caches), mix_from_config(tokens.mix, [len(c) for c in caches], seed)
 
 
 def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
