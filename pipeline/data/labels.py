@@ -319,6 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(f"{path} was tokenized with another tokenizer than {args.tokenizer}: "
                             "give the run's tokenizer (results/<run>/tokenizer)")
         views.append(view)
+    splits = [v.split for v in views]
+    for view in views:  # several training datasets: each cache in a dir named after its dataset
+        if splits.count(view.split) > 1:
+            view.split = f"{view.split}:{view.cache.path.parent.name}"
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print("\n\n".join(text_view(v, color=color) for v in views))
     if not color:
