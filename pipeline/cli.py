@@ -18,6 +18,7 @@ COMMANDS = {
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
+    "mixed-reports": ("pipeline.data.mixed_reports", "a run of several training datasets: its data reports from theirs"),
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),
     "train-config-reference": ("pipeline.config_reference",
                               "docs/train_config.yaml: every trainer setting, its default and doc (generated)"),

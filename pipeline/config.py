@@ -268,11 +268,24 @@ class AlertConfig:
 
 
 @dataclass
+class MixSource:
+    """One training dataset of a mix (`tokens.mix`): its token cache and its share of each mixed
+    epoch (pipeline/data/mix.py): a weight, a record count, or neither (the whole dataset)."""
+
+    name: str = setting(MISSING, "the dataset's name (the workflow's data.train[].name)")
+    cache: str = setting(MISSING, "its token cache")
+    weight: float | None = setting(None, "share of a mixed epoch, relative to the other weighted datasets")
+    records: int | None = setting(None, "exact records per mixed epoch (a cut or repeats)")
+
+
+@dataclass
 class TokensConfig:
     """The token caches (safetensors) the tokenize rule writes, and how their records become
     batches. (The workflow config's `data` section names the dataset files they are made from.)"""
 
-    train_cache: str = setting(MISSING, "training token cache; the workflow fills it in")
+    train_cache: str | None = setting(MISSING, "training token cache; the workflow fills it in (null: tokens.mix)")
+    mix: list[MixSource] = setting([], "several training datasets mixed into one seeded order (the workflow "
+                                       "fills it in from a list in data.train); [] = train_cache alone")
     val_cache: str | None = setting(None, "validation token cache, filled in by the workflow; null: no "
                                           "validation set (no in-stage validation, no best weights)")
     group_by_length: bool = setting(True, "cut each update's batch into micro-batches of similar lengths "
@@ -349,6 +362,11 @@ def _check(cfg: TrainConfig) -> None:
     if cfg.vision.loader_workers < 0:
         problems.append("vision.loader_workers must be >= 0")
     problems += _lora_variant_problems(cfg)
+    if (cfg.tokens.train_cache is None) == (not cfg.tokens.mix):
+        problems.append("give either tokens.train_cache or tokens.mix (several datasets), not both")
+    names = [m.name for m in cfg.tokens.mix]
+    if len(set(names)) != len(names):
+        problems.append(f"tokens.mix: dataset names repeat ({names})")
     if problems:
         raise UserError("invalid trainer config:\n  " + "\n  ".join(problems))
 

@@ -120,6 +120,9 @@ VALIDATION_JSON = "validation.json"
 VALIDATION_CSV = "validation.csv"
 VALIDATION_FAILED_DIR = "validation_failed"  # undeclared: a failed validation's reports
 STATS_FILE = "stats.json"
+TRAIN_SETS_DIR = "train"  # data/train/<name>/: one training dataset of several (its reports, stats and cache)
+TRAIN_SET_CACHE = "train.safetensors"
+VAL_STATS_FILE = "val_stats.json"  # several training datasets: the validation set's own tokenization stats
 CACHE_SUFFIX = ".safetensors"  # data/<split>.safetensors: a tokenized split
 DEMO_SPLIT_SUFFIX = ".jsonl"  # data/<split>.jsonl: an embedded demo's dataset split
 
@@ -213,6 +216,30 @@ class RunTree:
     @property
     def validation_failed(self) -> Path:
         return self.root / DATA_DIR / VALIDATION_FAILED_DIR
+
+    # several training datasets (data.train a list): each in a dir of its own, made by jobs of its own
+    def train_set(self, name: str) -> Path:
+        """data/train/<name>/: one training dataset's validation.json/.csv, stats.json and token cache."""
+        return self.root / DATA_DIR / TRAIN_SETS_DIR / name
+
+    def train_set_cache(self, name: str) -> Path:
+        return self.train_set(name) / TRAIN_SET_CACHE
+
+    def train_set_stats(self, name: str) -> Path:
+        return self.train_set(name) / STATS_FILE
+
+    def train_set_validation_json(self, name: str) -> Path:
+        return self.train_set(name) / VALIDATION_JSON
+
+    def train_set_validation_csv(self, name: str) -> Path:
+        return self.train_set(name) / VALIDATION_CSV
+
+    def train_set_validation_failed(self, name: str) -> Path:
+        return self.train_set(name) / VALIDATION_FAILED_DIR
+
+    @property
+    def val_stats(self) -> Path:
+        return self.root / DATA_DIR / VAL_STATS_FILE
 
     # a trained run (a sweep's variant, or the run itself)
     @property

@@ -8,6 +8,7 @@ one rule at a time (a missing data file used to surface as Snakemake's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,6 +18,9 @@ EMBEDDED = "embedded"
 # The embedded defaults a `model` (or a data split) may name, each built by `prepare_base` into
 # results/<name>/ (model/, data/), and the kind `prepare-base --kind` builds.
 EMBEDDED_KINDS = {EMBEDDED: "text", "embedded-vlm": "vlm"}
+# What a `datasets` save_to_disk dir holds beside its shards (a DatasetDict: dataset_dict.json), the
+# one kind of dataset that is a directory (pipeline/data/readers.py reads it, and names a wrong one).
+SAVED_DATASET_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 
 
 def schema_problems(config: dict, schema_path: Path, command_line: Mapping | None = None) -> list[str]:
@@ -196,13 +200,63 @@ def path_problems(config: dict) -> list[str]:
             problems.append(f"model: {model} is a file; give a Hugging Face model directory or a hub id")
         elif model.startswith((".", "/", "~")) or hub.parse(model) is None:
             problems.append(f"model: {model} does not exist (and is not a hub id like org/name or org/name@revision)")
-    for split in ("train", "val", "test"):
-        value = (config.get("data") or {}).get(split)
+    data = config.get("data") or {}
+    named = [(f"data.{split}", data.get(split)) for split in ("train", "val", "test")]
+    if isinstance(data.get("train"), list):
+        named[0:1] = [(f"data.train[{i}].path", entry.get("path")) for i, entry in enumerate(data["train"])]
+    for key, value in named:
         if value is None or value in EMBEDDED_KINDS:
             continue
         path = Path(value).expanduser()
         if not path.exists():
-            problems.append(f"data.{split}: {value} does not exist")
-        elif not path.is_file():
-            problems.append(f"data.{split}: {value} is not a file (a JSON or JSONL dataset)")
+            problems.append(f"{key}: {value} does not exist")
+        elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES):
+            problems.append(f"{key}: {value} is a directory but not a `datasets` save_to_disk dir "
+                            f"(no {' / '.join(SAVED_DATASET_FILES)}); give a dataset file or such a dir")
+        elif not path.is_file() and not path.is_dir():
+            problems.append(f"{key}: {value} is neither a dataset file nor a directory")
+    return problems + train_set_problems(data)
+
+
+def train_sets(data: Mapping) -> dict[str, dict] | None:
+    """data.train as several datasets (a list): name -> {path, weight, records, columns, roles}, in the
+    config's order; None for one dataset (a path). A dataset's columns / roles are data.columns /
+    data.roles with its own on top. Its name defaults to `default_name(path)`."""
+    entries = data.get("train")
+    if not isinstance(entries, list):
+        return None
+    out = {}
+    for entry in entries:
+        out[entry.get("name") or default_name(entry["path"])] = {
+            "path": entry["path"], "weight": entry.get("weight"), "records": entry.get("records"),
+            "columns": {**(data.get("columns") or {}), **(entry.get("columns") or {})},
+            "roles": {**(data.get("roles") or {}), **(entry.get("roles") or {})},
+        }
+    return out
+
+
+def default_name(path: str) -> str:
+    """A training dataset's name when the config gives none: its file name without the extension (a dir's
+    whole name), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
+    name = Path(str(path).rstrip("/")).name
+    stem = name if Path(path).is_dir() else Path(name).stem
+    return re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip("._-") or "dataset"
+
+
+def train_set_problems(data: Mapping) -> list[str]:
+    """Several training datasets: names that repeat, a dataset with both a weight and records."""
+    entries = data.get("train")
+    if not isinstance(entries, list):
+        return []
+    problems, seen = [], {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or "path" not in entry:
+            continue  # the schema check names it
+        name = entry.get("name") or default_name(entry["path"])
+        if name in seen:
+            problems.append(f"data.train[{i}]: dataset name {name!r} is also data.train[{seen[name]}]'s "
+                            "(names default to the file name): give each a distinct `name:`")
+        seen.setdefault(name, i)
+        if entry.get("weight") is not None and entry.get("records") is not None:
+            problems.append(f"data.train[{i}] ({name}): give a weight or records, not both")
     return problems

@@ -66,8 +66,16 @@ def test_paths_name_the_key_that_holds_them(tmp_path):
     assert path_problems(config) == [
         f"model: {tmp_path / 'empty_dir'} is a directory but not a Hugging Face model (no config.json)",
         f"data.val: {tmp_path / 'nope.jsonl'} does not exist",
-        f"data.test: {tmp_path} is not a file (a JSON or JSONL dataset)",
+        f"data.test: {tmp_path} is a directory but not a `datasets` save_to_disk dir (no state.json / "
+        "dataset_info.json / dataset_dict.json); give a dataset file or such a dir",
     ]
+    # several training datasets: each entry's path, by its index
+    (tmp_path / "saved").mkdir()
+    (tmp_path / "saved" / "state.json").write_text("{}")
+    listed = {"model": "embedded", "data": {"train": [{"path": str(tmp_path / "train.jsonl")},
+                                                      {"path": str(tmp_path / "saved")},
+                                                      {"path": str(tmp_path / "gone.parquet")}]}}
+    assert path_problems(listed) == [f"data.train[2].path: {tmp_path / 'gone.parquet'} does not exist"]
     assert path_problems({"model": "meta-llama/Llama-3.2-1B", "data": {"train": "embedded"}}) == []  # a hub id
     assert path_problems({"model": "./models/missing", "data": {}}) == [
         "model: ./models/missing does not exist (and is not a hub id like org/name or org/name@revision)"]
@@ -114,3 +122,25 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
     config = _config()
     config["schedule"]["total_updates"] = "many"  # from a file: no --config blamed
     assert schema_problems(config, SCHEMA, command_line={}) == ["schedule.total_updates: 'many' is not of type 'integer'"]
+
+
+def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
+    from pipeline.workflow_config import train_set_problems, train_sets
+
+    (tmp_path / "saved.v2").mkdir()
+    data = {"columns": {"prompt": "question"}, "roles": {},
+            "train": [{"path": "data/chat.jsonl", "weight": 0.7},
+                      {"path": str(tmp_path / "saved.v2"), "columns": {"completion": "answer"}},
+                      {"path": "data/my set.parquet", "name": "domain", "records": 10}]}
+    sets = train_sets(data)
+    assert list(sets) == ["chat", "saved.v2", "domain"]  # a file's name without its extension; a dir's whole
+    assert sets["chat"] == {"path": "data/chat.jsonl", "weight": 0.7, "records": None,
+                            "columns": {"prompt": "question"}, "roles": {}}
+    assert sets["saved.v2"]["columns"] == {"prompt": "question", "completion": "answer"}
+    assert train_sets({"train": "data/train.jsonl"}) is None  # one file: the single-dataset rules
+    assert train_set_problems(data) == []
+    clash = {"train": [{"path": "a/chat.jsonl"}, {"path": "b/chat.parquet", "weight": 1, "records": 3}]}
+    assert train_set_problems(clash) == [
+        "data.train[1]: dataset name 'chat' is also data.train[0]'s (names default to the file name): "
+        "give each a distinct `name:`",
+        "data.train[1] (chat): give a weight or records, not both"]

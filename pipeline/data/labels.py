@@ -290,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, type=Path, help="the run's tokenizer: results/<run>/tokenizer")
     p.add_argument("-n", type=int, default=5, help="records shown per cache (default 5)")
     p.add_argument("--start", type=int, default=0, help="the first record shown (default 0)")
-    p.add_argument("--stats", type=Path, help="stats.json of the tokenization (default: next to the first cache)")
+    p.add_argument("--stats", type=Path, help="stats.json of the tokenization (default: the one next to each cache)")
     p.add_argument("--validation", type=Path, help="validation.json: its chat warnings go on the HTML page")
     p.add_argument("--out", type=Path, help="also write the view as an HTML page")
     p.add_argument("--title", default="", help="the HTML page's title (default: Labels of <the cache's dir>)")
@@ -310,15 +310,19 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer, _ = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
-    stats_path = args.stats or args.cache[0].parent / layout.STATS_FILE
     views = []
     for path in args.cache:
+        stats_path = args.stats or path.parent / layout.STATS_FILE  # each cache's own, by default
         view = build_view(path, tokenizer, n=args.n, start=args.start, stats_path=stats_path)
         cached = view.cache.metadata.get("tokenizer_fingerprint")
         if cached and cached != fingerprint:
             raise UserError(f"{path} was tokenized with another tokenizer than {args.tokenizer}: "
                             "give the run's tokenizer (results/<run>/tokenizer)")
         views.append(view)
+    splits = [v.split for v in views]
+    for view in views:  # several training datasets: each cache in a dir named after its dataset
+        if splits.count(view.split) > 1:
+            view.split = f"{view.split}:{view.cache.path.parent.name}"
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print("\n\n".join(text_view(v, color=color) for v in views))
     if not color:

@@ -614,7 +614,9 @@ def _unique(records, read: list[int]):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pipeline tokenize", description=__doc__.splitlines()[0])
-    p.add_argument("--train", required=True, type=Path)
+    # --train optional: a run of several training datasets (pipeline/data/mix.py) tokenizes each in a job of
+    # its own, and its validation set alone.
+    p.add_argument("--train", type=Path, help="needs --out-train; without it only --val is tokenized")
     p.add_argument("--val", type=Path, help="optional; without it no val cache is written")
     p.add_argument("--tokenizer", required=True, type=Path)  # the run's tokenizer dir (prepare-tokenizer)
     p.add_argument("--max-length", required=True, type=int)
@@ -627,7 +629,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="assistant reasoning (<think>...</think>, reasoning_content): auto / keep train it where "
                         "the template renders it, drop removes it")
     add_field_arguments(p)
-    p.add_argument("--out-train", required=True, type=Path)
+    p.add_argument("--out-train", type=Path)
     p.add_argument("--out-val", type=Path)
     p.add_argument("--out-stats", required=True, type=Path)
     return p
@@ -639,10 +641,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError(f"--max-length must be positive, got {args.max_length}")
     if args.val is not None and args.out_val is None:
         raise UserError("--val needs --out-val")
+    if (args.train is None) != (args.out_train is None) or (args.train is None and args.val is None):
+        raise UserError("give --train with --out-train, or --val with --out-val, or both")
     fields = field_map(args.columns, args.roles)
     tokenizer, images = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
-    splits = {"train": (args.train, args.out_train)}
+    splits = {"train": (args.train, args.out_train)} if args.train is not None else {}
     if args.val is not None:
         splits["val"] = (args.val, args.out_val)
     report = {"tokenizer": str(args.tokenizer), "tokenizer_fingerprint": fingerprint,

@@ -368,6 +368,11 @@ def plan_html(plan: dict, gate: dict | None = None, run: str = "") -> str:
         f"<div class=\"bar\">{''.join(bars)}</div>",
         html_table(["stage", "first update", "last update", "updates", "share of the run"], rows),
     ]
+    if plan.get("mix"):  # several training datasets: what each gives to the run (pipeline/data/mix.py)
+        body += ["<h2>Training datasets mixed</h2>",
+                 html_table(["dataset", "records", "weight", "records asked", "per mixed epoch", "drawn in the run"],
+                            [[html.escape(m["name"]), *(fmt_cell(m[k]) for k in
+                              ("records", "weight", "records_asked", "per_epoch", "drawn"))] for m in plan["mix"]])]
     if gate is not None:
         eta = gate.get("eta_seconds")
         status = "pass" if gate.get("passed") else "fail"

@@ -146,7 +146,8 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
     `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
     """
     shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
-    length = max_length or memory.longest_record(cfg.tokens.train_cache)
+    caches = [m.cache for m in cfg.tokens.mix] or [cfg.tokens.train_cache]
+    length = max_length or max((memory.longest_record(c) or 0 for c in caches), default=0) or None
     if shapes is None or length is None:
         print("memory: no estimate (" + ("no model config" if shapes is None else "no data.max_length") + ")")
         return None
@@ -169,6 +170,20 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         run = replace(run, checkpointing=True)
     print(memory.estimate(cfg, shapes, run).table())
     return memory.does_not_fit(cfg, shapes, run, budget, where)
+
+
+def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:
+    """Per dataset of a mixed run (`tokens.mix`): its records, weight or records asked, records per
+    mixed epoch and records drawn over the whole run (`pipeline.data.mix`, the trainer's own order)."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.mix import from_config
+
+    mix = from_config(cfg.tokens.mix, [len(TokenCache(m.cache)) for m in cfg.tokens.mix], cfg.seed)
+    table = mix.table(total_updates * cfg.optim.global_batch)
+    for row in table:
+        print(f"mix: {row['name']}: {row['records']} records, {row['per_epoch']} per mixed epoch "
+              f"(weight {row['weight']}, records {row['records_asked']}), {row['drawn']} drawn in the run")
+    return table
 
 
 def _rate(text: str) -> float | None:
@@ -223,6 +238,8 @@ def main(argv: list[str]) -> int:
     if too_big:
         raise UserError(too_big)
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
+    if cfg.tokens.mix:
+        plan["mix"] = mix_plan(cfg, args.total_updates)
     if hub_model is not None:
         plan["model"] = hub_model
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")

@@ -28,7 +28,7 @@ from pipeline.errors import UserError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 # Trainer keys the workflow sets for every variant alike (the shared base model and token caches).
-SHARED_KEYS = ("model.path", "model.tokenizer", "tokens.train_cache", "tokens.val_cache")
+SHARED_KEYS = ("model.path", "model.tokenizer", "tokens.train_cache", "tokens.mix", "tokens.val_cache")
 
 
 def variants(sweep: dict | None) -> dict[str, list[str]]:

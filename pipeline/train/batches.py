@@ -4,7 +4,10 @@ Data order is a pure function of (seed, global update index): the sample at
 global position g is permutation(epoch = g // N)[g % N], each epoch with its own
 seeded permutation. A stage that starts at update s therefore reads exactly the
 samples a one-process run would read at s, and the sampler's whole state is the
-update index (saved in progress.json), with nothing to drift.
+update index (saved in progress.json), with nothing to drift. Several datasets
+(`tokens.mix`) replace the permutations by a `pipeline.data.mix.Mix` over their
+concatenation: position g is again a pure function of (seed, g), with the
+mixed epoch in place of the dataset's.
 
 Length grouping (`tokens.group_by_length`): an update's global batch is the same
 set of samples either way, only cut differently into micro-batches. Sorted by
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX
+from pipeline.data.mix import Mix
 from pipeline.model.loss import Batch, Collator
 
 
@@ -36,16 +40,19 @@ class RunSampler:
     """Sample indices of every update of the run (see the module docstring).
 
     `lengths` (tokens per sample) turns on length grouping; None keeps each
-    rank's micro-batches in sampling order.
+    rank's micro-batches in sampling order. `mix`: the order of a mixed run
+    (its indices address the concatenated caches, `num_samples` of them).
     """
 
-    def __init__(self, num_samples: int, global_batch: int, seed: int, lengths: np.ndarray | None = None):
+    def __init__(self, num_samples: int, global_batch: int, seed: int, lengths: np.ndarray | None = None,
+                 mix: Mix | None = None):
         if num_samples < 1:
             raise ValueError("the training set is empty")
         self.n = num_samples
         self.global_batch = global_batch
         self.seed = seed
         self.lengths = lengths
+        self.mix = mix
         self._perms: dict[int, np.ndarray] = {}
 
     def _perm(self, epoch: int) -> np.ndarray:
@@ -56,6 +63,8 @@ class RunSampler:
 
     def global_indices(self, step: int) -> list[int]:
         """The `global_batch` sample indices of update `step`, all ranks together."""
+        if self.mix is not None:
+            return self.mix.indices(step * self.global_batch, (step + 1) * self.global_batch)
         out = []
         for g in range(step * self.global_batch, (step + 1) * self.global_batch):
             out.append(int(self._perm(g // self.n)[g % self.n]))
@@ -74,7 +83,8 @@ class RunSampler:
         return [mine[i:i + micro] for i in range(0, len(mine), micro)]
 
     def epoch_of(self, step: int) -> float:
-        return step * self.global_batch / self.n
+        """Epochs done before update `step` (a mixed run's: mixed epochs)."""
+        return step * self.global_batch / (self.mix.size if self.mix is not None else self.n)
 
 
 def supervised_counts(cache) -> np.ndarray:
@@ -106,11 +116,12 @@ class TrainBatches:
     """
 
     def __init__(self, collator: Collator, *, global_batch: int, micro_batch: int, seed: int, rank: int, world: int,
-                 group_by_length: bool = False, workers: int = 0):
-        """`workers`: DataLoader processes for `prefetch` (0: every batch is made when asked for)."""
+                 group_by_length: bool = False, workers: int = 0, mix: Mix | None = None):
+        """`workers`: DataLoader processes for `prefetch` (0: every batch is made when asked for).
+        `mix`: several datasets (the collator's cache is then their `ConcatCache`)."""
         cache = collator.cache
         self.workers = workers
-        self.sampler = RunSampler(len(cache), global_batch, seed, cache.lengths if group_by_length else None)
+        self.sampler = RunSampler(len(cache), global_batch, seed, cache.lengths if group_by_length else None, mix)
         self.counts = supervised_counts(cache)
         self.lengths = cache.lengths
         self._updates = _Updates(collator, self.sampler, rank=rank, world=world, micro=micro_batch)

@@ -47,6 +47,7 @@ from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
+from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
 from pipeline.model.loss import Collator
@@ -93,7 +94,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
-    train_cache = TokenCache(cfg.tokens.train_cache)
+    train_cache, mix = train_data(cfg.tokens, cfg.seed)
     checkpointing, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
                                                 precision=precision.name, length=int(train_cache.lengths.max()))
 
@@ -143,7 +144,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     train_collator, val = _collators(cfg, d, train_cache)
     train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
                          seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
-                         workers=cfg.vision.loader_workers if train_collator.images is not None else 0)
+                         workers=cfg.vision.loader_workers if train_collator.images is not None else 0, mix=mix)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     tracking = _tracking(args, plan, stage, state.step) if d.is_main else None
@@ -188,6 +189,9 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     strategy.check_ranks([p for _, p in named], f"trained weights at the end of {stage.name}")
     monitor.event({"step": stage.end, "event": "ranks_consistent", "world_size": d.world_size,
                    "method": strategy.consistency})
+    if mix is not None:  # what this stage trained on, per dataset (the plan's mix says what the run will)
+        monitor.event({"step": stage.end, "event": "mix_drawn", "start": stage.start,
+                       "drawn": drawn_per_dataset(train.sampler, mix, range(stage.start, stage.end))})
     monitor.close()
     checkpointer.save(state, wait=True)
     checkpointer.close()
@@ -218,6 +222,24 @@ def _tracking(args, plan: dict, stage, resume_step: int):
 
     sync(resume_step)
     return sync
+
+
+def train_data(tokens: train_config.TokensConfig, seed: int) -> tuple[TokenCache | ConcatCache, Mix | None]:
+    """The training cache, and the mix of a run of several datasets (`tokens.mix`): their caches read
+    as one, and the seeded order over them, from their record counts and shares."""
+    if not tokens.mix:
+        return TokenCache(tokens.train_cache), None
+    caches = [TokenCache(m.cache) for m in tokens.mix]
+    return ConcatCache(caches), mix_from_config(tokens.mix, [len(c) for c in caches], seed)
+
+
+def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
+    """Samples of each dataset the updates `steps` train on (all ranks together)."""
+    counts = np.zeros(len(mix.sources), dtype=np.int64)
+    for step in steps:
+        which = np.searchsorted(mix.offsets, sampler.global_indices(step), side="right") - 1
+        counts += np.bincount(which, minlength=len(mix.sources))
+    return {s.name: int(c) for s, c in zip(mix.sources, counts)}
 
 
 def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache) -> tuple[Collator,

@@ -95,9 +95,12 @@ def _stand_ins(snippet: dict, workdir: Path, tiny: dict) -> dict:
     if model is not None and model not in EMBEDDED_KINDS and not (workdir / model).exists():
         snippet["model"] = str(tiny["model"])
     for split, value in (snippet.get("data") or {}).items():
-        if split in ("train", "val", "test") and value is not None and value not in EMBEDDED_KINDS:
-            (workdir / value).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(tiny["root"] / "data" / f"{split}.jsonl", workdir / value)
+        # data.train may list several datasets, each with its path
+        paths = [entry["path"] for entry in value] if isinstance(value, list) else [value]
+        for path in paths if split in ("train", "val", "test") else []:
+            if path is not None and path not in EMBEDDED_KINDS:
+                (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(tiny["root"] / "data" / f"{split}.jsonl", workdir / path)
     return snippet
 
 

@@ -18,7 +18,7 @@ from pipeline.planning.resources import job_resources as rule_resources, trainin
 from pipeline.planning.schedule import PILOT, plan_stages
 from pipeline.storage import hub
 from pipeline.planning.sweep import prune_points as sweep_prune_points, variants as sweep_variants
-from pipeline.workflow_config import EMBEDDED_KINDS, sources as config_sources
+from pipeline.workflow_config import EMBEDDED_KINDS, sources as config_sources, train_sets
 
 
 def _chat_template_problems(value):
@@ -126,14 +126,31 @@ def _check_base_untouched():
 _check_base_untouched()
 
 
-def data_file(split):
-    """Path of a dataset split, an embedded demo's ("embedded": the embedded model's), or None when the config says null."""
-    value = config["data"][split]
+def _dataset_path(value, split):
+    """A dataset path as the config gives it: a file or dir, or an embedded demo's split ("embedded": the
+    embedded model's); None for null."""
     if value is None:
         return None
     if is_embedded(value):
         return str(layout.RunTree.of(DEMO if value == "embedded" else value).demo_split(split))
     return value
+
+
+# Several training datasets (data.train a list; pipeline/workflow_config.py train_sets): name -> its
+# path, weight / records, columns / roles. Each is validated and tokenized by jobs of its own
+# (wildcard `dataset`), into R.train_set(name); None for one training file (the rules `validate_dataset`
+# and `tokenize`).
+TRAIN_SETS = train_sets(config["data"])
+if TRAIN_SETS is not None:
+    for _name, _entry in TRAIN_SETS.items():
+        _entry["path"] = _dataset_path(_entry["path"], "train")
+
+
+def data_file(split):
+    """Path of a dataset split (of a run with one training file), or None when the config says null."""
+    if split == "train" and TRAIN_SETS is not None:
+        return None  # several: TRAIN_SETS
+    return _dataset_path(config["data"][split], split)
 
 
 def model_inputs():
@@ -150,6 +167,31 @@ def data_inputs():
     return {split: data_file(split) for split in ("train", "val", "test") if data_file(split)}
 
 
+def train_set_inputs(wildcards):
+    """One training dataset of several, and the val / test files it is validated with (their overlaps)."""
+    return {"train": TRAIN_SETS[wildcards.dataset]["path"], **data_inputs()}
+
+
+def train_caches():
+    """The training token cache(s) the stages read: one, or one per dataset of several."""
+    if TRAIN_SETS is None:
+        return [R.cache("train")]
+    return [R.train_set_cache(name) for name in TRAIN_SETS]
+
+
+def _hydra_str(text):
+    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def mix_override():
+    """`tokens.mix=[{name:..,cache:..,weight:..}, ...]`: the datasets the trainer mixes (pipeline/data/mix.py)."""
+    entries = []
+    for name, entry in TRAIN_SETS.items():
+        share = "".join(f",{key}:{entry[key]}" for key in ("weight", "records") if entry[key] is not None)
+        entries.append(f"{{name:{_hydra_str(name)},cache:{_hydra_str(R.train_set_cache(name))}{share}}}")
+    return f"tokens.mix=[{','.join(entries)}]"
+
+
 # The run's tokenizer (`prepare_tokenizer`): the chat template the run trains with, and any
 # special tokens it added; every job that renders or decodes text reads it.
 TOKENIZER = R.tokenizer
@@ -157,7 +199,8 @@ TOKENIZER = R.tokenizer
 
 def train_overrides(variant_overrides=()):
     """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
-    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}", f"tokens.train_cache={R.cache('train')}"]
+    own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}"]
+    own += [f"tokens.train_cache={R.cache('train')}"] if TRAIN_SETS is None else ["tokens.train_cache=null", mix_override()]
     own.append(f"tokens.val_cache={R.cache('val')}" if data_file("val") else "tokens.val_cache=null")
     return list(config["train"]["overrides"]) + list(variant_overrides) + own
 
@@ -253,7 +296,7 @@ def train_inputs(wildcards):
     inputs = {
         "plan": v.plan,
         "config": v.train_config,
-        "train": R.cache("train"),
+        "train": train_caches(),
     }
     if data_file("val"):
         inputs["val"] = R.cache("val")
@@ -408,14 +451,15 @@ def card_flags(wildcards, input):
             f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
 
 
-def field_flags():
-    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles (nothing when empty),
-    for every command that reads the dataset files."""
+def field_flags(fields=None):
+    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles, or a training
+    dataset's own (`fields`: a TRAIN_SETS entry); nothing when empty. For every command that reads the dataset files."""
     from shlex import quote
 
+    fields = fields or config["data"]
     pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
-    return " ".join(f"{flag} {quote(pairs(config['data'][key]))}" for flag, key in
-                    (("--columns", "columns"), ("--roles", "roles")) if config["data"][key])
+    return " ".join(f"{flag} {quote(pairs(fields[key]))}" for flag, key in
+                    (("--columns", "columns"), ("--roles", "roles")) if fields[key])
 
 
 def optional(flag, value):
@@ -428,4 +472,5 @@ def optional(flag, value):
 
 wildcard_constraints:
     stage="|".join(STAGES),
+    dataset="|".join(re.escape(name) for name in TRAIN_SETS or ["(?!)"]),
     vrun="|".join(re.escape(v) for v in VARIANTS),

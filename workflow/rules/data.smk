@@ -65,69 +65,181 @@ rule prepare_tokenizer:
         launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} --out {output}"
 
 
-rule validate_dataset:
-    input:
-        unpack(lambda wc: data_inputs()),
-        tokenizer=TOKENIZER,
-    output:
-        json=R.validation_json,
-        csv=R.validation_csv,
-    conda:
-        "../envs/sft.yaml"
-    log:
-        layout.log_file("validate_dataset", RUN),
-    params:
-        val=lambda wc, input: optional("--val", input.get("val")),
-        test=lambda wc, input: optional("--test", input.get("test")),
-        max_length=config["data"]["max_length"],
-        too_long=config["data"]["too_long"],
-        duplicates=config["data"]["duplicates"],
-        reasoning=config["data"]["reasoning"],
-        fields=field_flags(),
-        failed_reports=VALIDATION_FAILED,
-    resources:
-        **job_resources("cpu"),
-    shell:
-        launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
-        "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
-        "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} --out-json {output.json} "
-        "--out-csv {output.csv} --failed-report-dir {params.failed_reports}"
+# One training file: validated with val / test, then tokenized with val, by one job each.
+if TRAIN_SETS is None:
+
+    rule validate_dataset:
+        input:
+            unpack(lambda wc: data_inputs()),
+            tokenizer=TOKENIZER,
+        output:
+            json=R.validation_json,
+            csv=R.validation_csv,
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("validate_dataset", RUN),
+        params:
+            val=lambda wc, input: optional("--val", input.get("val")),
+            test=lambda wc, input: optional("--test", input.get("test")),
+            max_length=config["data"]["max_length"],
+            too_long=config["data"]["too_long"],
+            duplicates=config["data"]["duplicates"],
+            reasoning=config["data"]["reasoning"],
+            fields=field_flags(),
+            failed_reports=VALIDATION_FAILED,
+        resources:
+            **job_resources("cpu"),
+        shell:
+            launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
+            "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
+            "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} --out-json {output.json} "
+            "--out-csv {output.csv} --failed-report-dir {params.failed_reports}"
 
 
-rule tokenize:
-    input:
-        unpack(lambda wc: data_inputs()),
-        validation=R.validation_json,
-        tokenizer=TOKENIZER,
-    output:
-        train=R.cache("train"),
-        val=R.cache("val") if data_file("val") else [],
-        stats=R.stats,
-    conda:
-        "../envs/sft.yaml"
-    log:
-        layout.log_file("tokenize", RUN),
-    params:
-        val=lambda wc, input, output: f'{optional("--val", input.get("val"))} {optional("--out-val", output.get("val"))}',
-        max_length=config["data"]["max_length"],
-        too_long=config["data"]["too_long"],
-        duplicates=config["data"]["duplicates"],
-        reasoning=config["data"]["reasoning"],
-        fields=field_flags(),
-    resources:
-        **job_resources("cpu"),
-    shell:
-        launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
-        "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-        "--reasoning {params.reasoning} {params.fields} "
-        "--out-train {output.train} --out-stats {output.stats}"
+    rule tokenize:
+        input:
+            unpack(lambda wc: data_inputs()),
+            validation=R.validation_json,
+            tokenizer=TOKENIZER,
+        output:
+            train=R.cache("train"),
+            val=R.cache("val") if data_file("val") else [],
+            stats=R.stats,
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("tokenize", RUN),
+        params:
+            val=lambda wc, input, output: f'{optional("--val", input.get("val"))} {optional("--out-val", output.get("val"))}',
+            max_length=config["data"]["max_length"],
+            too_long=config["data"]["too_long"],
+            duplicates=config["data"]["duplicates"],
+            reasoning=config["data"]["reasoning"],
+            fields=field_flags(),
+        resources:
+            **job_resources("cpu"),
+        shell:
+            launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
+            "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
+            "--reasoning {params.reasoning} {params.fields} "
+            "--out-train {output.train} --out-stats {output.stats}"
+
+
+# Several training datasets (data.train a list): each validated (with the val / test files: their
+# overlaps) and tokenized by jobs of its own, so adding one runs only its jobs; the run's reports
+# (validation.json/.csv, stats.json) are merged from theirs, each dataset as split train:<name>.
+else:
+
+    rule validate_train_set:
+        input:
+            unpack(train_set_inputs),
+            tokenizer=TOKENIZER,
+        output:
+            json=R.train_set_validation_json("{dataset}"),
+            csv=R.train_set_validation_csv("{dataset}"),
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("validate_train_set", f"{RUN}/{{dataset}}"),
+        params:
+            val=lambda wc, input: optional("--val", input.get("val")),
+            test=lambda wc, input: optional("--test", input.get("test")),
+            max_length=config["data"]["max_length"],
+            too_long=config["data"]["too_long"],
+            duplicates=config["data"]["duplicates"],
+            reasoning=config["data"]["reasoning"],
+            fields=lambda wc: field_flags(TRAIN_SETS[wc.dataset]),
+            failed_reports=lambda wc: R.train_set_validation_failed(wc.dataset),
+        resources:
+            **job_resources("cpu"),
+        shell:
+            launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
+            "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
+            "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} "
+            "--out-json {output.json} --out-csv {output.csv} --failed-report-dir {params.failed_reports}"
+
+    rule tokenize_train_set:
+        input:
+            train=lambda wc: TRAIN_SETS[wc.dataset]["path"],
+            validation=R.train_set_validation_json("{dataset}"),
+            tokenizer=TOKENIZER,
+        output:
+            train=R.train_set_cache("{dataset}"),
+            stats=R.train_set_stats("{dataset}"),
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("tokenize_train_set", f"{RUN}/{{dataset}}"),
+        params:
+            max_length=config["data"]["max_length"],
+            too_long=config["data"]["too_long"],
+            duplicates=config["data"]["duplicates"],
+            reasoning=config["data"]["reasoning"],
+            fields=lambda wc: field_flags(TRAIN_SETS[wc.dataset]),
+        resources:
+            **job_resources("cpu"),
+        shell:
+            launch() + "python -m pipeline tokenize --train {input.train} --tokenizer {input.tokenizer} "
+            "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
+            "--reasoning {params.reasoning} {params.fields} --out-train {output.train} --out-stats {output.stats}"
+
+    if data_file("val"):
+
+        rule tokenize_val:
+            # Validated with every training dataset; tokenized once, after the first dataset's validation
+            # passed (not after all: appending a dataset must not re-tokenize the validation set).
+            input:
+                val=data_file("val"),
+                validation=R.train_set_validation_json(next(iter(TRAIN_SETS))),
+                tokenizer=TOKENIZER,
+            output:
+                val=R.cache("val"),
+                stats=R.val_stats,
+            conda:
+                "../envs/sft.yaml"
+            log:
+                layout.log_file("tokenize_val", RUN),
+            params:
+                max_length=config["data"]["max_length"],
+                too_long=config["data"]["too_long"],
+                duplicates=config["data"]["duplicates"],
+                reasoning=config["data"]["reasoning"],
+                fields=field_flags(),
+            resources:
+                **job_resources("cpu"),
+            shell:
+                launch() + "python -m pipeline tokenize --val {input.val} --tokenizer {input.tokenizer} "
+                "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
+                "--reasoning {params.reasoning} {params.fields} --out-val {output.val} --out-stats {output.stats}"
+
+    rule mixed_reports:
+        input:
+            validations=[R.train_set_validation_json(name) for name in TRAIN_SETS],
+            stats=[R.train_set_stats(name) for name in TRAIN_SETS],
+            val_stats=R.val_stats if data_file("val") else [],
+        output:
+            json=R.validation_json,
+            csv=R.validation_csv,
+            stats=R.stats,
+        localrule: True
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("mixed_reports", RUN),
+        params:
+            datasets=" ".join(f"--dataset {name}={R.train_set(name)}" for name in TRAIN_SETS),
+            val_stats=lambda wc, input: optional("--val-stats", input.get("val_stats")),
+        shell:
+            launch() + "python -m pipeline mixed-reports {params.datasets} {params.val_stats} "
+            "--out-json {output.json} --out-csv {output.csv} --out-stats {output.stats}"
 
 
 rule label_view:
     # The report's label page: the first records of each split as trained, supervised tokens
     # marked, with the split's counts and the validation's chat warnings. No model weights.
     input:
-        train=R.cache("train"),
+        train=train_caches(),
         val=R.cache("val") if data_file("val") else [],
         stats=R.stats,
         validation=R.validation_json,
@@ -141,7 +253,9 @@ rule label_view:
     params:
         records=LABEL_VIEW_RECORDS,
         title=f"Labels of run {RUN}",
+        # Several training datasets: each cache's stats.json lies next to it (the val cache's: the run's).
+        stats=lambda wc, input: optional("--stats", input.stats if TRAIN_SETS is None else None),
     shell:
         launch() + "python -m pipeline labels --cache {input.train} {input.val} --tokenizer {input.tokenizer} "
-        "--stats {input.stats} --validation {input.validation} -n {params.records} --title {params.title:q} "
+        "{params.stats} --validation {input.validation} -n {params.records} --title {params.title:q} "
         "--out {output}"

@@ -10,6 +10,8 @@ rule plan:
     input:
         model=model_inputs(),
         tokenizer=TOKENIZER,
+        # several training datasets: the plan counts their records for the mix (plan.json `mix`)
+        mix=train_caches() if TRAIN_SETS is not None else [],
     output:
         plan=report(V.plan, caption="../report/plan.rst", category="Run",
                     subcategory="{vrun}" if SWEEP else None),
