@@ -6,6 +6,13 @@ adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter
 that trains. A vision-language model (`AutoModelForImageTextToText`, detected
 from its config) trains its language model the same way and its other parts
 as the `vision` config group says (`pipeline.model.vision`).
+
+A quantized base (`model.quantization`: nf4 / fp4 / int8, QLoRA) is read
+through transformers' `BitsAndBytesConfig`: its linear layers are quantized by
+bitsandbytes as they load, on the CPU as on a GPU; embeddings, norms and the
+output head stay in `model.dtype`. The quantized tensors are frozen and never
+saved: checkpoints, EMA shadows and exports hold the adapter only, and the
+merge reads the unquantized base files.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pipeline.data.vision import ImageText, config_is_vision_language, load_imag
 from pipeline.errors import UserError
 from pipeline.model import vision
 from pipeline.model.precision import Precision, weights_dtype
+from pipeline.storage import dtypes
 
 log = logging.getLogger(__name__)
 
@@ -48,25 +56,109 @@ def image_text(cfg: TrainConfig) -> ImageText | None:
     return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(_config(cfg)) else None
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False,
+              compute_dtype: torch.dtype | None = None):
     """The base model from `model.path`, in `dtype`, read straight onto `device`.
 
     `checkpointing`: recompute each decoder layer's activations in the
     backward (non-reentrant `torch.utils.checkpoint`, which replays the
-    layer's dropout masks, so the gradients do not change).
+    layer's dropout masks, so the gradients do not change). With
+    `model.quantization` its linear layers are quantized as they load
+    (`quantization_config`; `compute_dtype`: the run's compute dtype, for
+    `model.quant_compute_dtype=auto`, default `dtype`).
     """
+    quant = quantization_config(cfg, compute_dtype or dtype)
     try:
         model = auto_class(_config(cfg)).from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=str(cfg.model.attn_implementation),
             # One device: transformers reads each tensor straight onto it (no full CPU copy first;
-            # a device_map needs accelerate, a dependency for that reason).
-            device_map=None if device.type == "cpu" else {"": device},
+            # a device_map needs accelerate, a dependency for that reason). bitsandbytes quantizes
+            # each layer as it lands on the device the map names, the CPU included.
+            device_map=None if device.type == "cpu" and quant is None else {"": device},
+            quantization_config=quant,
         )
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
-        raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
+        raise UserError(f"cannot load the base model {cfg.model.path!r}{_quantized(cfg)}: {err}") from None
+    if quant is not None:
+        _one_cpu_kernel(model)
     _for_training(model, checkpointing)
     return model
+
+
+QUANT_EXTRA = 'pip install -e ".[quant]"'
+
+
+def _quantized(cfg: TrainConfig) -> str:
+    return "" if cfg.model.quantization == "none" else f" with model.quantization={cfg.model.quantization}"
+
+
+def quantization_config(cfg: TrainConfig, compute_dtype: torch.dtype):
+    """transformers' `BitsAndBytesConfig` for `model.quantization` (None: a float base).
+
+    nf4 / fp4 store 4 bits per weight in blocks of 64 with one absmax per
+    block (`model.quant_double`: those quantized to 8 bits too) and multiply in
+    `model.quant_compute_dtype` (auto: `compute_dtype`); int8 is LLM.int8()
+    (row-wise int8, outlier columns in fp16). The output head is left in float
+    by transformers. UserError when bitsandbytes is not installed.
+    """
+    kind = cfg.model.quantization
+    if kind == "none":
+        return None
+    require_bitsandbytes(cfg)
+    from transformers import BitsAndBytesConfig
+
+    if kind == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = compute_dtype if cfg.model.quant_compute_dtype == "auto" else dtypes.BY_NAME[cfg.model.quant_compute_dtype]
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(kind), bnb_4bit_compute_dtype=compute,
+                              bnb_4bit_use_double_quant=cfg.model.quant_double)
+
+
+def require_bitsandbytes(cfg: TrainConfig) -> None:
+    """UserError naming the setting and the extra when a quantized base is asked for without bitsandbytes."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(f"model.quantization={cfg.model.quantization} needs bitsandbytes, which is not installed: "
+                        f"{QUANT_EXTRA} (or set model.quantization=none)")
+
+
+def _one_cpu_kernel(model) -> None:
+    """Keep bitsandbytes' 4-bit layers on one kernel on a CPU, in training and evaluation alike.
+
+    On a CPU with AVX512-BF16, a `Linear4bit` that runs in eval mode without
+    gradients repacks its weight in place, for good, into the layout of an
+    inference-only kernel: one without a backward (a later training forward
+    would give no gradient through the layer) and whose layout needs
+    in_features to be a multiple of 64. A stage that evaluated would then
+    train on another kernel than one that did not, and a chunked run would no
+    longer be bitwise the uninterrupted one. GPUs are not concerned (the switch
+    is read on a CPU only).
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+def check_quantization(cfg: TrainConfig) -> None:
+    """At plan time: UserError, naming the keys, when bitsandbytes cannot load this base quantized.
+
+    bitsandbytes must be installed, and the base must be stored unquantized:
+    a checkpoint that is quantized already (its config.json has a
+    `quantization_config`: GPTQ, AWQ, a saved bitsandbytes model) has no float
+    weights for the merge to add the adapter to.
+    """
+    if cfg.model.quantization == "none":
+        return
+    require_bitsandbytes(cfg)
+    stored = getattr(_config(cfg), "quantization_config", None)
+    if stored:
+        method = stored.get("quant_method", "?") if isinstance(stored, dict) else getattr(stored, "quant_method", "?")
+        raise UserError(f"model.quantization={cfg.model.quantization}: the base {cfg.model.path} is stored quantized "
+                        f"already (config.json quantization_config, quant_method={method}); QLoRA here quantizes an "
+                        "unquantized base as it loads, and the merge adds the adapter to its float weights: "
+                        "use the unquantized model (model in config/config.yaml)")
 
 
 def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = False):
@@ -235,6 +327,20 @@ FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={
                      "the vocabulary has")
 
 
+FSDP_QUANTIZED_ERROR = ("model.quantization={quantization} with distributed.strategy=fsdp over {world}: the FSDP "
+                        "strategy reads the base into per-rank shards of float tensors (fully_shard of a meta "
+                        "skeleton), which bitsandbytes' packed 4-bit / 8-bit weights and their quantization "
+                        "constants are not; a quantized base trains with distributed.strategy=ddp (each rank holds "
+                        "the whole quantized base: 4-bit makes it about 0.3x of bf16), or use "
+                        "model.quantization=none with fsdp")
+
+
+def refuse_quantized_sharded(cfg: TrainConfig, world: str) -> None:
+    """UserError naming both settings when a quantized base would be sharded with FSDP."""
+    if cfg.model.quantization != "none" and cfg.distributed.strategy == "fsdp":
+        raise UserError(FSDP_QUANTIZED_ERROR.format(quantization=cfg.model.quantization, world=world))
+
+
 def added_tokens(cfg: TrainConfig) -> list[int]:
     """Ids of the special tokens the run's tokenizer (`model.tokenizer`) added to the base vocabulary."""
     return added_token_ids(cfg.model.tokenizer) if cfg.model.tokenizer else []
@@ -372,12 +478,22 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     every weight in the compute dtype, full fine-tuning too (no fp32 master copy
     to update). The LoRA weights stay fp32 (the optimizer's precision); under
     autocast their inputs are not cast up to fp32 (see `_no_input_casts`).
+
+    A quantized base (`model.quantization`) goes through the same steps, on
+    purpose without peft's `prepare_model_for_kbit_training`: that casts every
+    float weight of the base (embeddings, norms, head) up to fp32, silently
+    doubling their memory against `model.dtype` and the plan's estimate, and
+    turns on reentrant activation checkpointing whatever
+    `model.activation_checkpointing` says. What it is for is done here already:
+    peft freezes the base, the adapter is fp32, autocast handles the compute
+    dtype, and our non-reentrant checkpointing needs no input that requires grad.
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
         refuse_added_tokens_sharded(cfg)
     model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
-             else load_base(cfg, dtype, device, checkpointing=checkpointing))
+             else load_base(cfg, dtype, device, checkpointing=checkpointing,
+                            compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.
     token_ids = grow_vocabulary(model, cfg)

@@ -131,6 +131,13 @@ def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_em
             refuse_added_tokens_sharded(cfg)
         except UserError as err:
             problems.append(str(err))
+    if cfg.distributed.strategy == "fsdp" and cfg.model.quantization != "none" and world != 1:
+        from pipeline.model.loading import refuse_quantized_sharded
+
+        try:
+            refuse_quantized_sharded(cfg, f"{world} ranks" if world else "the GPUs found (train.nproc=auto)")
+        except UserError as err:
+            problems.append(str(err))
     if world is not None:
         try:
             train_config.batch_split(cfg, world)
@@ -216,8 +223,9 @@ def main(argv: list[str]) -> int:
     hub_model = hub.describe(cfg.model.path)
     local = replace(cfg, model=replace(cfg.model, path=str(hub.model_dir(cfg.model.path))))
     if local.lora.enabled and Path(local.model.path).is_dir():  # else checked when the pilot loads it
-        from pipeline.model.loading import check_lora_targets
+        from pipeline.model.loading import check_lora_targets, check_quantization
 
+        check_quantization(local)
         check_lora_targets(local)
     too_big = memory_check(local, world=args.world_size, max_length=args.max_length)
     if too_big:

@@ -48,6 +48,8 @@ def choose(cfg, d: Dist):
     if strategy == "fsdp" and d.enabled:
         from pipeline.train.fsdp import FSDP
 
+        loading.refuse_quantized_sharded(cfg, f"{d.world_size} ranks")  # the plan refuses it first
+
         return FSDP(d, cfg)
     if strategy == "fsdp":
         log.warning("distributed.strategy=fsdp with one process: nothing to shard over, training unsharded")
