@@ -81,7 +81,9 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {cfg.model.path!r}{_quantized(cfg)}: {err}") from None
     if quant is not None:
-        _one_cpu_kernel(model)
+        one_cpu_kernel(model)
+        log.info("base %s loaded with model.quantization=%s: %d linear layers quantized by bitsandbytes",
+                 cfg.model.path, cfg.model.quantization, _count_quantized(model))
     _for_training(model, checkpointing)
     return model
 
@@ -124,7 +126,13 @@ def require_bitsandbytes(cfg: TrainConfig) -> None:
                         f"{QUANT_EXTRA} (or set model.quantization=none)")
 
 
-def _one_cpu_kernel(model) -> None:
+def _count_quantized(model) -> int:
+    import bitsandbytes as bnb
+
+    return sum(isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) for m in model.modules())
+
+
+def one_cpu_kernel(model) -> None:
     """Keep bitsandbytes' 4-bit layers on one kernel on a CPU, in training and evaluation alike.
 
     On a CPU with AVX512-BF16, a `Linear4bit` that runs in eval mode without
