@@ -15,9 +15,12 @@ autocast dtype). Nothing else differs.
 Measured in the training process (a probe around the trainer's own calls):
 
   base weights' share  the RSS rise while `pipeline.model.loading.build` loads
-                       the base and attaches the adapter (gc before and after),
-                       and, exactly, the bytes of the base's tensors (packed 4-bit
-                       weights and quantization constants included; LoRA excluded)
+                       the base and attaches the adapter, every byte of the model
+                       then read once (gc before and after; a bf16 base read in its
+                       stored dtype stays mapped from its file, resident only once a
+                       forward touches it: the read makes it so), and, exactly, the
+                       bytes of the base's tensors (packed 4-bit weights and
+                       quantization constants included; LoRA excluded)
   one update           the RSS at the update's start and the highest RSS sampled
                        every millisecond during it (bench/_peak.py); the figure is
                        the largest over the run's updates
@@ -70,6 +73,18 @@ def _base_bytes(model) -> int:
     return total
 
 
+def _touch(model) -> None:
+    """Read every byte of the model's tensors once. A float base read from safetensors in its stored
+    dtype stays mapped from the file, and its pages become resident only when the first forward reads
+    them; reading them here makes the load's RSS rise what the model holds once it runs."""
+    import torch
+
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            if isinstance(t, torch.Tensor) and t.numel():
+                t.detach().contiguous().reshape(-1).view(torch.uint8).sum()
+
+
 def child(result: Path, argv: list[str]) -> int:
     """Train one stage (`python -m pipeline train argv`) with the probes; write their figures to `result`."""
     import importlib
@@ -91,8 +106,11 @@ def child(result: Path, argv: list[str]) -> int:
         gc.collect()
         before = _peak._rss()
         model = build(*args, **kwargs)
+        loaded = _peak._rss() - before
+        _touch(model)
         gc.collect()
-        figures.update(rss_before_model=before, model_rss_rise=_peak._rss() - before, base_bytes=_base_bytes(model))
+        figures.update(rss_before_model=before, model_rss_rise=_peak._rss() - before, rss_rise_untouched=loaded,
+                       base_bytes=_base_bytes(model))
         return model
 
     loading.build = probed_build  # the strategy calls `loading.build`: the trainer's own load is measured
@@ -169,6 +187,7 @@ def _run(name: str, work: Path, model: Path, cache: Path, *, updates: int, seq_l
             "update_peak_rss_mb": max(u["rss_peak"] for u in probe["updates"]) / mib,
             "update_rise_mb": max(u["rss_peak"] - u["rss_start"] for u in probe["updates"]) / mib,
             "rss_before_model_mb": probe["rss_before_model"] / mib,
+            "base_rss_untouched_mb": probe["rss_rise_untouched"] / mib,
             "estimate_weights_mb": est["weights"] / mib, "estimate_total_mb": est["total_without_runtime"] / mib,
             "estimate_parts_mb": {k: v / mib for k, v in est["parts"].items()}, "params": est["params"]}
 
@@ -243,6 +262,8 @@ def main() -> None:
         f"{q['estimate_total_mb'] / b['estimate_total_mb']:.2f} | |",
         f"| RSS rise during one update (measured; largest) | {b['update_rise_mb']:,.0f} MiB | "
         f"{q['update_rise_mb']:,.0f} MiB | | |",
+        f"| RSS rise of the model load before its bytes are read (a bf16 base stays mapped from its file) | "
+        f"{b['base_rss_untouched_mb']:,.0f} MiB | {q['base_rss_untouched_mb']:,.0f} MiB | | |",
         f"| RSS of the process before the model loads (libraries, data) | {b['rss_before_model_mb']:,.0f} MiB | "
         f"{q['rss_before_model_mb']:,.0f} MiB | | |",
         "",

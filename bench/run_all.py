@@ -36,6 +36,7 @@ BENCHES = {  # name -> script (default arguments)
     "fsdp_memory": "bench_fsdp_memory.py",
     "fsdp_memory_checkpointing": "bench_fsdp_memory.py --models 40x1024 --checkpointing on",
     "eval_ranks": "bench_eval_ranks.py",
+    "quant": "bench_quant.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -95,7 +96,7 @@ def build_results(results: Path = C.RESULTS) -> str:
     """RESULTS.md's text from the result files in `results`."""
     train, ckpt, stages, gpu, mem = (_load(results, n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
     fsdp_mems = [(n, _load(results, n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")]
-    eval_ranks = _load(results, "eval_ranks")
+    eval_ranks, quant = _load(results, "eval_ranks"), _load(results, "quant")
     data, merge = _parse_md(results, "data"), _parse_md(results, "merge")
     table: list[tuple] = []  # (figure, value, goal, source)
     sources: list[tuple[str, dict]] = []
@@ -194,6 +195,20 @@ def build_results(results: Path = C.RESULTS) -> str:
         table.append(("evaluation of the default validation set (raw + 2 EMA rates), CPU: 1 rank / 2 ranks",
                       f"{f['seconds']['1']:.2f} s / {f['seconds']['2']:.2f} s = {f['speedup']:.2f}x; losses "
                       f"{'identical' if f['identical'] else 'DIFFER'}", "", s))
+    if quant:
+        f, s = quant["figures"], src("quant", quant)
+        b, q = f["bf16"], f["nf4"]
+        table += [
+            (f"**QLoRA: base weights' share of host memory**, {b['params'] / 1e6:.0f}M parameters, CPU: bf16 base / "
+             "nf4 base (RSS rise of the load; plan's estimate beside)",
+             f"{b['base_rss_mb']:,.0f} MiB / {q['base_rss_mb']:,.0f} MiB = **{f['base_share_ratio']:.2f}x** (estimate "
+             f"{b['estimate_weights_mb']:,.0f} / {q['estimate_weights_mb']:,.0f} MiB)",
+             f"<= {f['goal']}x: " + ("met" if f["base_share_ratio"] <= f["goal"] else "NOT met"), s),
+            ("QLoRA: peak RSS of one update, whole process: bf16 base / nf4 base (plan's estimate beside, "
+             "without its CUDA allowance)",
+             f"{b['update_peak_rss_mb']:,.0f} MiB / {q['update_peak_rss_mb']:,.0f} MiB = {f['update_peak_ratio']:.2f}x "
+             f"(estimate {b['estimate_total_mb']:,.0f} / {q['estimate_total_mb']:,.0f} MiB)", "", s),
+        ]
     if gpu:
         s = src("gpu", gpu)
         if gpu.get("status") == "measured" and "mfu_6n" in gpu["figures"]:

@@ -82,6 +82,8 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
         raise UserError(f"cannot load the base model {cfg.model.path!r}{_quantized(cfg)}: {err}") from None
     if quant is not None:
         one_cpu_kernel(model)
+        if device.type == "cpu":
+            _off_the_file(model)
         log.info("base %s loaded with model.quantization=%s: %d linear layers quantized by bitsandbytes",
                  cfg.model.path, cfg.model.quantization, _count_quantized(model))
     _for_training(model, checkpointing)
@@ -130,6 +132,25 @@ def _count_quantized(model) -> int:
     import bitsandbytes as bnb
 
     return sum(isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) for m in model.modules())
+
+
+@torch.no_grad()
+def _off_the_file(model) -> None:
+    """Give the float tensors of a quantized base on the CPU memory of their own.
+
+    transformers leaves a tensor read in its stored dtype as a view of the
+    memory-mapped safetensors file, which keeps the whole mapping alive; every
+    page of it read while the linear layers were quantized (all of their float
+    weights) then stays resident in the process, and a 4-bit base would hold
+    its float weights in host memory after all. Copying the few float tensors
+    left (embeddings, norms, the head) lets the mapping close.
+    """
+    done = set()
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            if tensor is not None and id(tensor) not in done and tensor.is_floating_point() and tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()  # (a tied head is the embedding's parameter: copied once)
+                done.add(id(tensor))
 
 
 def one_cpu_kernel(model) -> None:

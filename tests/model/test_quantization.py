@@ -160,3 +160,37 @@ def test_the_quantized_model_trains_adapters_only_and_keeps_one_cpu_kernel(tiny)
     grads = {n: float(p.grad.abs().sum()) for n, p in loading.trainable(model)}
     assert all(g > 0 for g in grads.values()), [n for n, g in grads.items() if g == 0][:3]
     assert torch.isfinite(before).all()
+
+
+_MAPPED = """
+import sys, torch
+from pipeline import config as train_config
+from pipeline.model import loading
+cfg = train_config.to_typed({"model": {"path": sys.argv[1], "quantization": "nf4"}, "tokens": {"train_cache": "/t"}})
+model = loading.load_base(cfg, torch.float32, torch.device("cpu"))
+rss, name = 0, None
+for line in open("/proc/self/smaps"):
+    fields = line.split()
+    if fields and "-" in fields[0] and len(fields) >= 5:
+        name = fields[-1] if len(fields) >= 6 else None
+    elif line.startswith("Rss:") and name and name.endswith(".safetensors"):
+        rss += int(fields[1])
+print(rss, sum(p.numel() for p in model.parameters()))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
+def test_a_quantized_base_keeps_no_page_of_its_float_files(tiny):
+    """After a quantized load on the CPU no page of the base's safetensors files stays resident: the
+    float tensors left (embeddings, norms, head) are copied off the file mapping, which then closes
+    (else every float weight read for quantization would stay in host memory)."""
+    import subprocess
+    import sys
+
+    from trainkit import pipeline_env
+
+    proc = subprocess.run([sys.executable, "-c", _MAPPED, str(tiny["model"])], capture_output=True, text=True,
+                          env=pipeline_env(), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mapped_kib, params = map(int, proc.stdout.split()[-2:])
+    assert params > 0 and mapped_kib == 0, proc.stdout
