@@ -59,7 +59,8 @@ import torch
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.model.loading import auto_class, one_cpu_kernel
+from pipeline.model.loading import auto_class
+from pipeline.model.quantization import one_cpu_kernel, quantization_config
 from pipeline.storage import dtypes, hf_dir
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import refuse_overlaps
@@ -245,13 +246,12 @@ def verify(
 
 def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
     """(a description, transformers' BitsAndBytesConfig) of the run's quantized base, or None (no
-    `train_config`, or a float base): what `pipeline.model.loading` loads the stages' base with."""
+    `train_config`, or a float base): what `pipeline.model.loading.load_base` loads the stages' base with."""
     if train_config is None:
         return None
     from omegaconf import OmegaConf
 
     from pipeline import config as trainer_config
-    from pipeline.model.loading import quantization_config
 
     cfg = trainer_config.to_typed(OmegaConf.load(train_config))  # only its model.* settings are read
     quantization = quantization_config(cfg, compute)

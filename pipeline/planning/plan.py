@@ -137,7 +137,7 @@ def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_em
         except UserError as err:
             problems.append(str(err))
     if cfg.distributed.strategy == "fsdp" and cfg.model.quantization != "none" and world != 1:
-        from pipeline.model.loading import refuse_quantized_sharded
+        from pipeline.model.quantization import refuse_quantized_sharded
 
         try:
             refuse_quantized_sharded(cfg, f"{world} ranks" if world else "the GPUs found (train.nproc=auto)")
@@ -231,7 +231,8 @@ def main(argv: list[str]) -> int:
     hub_model = hub.describe(cfg.model.path)
     local = replace(cfg, model=replace(cfg.model, path=str(hub.model_dir(cfg.model.path))))
     if local.lora.enabled and Path(local.model.path).is_dir():  # else checked when the pilot loads it
-        from pipeline.model.loading import check_lora_targets, check_quantization
+        from pipeline.model.loading import check_lora_targets
+        from pipeline.model.quantization import check_quantization
 
         check_quantization(local)
         check_lora_targets(local)
