@@ -254,7 +254,7 @@ def main() -> None:
         "| figure | bf16 base | nf4 base | nf4 / bf16 | goal |",
         "|---|---:|---:|---:|---|",
         f"| **base weights' share**: RSS rise of the base's load, `loading.load_base` (measured) | {b['base_rss_mb']:,.0f} MiB | "
-        f"{q['base_rss_mb']:,.0f} MiB | **{ratio:.2f}** | <= {GOAL}: {met} |",
+        f"{q['base_rss_mb']:,.0f} MiB | **{ratio:.3f}** | <= {GOAL}: {met} |",
         f"| base weights' share: bytes of the base's tensors (measured, exact) | {b['base_bytes_mb']:,.0f} MiB | "
         f"{q['base_bytes_mb']:,.0f} MiB | {data['figures']['base_bytes_ratio']:.2f} | |",
         f"| base weights' share: the plan's estimate | {b['estimate_weights_mb']:,.0f} MiB | "
