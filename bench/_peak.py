@@ -24,9 +24,9 @@ def _rss() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
 
 
-def main() -> int:
-    result, argv = Path(sys.argv[1]), sys.argv[2:]
-    from pipeline import cli
+def probe_updates() -> list[dict]:
+    """Wrap the trainer's `Updater.__call__` with the RSS probe; returns the list each update appends
+    {"rss_start", "rss_peak"} to (bytes)."""
     from pipeline.train import update
 
     updates: list[dict] = []
@@ -50,6 +50,14 @@ def main() -> int:
             updates.append({"rss_start": start, "rss_peak": max(peak[0], _rss())})
 
     update.Updater.__call__ = probed
+    return updates
+
+
+def main() -> int:
+    result, argv = Path(sys.argv[1]), sys.argv[2:]
+    from pipeline import cli
+
+    updates = probe_updates()
     rc = cli.main(["train", *argv])
     result.write_text(json.dumps({"updates": updates,
                                   "ru_maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))

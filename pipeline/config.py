@@ -103,6 +103,15 @@ def init_problem(init: str) -> str | None:
             f"weights unchanged from the base files. Use one of: {', '.join(LORA_INITS)}")
 
 
+class Quantization(Choice):
+    """How the frozen base is stored under LoRA (bitsandbytes): none, 4-bit NF4 / FP4, or 8-bit."""
+
+    none = "none"
+    nf4 = "nf4"
+    fp4 = "fp4"
+    int8 = "int8"
+
+
 class Strategy(Choice):
     ddp = "ddp"
     fsdp = "fsdp"
@@ -138,6 +147,16 @@ class ModelConfig:
                                                 "found have")
     trust_remote_code: bool = setting(False, "run the model repo's own modelling code (Hugging Face "
                                              "trust_remote_code)")
+    quantization: Quantization = setting(
+        Quantization.none, "store the frozen base's linear layers quantized by bitsandbytes under LoRA (QLoRA): "
+                           "nf4 / fp4 = 4 bits per weight in blocks of 64, int8 = LLM.int8() (embeddings, norms and "
+                           "the output head stay in model.dtype); needs lora.enabled and `pip install -e \".[quant]\"`. "
+                           "Only the adapter trains and is saved; the merge reads the unquantized base files")
+    quant_double: bool = setting(True, "nf4 / fp4: quantize the blocks' absmax constants too (double "
+                                       "quantization: 0.127 instead of 0.5 bit per weight for them)")
+    quant_compute_dtype: Dtype = setting(Dtype.auto, "nf4 / fp4: the dtype a 4-bit layer dequantizes to and "
+                                                     "multiplies in; auto = the run's compute dtype (the autocast "
+                                                     "dtype; fp32 on a CPU)")
 
 
 @dataclass
@@ -359,6 +378,10 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("optim.warmup_fraction must be in [0, 1)")
     if cfg.lora.enabled and (cfg.lora.r <= 0 or not cfg.lora.target_modules):
         problems.append("lora.r must be positive and lora.target_modules non-empty")
+    if cfg.model.quantization != "none" and not cfg.lora.enabled:
+        problems.append(f"model.quantization={cfg.model.quantization} quantizes a frozen base, but lora.enabled=false "
+                        "trains every weight (full fine-tuning needs float weights): set model.quantization=none, or "
+                        "train LoRA adapters (lora.enabled=true)")
     if cfg.vision.loader_workers < 0:
         problems.append("vision.loader_workers must be >= 0")
     problems += _lora_variant_problems(cfg)

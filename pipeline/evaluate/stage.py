@@ -71,7 +71,8 @@ def evaluate(args) -> dict:
     t0 = time.time()
 
     if ckpt is None:  # the base model, before any training
-        model = loading.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device)
+        model = loading.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device,
+                                  compute_dtype=precision.dtype or torch.float32)  # quantized as the stages train it
         # Rows for the special tokens the run's template added (the validation data holds them), as
         # every stage starts from: the base before training is the same grown model.
         loading.grow_vocabulary(model, cfg)

@@ -2,7 +2,7 @@
 
     python -m pipeline verify-merge --base DIR --adapter DIR --merged DIR --out verification.json
         [--tolerance auto|FLOAT] [--probes 4] [--seq-len 32] [--seed 0]
-        [--device auto|cpu|cuda] [--compute-dtype fp32|bf16|fp16]
+        [--device auto|cpu|cuda] [--compute-dtype fp32|bf16|fp16] [--train-config train_config.yaml]
 
 In one process, and one model at a time (peak memory is one model, not two):
 the reference is stock `PeftModel.from_pretrained(AutoModelForCausalLM
@@ -28,6 +28,18 @@ times the reference's largest |logit| (at least 1). A merged model stored in
 bf16 differs from the fp32 reference by rounding alone, so it gets a looser
 bound than an fp32 merge.
 
+A run that trained on a quantized base (`--train-config` with
+`model.quantization`: nf4 / fp4 / int8, QLoRA) is verified the same way: the
+merge adds the adapter to the *unquantized* base files, so the merged model
+must equal the float base + adapter to rounding, and that comparison, with the
+same tolerance, passes or fails it. The quantized base + adapter (what the
+stages trained and evaluated) differs from both by the base's quantization
+error, which no a-priori bound fits (it depends on the weights and the depth):
+it is measured and reported beside the quantization error of the base alone
+(quantized base vs float base, adapters off), so the report shows whether the
+merged model is as far from what trained as quantization makes any model, and
+not a pass criterion. The report names the base each side used.
+
 Writes `--out` (JSON: max_abs_diff, tolerance, passed, and what was compared)
 in every case; exits 0 when passed, 1 otherwise. `--out` may not lie inside
 the base or adapter dir.
@@ -48,6 +60,7 @@ from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model.loading import auto_class
+from pipeline.model.quantization import one_cpu_kernel, quantization_config
 from pipeline.storage import dtypes, hf_dir
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import refuse_overlaps
@@ -124,8 +137,10 @@ def verify(
     seed: int = 0,
     device: str = "auto",
     compute_dtype: str = "fp32",
+    train_config: Path | str | None = None,
 ) -> dict:
-    """Compare logits, write the JSON report to `out` and return it."""
+    """Compare logits, write the JSON report to `out` and return it (`train_config`: the run's resolved
+    trainer config; with `model.quantization` the quantized base + adapter is measured too)."""
     from peft import PeftModel
     from transformers import AutoConfig
 
@@ -159,15 +174,27 @@ def verify(
             ids[:, :len(head)] = torch.tensor(head, dtype=ids.dtype)
             inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     model_class = auto_class(config)
+    quantized = _quantized_base(train_config, compute)
 
-    # One model in memory at a time: the reference is freed before the merged model loads.
-    reference = model_class.from_pretrained(base, dtype=compute, device_map=device)
-    if vocab > base_vocab:  # the new rows' values come from the adapter (all of them are trained)
-        reference.resize_token_embeddings(vocab, mean_resizing=False)
-    reference = PeftModel.from_pretrained(reference, adapter)
-    expected = _logits(reference, inputs, device)
-    del reference
-    gc.collect()
+    def base_plus_adapter(quantization=None):
+        """(logits of base + adapter, logits of the base alone) on the probes; the model is freed after."""
+        model = model_class.from_pretrained(base, dtype=compute, device_map=device if quantization is None
+                                            else {"": device}, quantization_config=quantization)
+        if quantization is not None:
+            one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
+        if vocab > base_vocab:  # the new rows' values come from the adapter (all of them are trained)
+            model.resize_token_embeddings(vocab, mean_resizing=False)
+        model = PeftModel.from_pretrained(model, adapter)
+        with_adapter, alone = _logits(model, inputs, device), None
+        if quantized is not None:  # the base alone: what quantization does to it
+            with model.disable_adapter():
+                alone = _logits(model, inputs, device)
+        del model
+        gc.collect()
+        return with_adapter, alone
+
+    # One model in memory at a time: each reference is freed before the next model loads.
+    expected, float_base = base_plus_adapter()
     candidate = model_class.from_pretrained(merged, dtype=compute, device_map=device)
     actual = _logits(candidate, inputs, device)
     del candidate
@@ -197,9 +224,43 @@ def verify(
         "base": str(base),
         "adapter": str(adapter),
         "merged": str(merged),
+        "reference": f"{base} ({dtypes.config_name(compute)}, unquantized, from its files) + {adapter}",
+        "candidate": f"{merged} ({dtypes.config_name(compute)})",
     }
+    if quantized is not None:
+        settings, quantization = quantized
+        trained, quantized_base = base_plus_adapter(quantization)
+        report["quantized_reference"] = {
+            "reference": f"{base} quantized ({settings}, bitsandbytes, as the stages trained) + {adapter}",
+            "max_abs_diff": float((actual - trained).abs().max()),
+            "mean_abs_diff": float((actual - trained).abs().mean()),
+            "base_quantization_error": float((quantized_base - float_base).abs().max()),
+            "gated": False,
+            "why": "the merge adds the adapter to the unquantized base: the merged model differs from the "
+                   "quantized base + adapter by the base's quantization error, shown beside it "
+                   "(base_quantization_error: quantized vs unquantized base alone); not a pass criterion",
+        }
     write_json(out, report)
     return report
+
+
+def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
+    """(a description, transformers' BitsAndBytesConfig) of the run's quantized base, or None (no
+    `train_config`, or a float base): what `pipeline.model.loading.load_base` loads the stages' base with."""
+    if train_config is None:
+        return None
+    from omegaconf import OmegaConf
+
+    from pipeline import config as trainer_config
+
+    cfg = trainer_config.to_typed(OmegaConf.load(train_config))  # only its model.* settings are read
+    quantization = quantization_config(cfg, compute)
+    if quantization is None:
+        return None
+    model = cfg.model
+    settings = (f"model.quantization={model.quantization}" + (f", quant_double={model.quant_double}, "
+                f"compute {dtypes.config_name(quantization.bnb_4bit_compute_dtype)}" if model.quantization != "int8" else ""))
+    return settings, quantization
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -214,6 +275,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
     parser.add_argument("--compute-dtype", default="fp32", choices=tuple(dtypes.BY_NAME))
+    parser.add_argument("--train-config", type=Path, default=None,
+                        help="the run's resolved trainer config: with model.quantization, the quantized base + "
+                             "adapter is measured and reported too")
     return parser
 
 
@@ -222,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     report = verify(args.base, args.adapter, args.merged, args.out, tolerance=args.tolerance,
                     probes=args.probes, seq_len=args.seq_len, seed=args.seed, device=args.device,
-                    compute_dtype=args.compute_dtype)
+                    compute_dtype=args.compute_dtype, train_config=args.train_config)
     verdict = "passed" if report["passed"] else "FAILED"
     print(f"verify-merge {verdict}: max |logit diff| {report['max_abs_diff']:.3g} "
           f"(tolerance {report['tolerance']:.3g}) -> {args.out}", file=sys.stdout if report["passed"] else sys.stderr)

@@ -6,6 +6,13 @@ adapter/ is a stock PEFT dir); in full fine-tuning they are every parameter
 that trains. A vision-language model (`AutoModelForImageTextToText`, detected
 from its config) trains its language model the same way and its other parts
 as the `vision` config group says (`pipeline.model.vision`).
+
+A quantized base (`model.quantization`: nf4 / fp4 / int8, QLoRA) is read
+through transformers' `BitsAndBytesConfig`: its linear layers are quantized by
+bitsandbytes as they load, on the CPU as on a GPU; embeddings, norms and the
+output head stay in `model.dtype`. The quantized tensors are frozen and never
+saved: checkpoints, EMA shadows and exports hold the adapter only, and the
+merge reads the unquantized base files.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
 from pipeline.data.prepare import added_token_ids, read_chat
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.model import vision
+from pipeline.model import quantization, vision
 from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
@@ -48,23 +55,36 @@ def image_text(cfg: TrainConfig) -> ImageText | None:
     return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(_config(cfg)) else None
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False,
+              compute_dtype: torch.dtype | None = None):
     """The base model from `model.path`, in `dtype`, read straight onto `device`.
 
     `checkpointing`: recompute each decoder layer's activations in the
     backward (non-reentrant `torch.utils.checkpoint`, which replays the
-    layer's dropout masks, so the gradients do not change).
+    layer's dropout masks, so the gradients do not change). With
+    `model.quantization` its linear layers are quantized as they load
+    (`pipeline.model.quantization`; `compute_dtype`: the run's compute dtype, for
+    `model.quant_compute_dtype=auto`, default `dtype`).
     """
+    quant = quantization.quantization_config(cfg, compute_dtype or dtype)
     try:
         model = auto_class(_config(cfg)).from_pretrained(
             cfg.model.path, dtype=dtype, trust_remote_code=cfg.model.trust_remote_code,
             attn_implementation=str(cfg.model.attn_implementation),
             # One device: transformers reads each tensor straight onto it (no full CPU copy first;
-            # a device_map needs accelerate, a dependency for that reason).
-            device_map=None if device.type == "cpu" else {"": device},
+            # a device_map needs accelerate, a dependency for that reason). bitsandbytes quantizes
+            # each layer as it lands on the device the map names, the CPU included.
+            device_map=None if device.type == "cpu" and quant is None else {"": device},
+            quantization_config=quant,
         )
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
-        raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
+        raise UserError(f"cannot load the base model {cfg.model.path!r}{quantization.described(cfg)}: {err}") from None
+    if quant is not None:
+        quantization.one_cpu_kernel(model)
+        if device.type == "cpu":
+            quantization.off_the_file(model)
+        log.info("base %s loaded with model.quantization=%s: %d linear layers quantized by bitsandbytes",
+                 cfg.model.path, cfg.model.quantization, quantization.count_quantized(model))
     _for_training(model, checkpointing)
     return model
 
@@ -397,12 +417,22 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     every weight in the compute dtype, full fine-tuning too (no fp32 master copy
     to update). The LoRA weights stay fp32 (the optimizer's precision); under
     autocast their inputs are not cast up to fp32 (see `_no_input_casts`).
+
+    A quantized base (`model.quantization`) goes through the same steps, on
+    purpose without peft's `prepare_model_for_kbit_training`: that casts every
+    float weight of the base (embeddings, norms, head) up to fp32, silently
+    doubling their memory against `model.dtype` and the plan's estimate, and
+    turns on reentrant activation checkpointing whatever
+    `model.activation_checkpointing` says. What it is for is done here already:
+    peft freezes the base, the adapter is fp32, autocast handles the compute
+    dtype, and our non-reentrant checkpointing needs no input that requires grad.
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
         refuse_added_tokens_sharded(cfg)
     model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
-             else load_base(cfg, dtype, device, checkpointing=checkpointing))
+             else load_base(cfg, dtype, device, checkpointing=checkpointing,
+                            compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.
     token_ids = grow_vocabulary(model, cfg)

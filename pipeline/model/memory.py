@@ -9,7 +9,17 @@ be checked on a laptop.
 Per GPU, in bytes:
 
   weights         every base parameter in the weights dtype (LoRA: `model.dtype`,
-                  auto = the autocast dtype; full fine-tuning: fp32)
+                  auto = the autocast dtype; full fine-tuning: fp32). A quantized
+                  base (`model.quantization`, bitsandbytes) stores its decoder
+                  layers' linear weights in
+                    nf4 / fp4   0.5 byte per weight + one fp32 absmax per block of
+                                64 (0.0625 B/weight), or with `model.quant_double`
+                                one 8-bit absmax per block + one fp32 per 256 blocks
+                                (0.0158 B/weight)
+                    int8        1 byte per weight + one fp32 scale per output row
+                  and the rest (embeddings, norms, head) in the weights dtype;
+                  a forward or backward dequantizes one layer's weight at a time
+                  (the largest: one projection in the compute dtype)
   LoRA weights    r x (in + out) per targeted projection, fp32
   gradients       one fp32 value per trained parameter
   optimizer       AdamW: two fp32 moments per trained parameter
@@ -46,7 +56,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import ALL_LINEAR, TrainConfig
+from pipeline.config import ALL_LINEAR, Quantization, TrainConfig
 from pipeline.model.loss import chunk_tokens
 
 log = logging.getLogger(__name__)
@@ -139,7 +149,8 @@ class Estimate:
         return sum(self.parts.values())
 
     def table(self) -> str:
-        rows = [f"  {name:<34} {_size(b)}" for name, b in [*self.parts.items(), ("total", self.total)]]
+        width = max(34, *map(len, self.parts))
+        rows = [f"  {name:<{width}} {_size(b)}" for name, b in [*self.parts.items(), ("total", self.total)]]
         return "\n".join([f"memory per GPU ({self.run.describe()}):", *rows])
 
 
@@ -155,7 +166,7 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     w = _DTYPE_BYTES[weight_name]
     trained = _lora_params(cfg, shapes) if lora else shapes.params
     shard = run.world if run.sharded else 1
-    parts = {f"weights ({weight_name})": shapes.params * w // shard}
+    parts = _weights(cfg, shapes, weight_name, run.precision, shard)
     if lora:
         parts["LoRA weights (fp32)"] = trained * 4 // shard
     parts["gradients (fp32)"] = trained * 4 // shard
@@ -169,6 +180,43 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
     parts["runtime (CUDA context, workspaces)"] = RUNTIME_BYTES
     return Estimate(run, parts)
+
+
+QUANT_BLOCK = 64  # bitsandbytes' 4-bit block size (weights per absmax constant)
+QUANT_NESTED_BLOCK = 256  # double quantization: absmax constants per fp32 constant of their own
+
+
+def quantized_bytes(kind: str, rows: int, cols: int, double: bool = True) -> int:
+    """Bytes bitsandbytes stores for one (rows x cols) linear weight quantized as `kind`.
+
+    nf4 / fp4: two weights per byte, plus the absmax of each block of 64 (fp32, or
+    with double quantization one byte each plus an fp32 per 256 blocks); int8: one
+    byte per weight plus an fp32 scale per row. (A few hundred bytes per tensor of
+    lookup tables and offsets are left out.)
+    """
+    n = rows * cols
+    if kind == "int8":
+        return n + 4 * rows
+    blocks = -(-n // QUANT_BLOCK)
+    constants = blocks + 4 * -(-blocks // QUANT_NESTED_BLOCK) if double else 4 * blocks
+    return -(-n // 2) + constants
+
+
+def _weights(cfg: TrainConfig, shapes: Shapes, weight_name: str, precision: str, shard: int) -> dict[str, int]:
+    """The base weights' parts: one in `weight_name`, or with `model.quantization` the decoder layers'
+    linear weights quantized, the rest in `weight_name`, and one dequantized projection in flight."""
+    w = _DTYPE_BYTES[weight_name]
+    kind = cfg.model.quantization
+    if kind == "none":
+        return {f"weights ({weight_name})": shapes.params * w // shard}
+    proj = shapes.projections().values()
+    linear = shapes.layers * sum(i * o for i, o in proj)
+    stored = shapes.layers * sum(quantized_bytes(kind, o, i, cfg.model.quant_double) for i, o in proj)
+    double = " + double quant" if cfg.model.quant_double and kind != "int8" else ""
+    compute = precision if cfg.model.quant_compute_dtype == "auto" or kind == "int8" else cfg.model.quant_compute_dtype
+    return {f"weights ({kind}{double}: linear layers)": stored // shard,
+            f"weights ({weight_name}: embeddings, norms, head)": (shapes.params - linear) * w // shard,
+            f"dequantized projection in flight ({compute})": max(i * o for i, o in proj) * _DTYPE_BYTES[compute]}
 
 
 def _weights_dtype(cfg: TrainConfig, precision: str) -> str:
@@ -226,9 +274,12 @@ def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
     """What would make a run that does not fit `budget` fit, each with its estimate."""
     lines = []
 
-    def option(text: str, changed: Run) -> None:
-        total = estimate(cfg, shapes, changed).total
+    def option(text: str, changed: Run, config: TrainConfig = cfg) -> None:
+        total = estimate(config, shapes, changed).total
         lines.append(f"  {text}: {total / GiB:.1f} GiB ({'fits' if total <= budget else 'does not fit'})")
+
+    if cfg.lora.enabled and cfg.model.quantization == "none" and not run.sharded:
+        option("model.quantization=nf4 (a 4-bit base under LoRA: QLoRA)", run, _with_quantization(cfg, "nf4"))
 
     if not run.checkpointing:
         option("model.activation_checkpointing=on (or auto)", replace(run, checkpointing=True))
@@ -253,6 +304,24 @@ def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
                      f"divided among them ({sum(v for k, v in one.parts.items() if _sharded_part(k)) / GiB:.1f} GiB "
                      "on one GPU)")
     return lines
+
+
+def _with_quantization(cfg: TrainConfig, kind: str) -> TrainConfig:
+    return replace(cfg, model=replace(cfg.model, quantization=Quantization(kind)))
+
+
+def quantization_note(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> str | None:
+    """What the plan says of a quantized run that fits `budget` only because its base is quantized
+    (None otherwise: not quantized, not fitting, or fitting with a float base too)."""
+    kind = cfg.model.quantization
+    if kind == "none" or estimate(cfg, shapes, run).total > budget:
+        return None
+    float_base = estimate(_with_quantization(cfg, "none"), shapes, run)
+    if float_base.total <= budget:
+        return None
+    return (f"memory: fits only because of model.quantization={kind}: {estimate(cfg, shapes, run).total / GiB:.1f} "
+            f"GiB per GPU; with a {_weights_dtype(cfg, run.precision)} base it would be {float_base.total / GiB:.1f} "
+            f"GiB, over the {budget / GiB:.1f} GiB budget")
 
 
 def _sharded_part(name: str) -> bool:

@@ -32,8 +32,13 @@ plan estimates what one GPU holds during training (weights, gradients,
 optimizer, EMA shadows, activations of the largest micro-batch, the loss's
 logits) and fails, before any GPU work, when that exceeds `model.gpu_memory_gb`
 or, when that is not set, the memory of the GPUs it finds; the error shows the
-estimate and what each knob (activation checkpointing, micro-batch, FSDP)
-would make of it. Without either (a CPU run) the estimate is only printed.
+estimate and what each knob (activation checkpointing, micro-batch, FSDP, a
+4-bit base) would make of it. Without either (a CPU run) the estimate is only
+printed. A run that fits only because its base is quantized
+(`model.quantization`) is told so, with what a float base would need.
+
+A quantized base is checked here too: bitsandbytes installed, a base stored
+unquantized, and not with FSDP (`cross_check`; each error names the keys).
 
 The identity of the trainer config is its resolved content (`config_id`): the
 workflow keys the plan on it, so a comment or an unused group file in
@@ -131,6 +136,13 @@ def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_em
             refuse_added_tokens_sharded(cfg)
         except UserError as err:
             problems.append(str(err))
+    if cfg.distributed.strategy == "fsdp" and cfg.model.quantization != "none" and world != 1:
+        from pipeline.model.quantization import refuse_quantized_sharded
+
+        try:
+            refuse_quantized_sharded(cfg, f"{world} ranks" if world else "the GPUs found (train.nproc=auto)")
+        except UserError as err:
+            problems.append(str(err))
     if world is not None:
         try:
             train_config.batch_split(cfg, world)
@@ -169,6 +181,9 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         print("memory: model.activation_checkpointing=auto turns it on (the run does not fit without)")
         run = replace(run, checkpointing=True)
     print(memory.estimate(cfg, shapes, run).table())
+    note = memory.quantization_note(cfg, shapes, run, budget)
+    if note:
+        print(note)
     return memory.does_not_fit(cfg, shapes, run, budget, where)
 
 
@@ -232,7 +247,9 @@ def main(argv: list[str]) -> int:
     local = replace(cfg, model=replace(cfg.model, path=str(hub.model_dir(cfg.model.path))))
     if local.lora.enabled and Path(local.model.path).is_dir():  # else checked when the pilot loads it
         from pipeline.model.loading import check_lora_targets
+        from pipeline.model.quantization import check_quantization
 
+        check_quantization(local)
         check_lora_targets(local)
     too_big = memory_check(local, world=args.world_size, max_length=args.max_length)
     if too_big:

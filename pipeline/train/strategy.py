@@ -31,7 +31,7 @@ import torch
 
 from pipeline.checkpoint.state import TrainedState, load_optimizer_state, optimizer_state
 from pipeline.errors import UserError
-from pipeline.model import loading
+from pipeline.model import loading, quantization
 from pipeline.model.loss import TokenLoss
 from pipeline.distributed import Dist, any_rank, check_consistent
 
@@ -47,6 +47,8 @@ def choose(cfg, d: Dist):
         raise UserError(f"distributed.strategy={strategy!r}: expected {' | '.join(STRATEGIES)}")
     if strategy == "fsdp" and d.enabled:
         from pipeline.train.fsdp import FSDP
+
+        quantization.refuse_quantized_sharded(cfg, f"{d.world_size} ranks")  # the plan refuses it first
 
         return FSDP(d, cfg)
     if strategy == "fsdp":

@@ -89,6 +89,7 @@ rule verify_merge:
         merged=V.export(layout.MERGED),
         adapter=export_adapter(),
         model=model_inputs(),
+        config=V.train_config,  # a quantized base (model.quantization) is measured too
     output:
         V.verification,
     conda:
@@ -101,7 +102,7 @@ rule verify_merge:
         **job_resources("verify"),
     shell:
         launch(gpus=EVAL_GPUS) + "python -m pipeline verify-merge --base {params.model} --adapter {input.adapter} "
-        "--merged {input.merged} --out {output}"
+        "--merged {input.merged} --train-config {input.config} --out {output}"
 
 
 rule smoke_test:

@@ -1,0 +1,135 @@
+"""A quantized frozen base under LoRA (QLoRA, `model.quantization`): bitsandbytes settings and checks.
+
+transformers' `BitsAndBytesConfig` quantizes the base's linear layers as
+`pipeline.model.loading.load_base` reads them, on a GPU or on the CPU
+(bitsandbytes 0.49+ runs its 4-bit and 8-bit layers there, forward and
+backward). This module says how (`quantization_config`), what to fix after
+the load on a CPU (`one_cpu_kernel`, `off_the_file`), and what is refused, at
+plan time, naming the keys (`check_quantization`, `refuse_quantized_sharded`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.config import TrainConfig
+from pipeline.errors import UserError
+from pipeline.storage import dtypes
+
+QUANT_EXTRA = 'pip install -e ".[quant]"'
+
+
+def described(cfg: TrainConfig) -> str:
+    """The words error messages about the base add: ' with model.quantization=nf4' (none for a float base)."""
+    return "" if cfg.model.quantization == "none" else f" with model.quantization={cfg.model.quantization}"
+
+
+def quantization_config(cfg: TrainConfig, compute_dtype: torch.dtype):
+    """transformers' `BitsAndBytesConfig` for `model.quantization` (None: a float base).
+
+    nf4 / fp4 store 4 bits per weight in blocks of 64 with one absmax per
+    block (`model.quant_double`: those quantized to 8 bits too) and multiply in
+    `model.quant_compute_dtype` (auto: `compute_dtype`); int8 is LLM.int8()
+    (row-wise int8, outlier columns in fp16). The output head is left in float
+    by transformers. UserError when bitsandbytes is not installed.
+    """
+    kind = cfg.model.quantization
+    if kind == "none":
+        return None
+    require_bitsandbytes(cfg)
+    from transformers import BitsAndBytesConfig
+
+    if kind == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = compute_dtype if cfg.model.quant_compute_dtype == "auto" else dtypes.BY_NAME[cfg.model.quant_compute_dtype]
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(kind), bnb_4bit_compute_dtype=compute,
+                              bnb_4bit_use_double_quant=cfg.model.quant_double)
+
+
+def require_bitsandbytes(cfg: TrainConfig) -> None:
+    """UserError naming the setting and the extra when a quantized base is asked for without bitsandbytes."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise UserError(f"model.quantization={cfg.model.quantization} needs bitsandbytes, which is not installed: "
+                        f"{QUANT_EXTRA} (or set model.quantization=none)")
+
+
+def count_quantized(model) -> int:
+    """The bitsandbytes layers (4-bit or 8-bit) of a loaded model: what its log line reports."""
+    import bitsandbytes as bnb
+
+    return sum(isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)) for m in model.modules())
+
+
+@torch.no_grad()
+def off_the_file(model) -> None:
+    """Give the float tensors of a quantized base on the CPU memory of their own.
+
+    transformers leaves a tensor read in its stored dtype as a view of the
+    memory-mapped safetensors file, which keeps the whole mapping alive; every
+    page of it read while the linear layers were quantized (all of their float
+    weights) then stays resident in the process, and a 4-bit base would hold
+    its float weights in host memory after all. Copying the few float tensors
+    left (embeddings, norms, the head) lets the mapping close.
+    """
+    done = set()
+    for module in model.modules():
+        for tensor in [*module._parameters.values(), *module._buffers.values()]:
+            if tensor is not None and id(tensor) not in done and tensor.is_floating_point() and tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()  # (a tied head is the embedding's parameter: copied once)
+                done.add(id(tensor))
+
+
+def one_cpu_kernel(model) -> None:
+    """Keep bitsandbytes' 4-bit layers on one kernel on a CPU, in training and evaluation alike.
+
+    On a CPU with AVX512-BF16, a `Linear4bit` that runs in eval mode without
+    gradients repacks its weight in place, for good, into the layout of an
+    inference-only kernel: one without a backward (a later training forward
+    would give no gradient through the layer) and whose layout needs
+    in_features to be a multiple of 64. A stage that evaluated would then
+    train on another kernel than one that did not, and a chunked run would no
+    longer be bitwise the uninterrupted one. GPUs are not concerned (the switch
+    is read on a CPU only).
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+def check_quantization(cfg: TrainConfig) -> None:
+    """At plan time: UserError, naming the keys, when bitsandbytes cannot load this base quantized.
+
+    bitsandbytes must be installed, and the base must be stored unquantized:
+    a checkpoint that is quantized already (its config.json has a
+    `quantization_config`: GPTQ, AWQ, a saved bitsandbytes model) has no float
+    weights for the merge to add the adapter to.
+    """
+    if cfg.model.quantization == "none":
+        return
+    require_bitsandbytes(cfg)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    stored = getattr(config, "quantization_config", None)
+    if stored:
+        method = stored.get("quant_method", "?") if isinstance(stored, dict) else getattr(stored, "quant_method", "?")
+        raise UserError(f"model.quantization={cfg.model.quantization}: the base {cfg.model.path} is stored quantized "
+                        f"already (config.json quantization_config, quant_method={method}); QLoRA here quantizes an "
+                        "unquantized base as it loads, and the merge adds the adapter to its float weights: "
+                        "use the unquantized model (model in config/config.yaml)")
+
+
+FSDP_QUANTIZED_ERROR = ("model.quantization={quantization} with distributed.strategy=fsdp over {world}: the FSDP "
+                        "strategy reads the base into per-rank shards of float tensors (fully_shard of a meta "
+                        "skeleton), which bitsandbytes' packed 4-bit / 8-bit weights and their quantization "
+                        "constants are not; a quantized base trains with distributed.strategy=ddp (each rank holds "
+                        "the whole quantized base: 4-bit makes it about 0.3x of bf16), or use "
+                        "model.quantization=none with fsdp")
+
+
+def refuse_quantized_sharded(cfg: TrainConfig, world: str) -> None:
+    """UserError naming both settings when a quantized base would be sharded with FSDP."""
+    if cfg.model.quantization != "none" and cfg.distributed.strategy == "fsdp":
+        raise UserError(FSDP_QUANTIZED_ERROR.format(quantization=cfg.model.quantization, world=world))
