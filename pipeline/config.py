@@ -129,13 +129,15 @@ class ModelConfig:
                                        "evaluated (full fine-tuning trains fp32 weights); auto: the autocast "
                                        "compute dtype on a GPU, fp32 on a CPU")
     activation_checkpointing: Switch = setting(
-        Switch.auto, "recompute each decoder layer's activations in the backward instead of keeping them; "
-                     "auto = on when the memory estimate (see `plan`) says the run does not fit without it")
+        Switch.auto, "recompute decoder layers' activations in the backward instead of keeping them; on = every "
+                     "layer; auto = the fewest layers (the first ones) with which the memory estimate fits "
+                     "(the plan prints the choice, k of n layers)")
     attn_implementation: Attention = setting(
         Attention.sdpa, "attention kernel (flash_attention_2 needs `pip install flash-attn`)")
     compile: bool = setting(False, "torch.compile each decoder layer (a GPU feature; the first updates compile)")
-    gpu_memory_gb: float | None = setting(None, "memory per GPU the run must fit (GiB); null = what the GPUs "
-                                                "found have")
+    gpu_memory_gb: float | None = setting(None, "memory of each GPU (GiB); the run must fit it less the CUDA "
+                                                "context, NCCL buffers and a fragmentation margin "
+                                                "(pipeline.model.memory.budget); null = what the GPUs found have")
     trust_remote_code: bool = setting(False, "run the model repo's own modelling code (Hugging Face "
                                              "trust_remote_code)")
 

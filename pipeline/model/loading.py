@@ -48,12 +48,12 @@ def image_text(cfg: TrainConfig) -> ImageText | None:
     return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(_config(cfg)) else None
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False):
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointed: int = 0):
     """The base model from `model.path`, in `dtype`, read straight onto `device`.
 
-    `checkpointing`: recompute each decoder layer's activations in the
-    backward (non-reentrant `torch.utils.checkpoint`, which replays the
-    layer's dropout masks, so the gradients do not change).
+    `checkpointed`: recompute the activations of the first `checkpointed`
+    decoder layers in the backward (non-reentrant `torch.utils.checkpoint`,
+    which replays the layer's dropout masks, so the gradients do not change).
     """
     try:
         model = auto_class(_config(cfg)).from_pretrained(
@@ -65,11 +65,11 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
         )
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {cfg.model.path!r}: {err}") from None
-    _for_training(model, checkpointing)
+    _for_training(model, checkpointed)
     return model
 
 
-def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = False):
+def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointed: int = 0):
     """The base model's skeleton: parameters allocated on the CPU but never written, buffers real.
 
     Nothing is read from the weight files and almost no memory is resident (the
@@ -91,7 +91,7 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
                     module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
                                                                   requires_grad=param.requires_grad)
     model.tie_weights()  # the replaced parameters broke the ties (lm_head to the embeddings)
-    _for_training(model, checkpointing)
+    _for_training(model, checkpointed)
     return model
 
 
@@ -134,9 +134,22 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def _for_training(model, checkpointing: bool) -> None:
-    if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+def _for_training(model, checkpointed: int) -> None:
+    """Activation checkpointing on the first `checkpointed` decoder layers (all of them when it is at
+    least their number), off on the others: those keep their activations and skip the recompute.
+
+    The first ones: the backward reaches them last, after the later layers' activations are freed,
+    so their recompute does not add to the peak (`pipeline.model.memory`).
+    """
+    if not checkpointed:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # transformers turns it on in every GradientCheckpointingLayer, in module order (the order of the forward).
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers[checkpointed:]:
+        layer.gradient_checkpointing = False
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -389,7 +402,7 @@ def train_dtype(cfg: TrainConfig, precision: Precision) -> torch.dtype:
 
 
 def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *, empty: bool = False,
-          evaluation: bool = False, checkpointing: bool = False):
+          evaluation: bool = False, checkpointed: int = 0):
     """The model as trained: base (frozen under LoRA) plus a fresh adapter.
 
     `empty`: the base is only a skeleton (`empty_base`) whose weights the caller
@@ -401,8 +414,8 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
         refuse_added_tokens_sharded(cfg)
-    model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
-             else load_base(cfg, dtype, device, checkpointing=checkpointing))
+    model = (empty_base(cfg, dtype, checkpointed=checkpointed) if empty
+             else load_base(cfg, dtype, device, checkpointed=checkpointed))
     check_vision_settings(model, cfg)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.
     token_ids = grow_vocabulary(model, cfg)

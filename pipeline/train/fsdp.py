@@ -273,7 +273,7 @@ class FSDP:
         # Asynchronous saves run their collectives on a gloo group of their own (created by all ranks now).
         self._save_group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
 
-    def build_model(self, cfg, precision, *, checkpointing: bool = False):
+    def build_model(self, cfg, precision, *, checkpointed: int = 0):
         """Build the skeleton, shard it, then read each rank's shards of the base weights.
 
         The adapter (or, in full fine-tuning, nothing) is initialized before
@@ -282,7 +282,7 @@ class FSDP:
         """
         if cfg.distributed.meta_init:
             sharded_load.pin_mmap_threshold()  # before fully_shard frees the skeleton's blocks
-        skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
+        skeleton = (loading.build(cfg, precision, None, empty=True, checkpointed=checkpointed)
                     if cfg.distributed.meta_init else None)
         # Initialized here, not read: the adapter's own weights (a module trained in full as
         # modules_to_save starts as the base's, and is read like it).
@@ -295,7 +295,7 @@ class FSDP:
                         "the whole model instead of its shards", cfg.model.path)
             skeleton = None
         model = skeleton if skeleton is not None else loading.build(cfg, precision, torch.device("cpu"),
-                                                                    checkpointing=checkpointing)
+                                                                    checkpointed=checkpointed)
         # Shards are cut from each rank's own copy: the weights it initialized itself (the
         # adapter; everything when loaded whole) must agree before sharding. Weights read
         # from the files after sharding are the files'.

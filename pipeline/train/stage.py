@@ -94,14 +94,14 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
     train_cache = TokenCache(cfg.tokens.train_cache)
-    checkpointing, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
+    checkpointed, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
                                                 precision=precision.name, length=int(train_cache.lengths.max()))
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
     # The loop calls a TokenLoss (batch in, summed loss out): DDP wraps it, FSDP shards it (in
     # place); its .lm is what the optimizer, the EMA and the checkpoints see, sharded or not.
-    model = strategy.build_model(cfg, precision, checkpointing=checkpointing)
+    model = strategy.build_model(cfg, precision, checkpointed=checkpointed)
     loss_model = strategy.unwrap(model)  # without DDP's wrapper: what evaluation calls
     raw_model = loss_model.lm
     # In the optimizer's param-group order (LoRA+ splits them): every saved state is keyed by it.
@@ -123,7 +123,8 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
                           f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
                           f"micro-batch {micro} x {accum}, precision {precision.name}, "
-                          f"activation checkpointing {'on' if checkpointing else 'off'}")
+                          + (memory.checkpointing_text(checkpointed, estimate.layers) if estimate is not None
+                             else f"activation checkpointing {'every layer' if checkpointed else 'off'}"))
     if estimate is not None:
         distributed.print0(d, estimate.table())
     state, rng = LoopState(step=stage.start), None
