@@ -284,6 +284,16 @@ class TokensConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch profiler trace of a few updates of each stage (rank 0), with a summary of where the
+    time went: both in stages/<stage>/profile/ (`pipeline.train.profiling`)."""
+
+    updates: int = setting(0, "updates to profile in each stage (0 = off); the trace, and the time spent in "
+                              "matmuls, attention, loss, optimizer, EMA and data wait (printed and in summary.json)")
+    warmup: int = setting(2, "updates of the stage before the profiled ones (kernels chosen, caches warm)")
+
+
+@dataclass
 class TrainConfig:
     """The trainer config: top-level keys, then one group per dataclass."""
 
@@ -305,6 +315,7 @@ class TrainConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     tokens: TokensConfig = field(default_factory=TokensConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 # Names that changed meaning-preservingly (one meaning per name across the trainer and the workflow
@@ -337,6 +348,8 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("optim.global_batch and optim.micro_batch must be positive")
     if cfg.validation.batch_size <= 0:
         problems.append("validation.batch_size must be positive")
+    if cfg.profile.updates < 0 or cfg.profile.warmup < 0:
+        problems.append("profile.updates and profile.warmup must be >= 0")
     for rate in cfg.ema.rates:
         if not 0.0 < rate < 1.0:
             problems.append(f"ema.rates: {rate} is not in (0, 1)")

@@ -58,6 +58,7 @@ from pipeline.train.evals import Evaluator
 from pipeline.train.faults import Hooks, InjectedFailure
 from pipeline.train.monitor import Monitor
 from pipeline.train.optimizer import adamw
+from pipeline.train.profiling import StageProfiler
 from pipeline.train.strategy import choose as choose_strategy
 from pipeline.train.update import LoopState, Updater
 
@@ -155,6 +156,8 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
+    profiler = StageProfiler(cfg.profile, args.scratch, stage.name, state.step, stage.start, is_main=d.is_main,
+                             device=d.device, data=train, ema=parts.ema)
 
     # --- the loop ------------------------------------------------------------------
     if state.eval_pending:  # the previous attempt was preempted during this eval: redo it first
@@ -165,8 +168,12 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     model.train()
     train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
     while state.step < stage.end:
+        profiler.before(state.step)
         started = time.perf_counter()
         result = update(state)  # update number state.step; state.step counts it done afterwards
+        summary = profiler.after(state.step)
+        if summary is not None:
+            distributed.print0(d, summary)
         alert = monitor.after_update(state, result, started, epoch=train.epoch_of(state.step),
                                      saving=checkpointer.overlapped(state.step))
         if state.consecutive_nonfinite >= cfg.precision.max_consecutive_nonfinite:
