@@ -135,21 +135,28 @@ def _parameters_on_meta():
 
 
 def _for_training(model, checkpointed: int) -> None:
-    """Activation checkpointing on the first `checkpointed` decoder layers (all of them when it is at
-    least their number), off on the others: those keep their activations and skip the recompute.
+    """Activation checkpointing on the first `checkpointed` decoder layers of the (language) model,
+    off on the others: those keep their activations and skip the recompute. At least their number:
+    every layer, a vision tower's too.
 
     The first ones: the backward reaches them last, after the later layers' activations are freed,
-    so their recompute does not add to the peak (`pipeline.model.memory`).
+    so their recompute does not add to the peak (`pipeline.model.memory`, which counts the language
+    model's layers only).
     """
     if not checkpointed:
         return
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    # transformers turns it on in every GradientCheckpointingLayer, in module order (the order of the forward).
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for layer in layers[checkpointed:]:
-        layer.gradient_checkpointing = False
+    # transformers turns it on in every GradientCheckpointingLayer; module order is the forward's.
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    language = vision.find_parts(model).language + "." if is_vision_language(model) else ""
+    decoder = [m for n, m in layers if n.startswith(language)]
+    if checkpointed >= len(decoder):
+        return
+    kept = {id(m) for m in decoder[:checkpointed]}
+    for _, layer in layers:
+        layer.gradient_checkpointing = id(layer) in kept
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:

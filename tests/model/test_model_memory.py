@@ -151,3 +151,23 @@ def test_checkpointing_the_first_layers_changes_no_gradient(tmp_path):
         results[k] = (loss.detach(), [p.grad.clone() for _, p in loading.trainable(lm)])
     assert torch.equal(results[0][0], results[2][0])
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[2][1]))
+
+
+def test_a_vision_language_model_checkpoints_the_first_layers_of_its_language_model(tmp_path):
+    """The estimate counts the language model's layers: auto's k are its first k, not the vision
+    tower's (which comes first in module order); `on` checkpoints every layer, the tower's too."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+    from vlmkit import save_llava
+
+    save_llava(tmp_path / "model")
+    for k in (1, memory.EVERY_LAYER):
+        lm = loading.build(_cfg(tmp_path), Precision("fp32", "cpu"), torch.device("cpu"), checkpointed=k)
+        flags = {n: m.gradient_checkpointing for n, m in lm.named_modules() if isinstance(m, GradientCheckpointingLayer)}
+        language = sorted((n for n in flags if ".language_model." in n), key=lambda n: int(n.rsplit(".", 1)[1]))
+        tower = [n for n in flags if n not in language]
+        assert len(language) > 1 and tower
+        if k == 1:
+            assert [flags[n] for n in language] == [True] + [False] * (len(language) - 1)
+            assert not any(flags[n] for n in tower)
+        else:
+            assert all(flags.values())
