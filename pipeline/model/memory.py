@@ -44,7 +44,7 @@ allocator never gets: the CUDA context (`CUDA_CONTEXT_BYTES`), NCCL's buffers
 when there is more than one process (`NCCL_BYTES`), and a fragmentation margin
 (`FRAGMENTATION`, a fraction of the GPU; launched training jobs set
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps fragmentation
-small: `pipeline.launch.env`).
+small: `pipeline.launch.__main__.allocator_env`).
 
 It is an estimate of the steady state, not a measurement: it ignores the
 evaluation forward (smaller than a training step). Checked against a measured
