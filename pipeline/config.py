@@ -138,13 +138,15 @@ class ModelConfig:
                                        "evaluated (full fine-tuning trains fp32 weights); auto: the autocast "
                                        "compute dtype on a GPU, fp32 on a CPU")
     activation_checkpointing: Switch = setting(
-        Switch.auto, "recompute each decoder layer's activations in the backward instead of keeping them; "
-                     "auto = on when the memory estimate (see `plan`) says the run does not fit without it")
+        Switch.auto, "recompute decoder layers' activations in the backward instead of keeping them; on = every "
+                     "layer; auto = the fewest layers (the first ones) with which the memory estimate fits "
+                     "(the plan prints the choice, k of n layers)")
     attn_implementation: Attention = setting(
         Attention.sdpa, "attention kernel (flash_attention_2 needs `pip install flash-attn`)")
     compile: bool = setting(False, "torch.compile each decoder layer (a GPU feature; the first updates compile)")
-    gpu_memory_gb: float | None = setting(None, "memory per GPU the run must fit (GiB); null = what the GPUs "
-                                                "found have")
+    gpu_memory_gb: float | None = setting(None, "memory of each GPU (GiB); the run must fit it less the CUDA "
+                                                "context, NCCL buffers and a fragmentation margin "
+                                                "(pipeline.model.memory.budget); null = what the GPUs found have")
     trust_remote_code: bool = setting(False, "run the model repo's own modelling code (Hugging Face "
                                              "trust_remote_code)")
     quantization: Quantization = setting(
@@ -314,6 +316,16 @@ class TokensConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """A torch profiler trace of a few updates of each stage (rank 0), with a summary of where the
+    time went: both in stages/<stage>/profile/ (`pipeline.train.profiling`)."""
+
+    updates: int = setting(0, "updates to profile in each stage (0 = off); the trace, and the time spent in "
+                              "matmuls, attention, loss, optimizer, EMA and data wait (printed and in summary.json)")
+    warmup: int = setting(2, "updates of the stage before the profiled ones (kernels chosen, caches warm)")
+
+
+@dataclass
 class TrainConfig:
     """The trainer config: top-level keys, then one group per dataclass."""
 
@@ -335,6 +347,7 @@ class TrainConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     tokens: TokensConfig = field(default_factory=TokensConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 # Names that changed meaning-preservingly (one meaning per name across the trainer and the workflow
@@ -367,6 +380,8 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("optim.global_batch and optim.micro_batch must be positive")
     if cfg.validation.batch_size <= 0:
         problems.append("validation.batch_size must be positive")
+    if cfg.profile.updates < 0 or cfg.profile.warmup < 0:
+        problems.append("profile.updates and profile.warmup must be >= 0")
     for rate in cfg.ema.rates:
         if not 0.0 < rate < 1.0:
             problems.append(f"ema.rates: {rate} is not in (0, 1)")

@@ -113,12 +113,33 @@ def broadcast_object(d: Dist, obj):
     return box[0]
 
 
+CHECKSUM_CHUNK = 2**20  # elements cast to float64 at a time: an 8 MiB temporary, whatever the tensor's size
+
+
+@torch.no_grad()
+def checksum(params: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[sum, sum of |x|] of `params` in float64, on `device`, without a float64 copy of any of them.
+
+    Each tensor is summed in chunks of `CHECKSUM_CHUNK` elements, each cast to
+    float64 on its own (`sum(dtype=float64)` would cast the whole tensor first):
+    an 8B-parameter model would otherwise need 64 GB of float64 copies. The
+    order of the sums is fixed by the shapes, so equal tensors give equal sums.
+    The result stays on the device: no host sync per tensor.
+    """
+    total = torch.zeros(2, dtype=torch.float64, device=device)
+    for p in params:
+        for chunk in p.detach().reshape(-1).split(CHECKSUM_CHUNK):
+            wide = chunk.double()
+            total[0] += wide.sum()
+            total[1] += wide.abs().sum()
+    return total
+
+
 def check_consistent(d: Dist, params: list[torch.Tensor], what: str) -> None:
-    """Fail if ranks hold different weights: a cheap float64 checksum per rank."""
+    """Fail if ranks hold different weights: a float64 checksum per rank (`checksum`)."""
     if not d.enabled:
         return
-    with torch.no_grad():
-        local = sum(float(p.detach().double().sum()) + float(p.detach().double().abs().sum()) for p in params)
+    local = checksum(params, params[0].device if params else torch.device("cpu")).tolist()
     sums = gather_objects(d, local)
     if any(s != sums[0] for s in sums):
         raise RuntimeError(f"ranks disagree on the {what} (per-rank checksums {sums})")

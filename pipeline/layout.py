@@ -59,6 +59,9 @@ BEST_META = "best.json"  # stage, update, validation loss, EMA rate of the best 
 STAGE_CHECKPOINT = "checkpoint"
 STAGE_METRICS = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"  # TensorBoard event files of a stage (train.tensorboard=true)
+PROFILE_DIR = "profile"  # a stage's profiler trace and its summary (trainer profile.updates > 0)
+PROFILE_TRACE = "trace_updates_{start}-{end}.json"  # Chrome trace format (chrome://tracing, Perfetto)
+PROFILE_SUMMARY = "summary.json"  # seconds and shares of the time per category
 
 # --- the training stage's progress line (`pipeline.train.monitor.Progress`) ---
 PROGRESS_ENV = "SFT_PROGRESS"  # "0": no line on the terminal (the log keeps its lines)

@@ -174,8 +174,9 @@ class Checkpointer:
             for name in (layout.SCRATCH_METRICS, layout.ALERTS_FILE):
                 if (self.scratch / name).is_file():
                     shutil.copy2(self.scratch / name, tmp / name)
-            if (self.scratch / layout.TENSORBOARD_DIR).is_dir():
-                shutil.copytree(self.scratch / layout.TENSORBOARD_DIR, tmp / layout.TENSORBOARD_DIR)
+            for name in (layout.TENSORBOARD_DIR, layout.PROFILE_DIR):
+                if (self.scratch / name).is_dir():
+                    shutil.copytree(self.scratch / name, tmp / name)
             self._copy_best(tmp, best)
         # The stage is complete: its scratch checkpoints are no longer needed.
         shutil.rmtree(self.scratch, ignore_errors=True)

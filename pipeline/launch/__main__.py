@@ -47,6 +47,27 @@ def controlling_terminal() -> str | None:
     return None
 
 
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+# PyTorch 2.9 renamed it PYTORCH_ALLOC_CONF and still reads the old name: either set by the user wins.
+ALLOC_CONF_NAMES = (ALLOC_CONF, "PYTORCH_ALLOC_CONF")
+
+
+def allocator_env(env: dict[str, str]) -> dict[str, str]:
+    """What a training job adds to `env`: expandable segments for PyTorch's CUDA allocator, unless
+    the user configured the allocator.
+
+    Without them the caching allocator keeps fixed-size segments, and the varying shapes of SFT
+    micro-batches (lengths change every step) leave free memory split among segments that no new
+    block fits: the fragmentation a run OOMs on while `memory_reserved` is far above
+    `memory_allocated`. Expandable segments grow one mapping instead (PyTorch's CUDA semantics
+    notes); the memory budget's fragmentation margin (`pipeline.model.memory.FRAGMENTATION`)
+    assumes them.
+    """
+    if any(env.get(name) for name in ALLOC_CONF_NAMES):
+        return {}
+    return {ALLOC_CONF: "expandable_segments:True"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
@@ -72,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if devices is not None:
         env.update(devices.env())  # the ids, and the order they are numbered in
     if args.train:
+        env.update(allocator_env(env))
         terminal = controlling_terminal()
         if terminal:  # rank 0 draws the stage's progress line there (the log keeps its own lines)
             env[PROGRESS_TTY_ENV] = terminal

@@ -55,14 +55,14 @@ def image_text(cfg: TrainConfig) -> ImageText | None:
     return load_image_text(cfg.model.path, cfg.model.trust_remote_code) if config_is_vision_language(_config(cfg)) else None
 
 
-def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointing: bool = False,
+def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointed: int = 0,
               compute_dtype: torch.dtype | None = None):
     """The base model from `model.path`, in `dtype`, read straight onto `device`.
 
-    `checkpointing`: recompute each decoder layer's activations in the
-    backward (non-reentrant `torch.utils.checkpoint`, which replays the
-    layer's dropout masks, so the gradients do not change). With
-    `model.quantization` its linear layers are quantized as they load
+    `checkpointed`: recompute the activations of the first `checkpointed`
+    decoder layers in the backward (non-reentrant `torch.utils.checkpoint`,
+    which replays the layer's dropout masks, so the gradients do not change).
+    With `model.quantization` its linear layers are quantized as they load
     (`pipeline.model.quantization`; `compute_dtype`: the run's compute dtype, for
     `model.quant_compute_dtype=auto`, default `dtype`).
     """
@@ -85,11 +85,11 @@ def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, che
             quantization.off_the_file(model)
         log.info("base %s loaded with model.quantization=%s: %d linear layers quantized by bitsandbytes",
                  cfg.model.path, cfg.model.quantization, quantization.count_quantized(model))
-    _for_training(model, checkpointing)
+    _for_training(model, checkpointed)
     return model
 
 
-def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = False):
+def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointed: int = 0):
     """The base model's skeleton: parameters allocated on the CPU but never written, buffers real.
 
     Nothing is read from the weight files and almost no memory is resident (the
@@ -111,7 +111,7 @@ def empty_base(cfg: TrainConfig, dtype: torch.dtype, *, checkpointing: bool = Fa
                     module._parameters[name] = torch.nn.Parameter(torch.empty_like(param, device="cpu"),
                                                                   requires_grad=param.requires_grad)
     model.tie_weights()  # the replaced parameters broke the ties (lm_head to the embeddings)
-    _for_training(model, checkpointing)
+    _for_training(model, checkpointed)
     return model
 
 
@@ -154,9 +154,29 @@ def _parameters_on_meta():
         torch.nn.Module.register_parameter = register
 
 
-def _for_training(model, checkpointing: bool) -> None:
-    if checkpointing:
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+def _for_training(model, checkpointed: int) -> None:
+    """Activation checkpointing on the first `checkpointed` decoder layers of the (language) model,
+    off on the others: those keep their activations and skip the recompute. At least their number:
+    every layer, a vision tower's too.
+
+    The first ones: the backward reaches them last, after the later layers' activations are freed,
+    so their recompute does not add to the peak (`pipeline.model.memory`, which counts the language
+    model's layers only).
+    """
+    if not checkpointed:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    # transformers turns it on in every GradientCheckpointingLayer; module order is the forward's.
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    language = vision.find_parts(model).language + "." if is_vision_language(model) else ""
+    decoder = [m for n, m in layers if n.startswith(language)]
+    if checkpointed >= len(decoder):
+        return
+    kept = {id(m) for m in decoder[:checkpointed]}
+    for _, layer in layers:
+        layer.gradient_checkpointing = id(layer) in kept
 
 
 def decoder_layers(model) -> list[torch.nn.Module]:
@@ -409,7 +429,7 @@ def train_dtype(cfg: TrainConfig, precision: Precision) -> torch.dtype:
 
 
 def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *, empty: bool = False,
-          evaluation: bool = False, checkpointing: bool = False):
+          evaluation: bool = False, checkpointed: int = 0):
     """The model as trained: base (frozen under LoRA) plus a fresh adapter.
 
     `empty`: the base is only a skeleton (`empty_base`) whose weights the caller
@@ -430,8 +450,8 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
         refuse_added_tokens_sharded(cfg)
-    model = (empty_base(cfg, dtype, checkpointing=checkpointing) if empty
-             else load_base(cfg, dtype, device, checkpointing=checkpointing,
+    model = (empty_base(cfg, dtype, checkpointed=checkpointed) if empty
+             else load_base(cfg, dtype, device, checkpointed=checkpointed,
                             compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.

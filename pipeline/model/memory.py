@@ -2,7 +2,10 @@
 
 `plan` uses it to refuse, before any GPU work, a run that cannot fit its GPUs
 (naming the knobs that would make it fit); a stage uses it to decide
-`model.activation_checkpointing=auto`. Nothing is loaded or allocated: the
+`model.activation_checkpointing=auto`: the fewest decoder layers (the first k)
+to checkpoint so that the estimate fits the budget. Plan and stage decide
+through one function (`decide`), from the same derived micro-batch
+(`pipeline.config.batch_split`), so they cannot disagree. Nothing is loaded or allocated: the
 estimate works from the shapes in config.json (`Shapes`), so an 8B model can
 be checked on a laptop.
 
@@ -35,19 +38,27 @@ Per GPU, in bytes:
                     LoRA        (a + 1) x in    per target when lora.dropout > 0
                                                 (the dropped input and its mask)
                   (a = bytes of the compute dtype, H hidden, I intermediate,
-                  q / kv the query / key-value widths). With activation
-                  checkpointing each layer keeps only its input (L x rH, r =
-                  residual-stream bytes) plus one layer recomputed at a time
-                  (twice its activations: the recompute and its gradients).
+                  q / kv the query / key-value widths). With the first k of
+                  the L layers checkpointed, each of those keeps only its input
+                  (k x rH, r = residual-stream bytes); the peak is the larger
+                  of the other L - k layers' activations (at the start of the
+                  backward) and one checkpointed layer recomputed (twice its
+                  activations: the recompute and its gradients), which happens
+                  only after the backward has freed the later layers'.
   loss            one chunk of logits (`pipeline.model.loss`): rows x vocab x
                   (2a + 12) bytes
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
                   the unsharded root (embeddings, head) and two layers in flight
-  runtime         1 GiB: CUDA context, cuBLAS workspaces, allocator slack
+The budget it must fit (`budget`) is each GPU's memory less what PyTorch's
+allocator never gets: the CUDA context (`CUDA_CONTEXT_BYTES`), NCCL's buffers
+when there is more than one process (`NCCL_BYTES`), and a fragmentation margin
+(`FRAGMENTATION`, a fraction of the GPU; launched training jobs set
+`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps fragmentation
+small: `pipeline.launch.__main__.allocator_env`).
 
 It is an estimate of the steady state, not a measurement: it ignores the
-evaluation forward (smaller than a training step) and fragmentation beyond the
-runtime allowance. Checked against a measured peak: `bench/bench_gpu.py`.
+evaluation forward (smaller than a training step). Checked against a measured
+peak: `bench/bench_gpu.py`.
 """
 
 from __future__ import annotations
@@ -56,13 +67,29 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import ALL_LINEAR, Quantization, TrainConfig
+from pipeline.config import ALL_LINEAR, Quantization, TrainConfig, batch_split
 from pipeline.model.loss import chunk_tokens
 
 log = logging.getLogger(__name__)
 
 GiB = 2**30
-RUNTIME_BYTES = 1 * GiB
+MiB = 2**20
+# The CUDA context, loaded kernel images and the cuBLAS/cuDNN handles and workspaces: memory the GPU
+# holds for the process outside PyTorch's caching allocator (nvidia-smi's "used" minus
+# torch.cuda.memory_reserved()). About 0.5 GiB on an H100 with lazy module loading (the CUDA 12
+# default) before cuDNN and the attention kernels load; cuBLAS adds 32 MiB of workspace per stream on
+# Hopper (CUBLAS_WORKSPACE_CONFIG's default there). Rounded up, as the old flat allowance was.
+CUDA_CONTEXT_BYTES = 1 * GiB
+# NCCL's communicator memory when world > 1: per peer and channel a send and a receive buffer of
+# NCCL_BUFFSIZE (4 MiB by default, NCCL's environment-variable docs), up to 32 channels over NVLink,
+# plus NVLS (NVLink SHARP) buffers on H100 systems: a few hundred MiB to about 1 GiB per GPU in
+# practice. NCCL allocates it with cudaMalloc, outside PyTorch's allocator.
+NCCL_BYTES = 1 * GiB
+# Memory the caching allocator reserves but cannot hand out (partly used blocks). With
+# expandable_segments (set for every launched job) it is small; 5% of the GPU is a margin, not a
+# measurement (compare max_memory_reserved with max_memory_allocated in the metrics to check it).
+FRAGMENTATION = 0.05
+EVERY_LAYER = 2**31  # `Run.checkpointed` of `on` when the layer count is unknown: at least every layer
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -130,18 +157,24 @@ class Run:
     length: int  # tokens of the longest sequence
     world: int  # GPUs (processes)
     sharded: bool  # FSDP
-    checkpointing: bool
+    checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
 
-    def describe(self) -> str:
+    def describe(self, layers: int) -> str:
         return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
                 f"{' FSDP' if self.sharded else ''}, micro-batch {self.micro_batch} x {self.length} tokens, "
-                f"activation checkpointing {'on' if self.checkpointing else 'off'}")
+                f"{checkpointing_text(self.checkpointed, layers)}")
+
+
+def checkpointing_text(checkpointed: int, layers: int) -> str:
+    """How the plan and the stage log show the choice: 'activation checkpointing k of n layers'."""
+    return f"activation checkpointing {min(checkpointed, layers)} of {layers} layers"
 
 
 @dataclass(frozen=True)
 class Estimate:
     run: Run
+    layers: int  # decoder layers of the model
     parts: dict[str, int]  # what -> bytes per GPU
 
     @property
@@ -151,7 +184,7 @@ class Estimate:
     def table(self) -> str:
         width = max(34, *map(len, self.parts))
         rows = [f"  {name:<{width}} {_size(b)}" for name, b in [*self.parts.items(), ("total", self.total)]]
-        return "\n".join([f"memory per GPU ({self.run.describe()}):", *rows])
+        return "\n".join([f"memory per GPU ({self.run.describe(self.layers)}):", *rows])
 
 
 def _size(b: int) -> str:
@@ -178,8 +211,7 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     tokens = run.micro_batch * run.length
     parts["activations"] = tokens * _activation_bytes_per_token(cfg, shapes, run, a, residual=w)
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
-    parts["runtime (CUDA context, workspaces)"] = RUNTIME_BYTES
-    return Estimate(run, parts)
+    return Estimate(run, shapes.layers, parts)
 
 
 QUANT_BLOCK = 64  # bitsandbytes' 4-bit block size (weights per absmax constant)
@@ -248,9 +280,10 @@ def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: i
         if cfg.lora.dropout > 0:
             layer += sum((a + 1) * fan_in for fan_in, _ in targets)
     outside = (3 * residual + 4 + a) * h  # embeddings out, final norm, the residual's gradient
-    if run.checkpointing:
-        return shapes.layers * residual * h + 2 * layer + outside
-    return shapes.layers * layer + outside
+    k = min(run.checkpointed, shapes.layers)
+    # The checkpointed layers come first: the backward reaches them after it freed the later layers'.
+    recompute = 2 * layer if k else 0
+    return k * residual * h + max((shapes.layers - k) * layer, recompute) + outside
 
 
 def gpu_precision(mode: str) -> str:
@@ -258,16 +291,39 @@ def gpu_precision(mode: str) -> str:
     return "bf16" if mode == "auto" else mode
 
 
-def checkpointing_needed(cfg: TrainConfig, shapes: Shapes | None, run: Run, budget: int | None) -> bool:
-    """`model.activation_checkpointing` for this run: auto = on when the estimate without it exceeds
-    `budget` and checkpointing lowers it (with very few layers it does not)."""
+def budget(gpu_bytes: int, world: int) -> int:
+    """Bytes PyTorch's allocator can give a training process on a GPU of `gpu_bytes`: less the CUDA
+    context, NCCL's buffers with more than one process, and the fragmentation margin."""
+    nccl = NCCL_BYTES if world > 1 else 0
+    return int(gpu_bytes * (1 - FRAGMENTATION)) - CUDA_CONTEXT_BYTES - nccl
+
+
+def checkpointed_layers(cfg: TrainConfig, shapes: Shapes | None, run: Run, limit: int | None) -> int:
+    """Decoder layers to checkpoint (the first ones) under `model.activation_checkpointing`:
+    on = all, off = none, auto = the fewest whose estimate fits `limit` (bytes), all when none
+    does (the smallest estimate; `does_not_fit` then says so), none without a limit or shapes.
+
+    Checkpointing a layer costs its forward again in the backward (about a third of its step time),
+    so the fewest layers that fit is the fastest run that fits.
+    """
     switch = cfg.model.activation_checkpointing
+    layers = shapes.layers if shapes is not None else EVERY_LAYER
     if switch != "auto":
-        return switch == "on"
-    if budget is None or shapes is None:
-        return False
-    off = estimate(cfg, shapes, replace(run, checkpointing=False)).total
-    return off > budget and estimate(cfg, shapes, replace(run, checkpointing=True)).total < off
+        return layers if switch == "on" else 0
+    if limit is None or shapes is None:
+        return 0
+    return next((k for k in range(layers + 1)
+                 if estimate(cfg, shapes, replace(run, checkpointed=k)).total <= limit), layers)
+
+
+def decide(cfg: TrainConfig, shapes: Shapes | None, *, world: int, sharded: bool, precision: str, length: int,
+           limit: int | None) -> Run:
+    """The run a stage trains, activation checkpointing decided: the one function the plan and the
+    stage both call, so they estimate the same micro-batch (the derived one, `batch_split`) and
+    choose the same layers."""
+    run = Run(micro_batch=batch_split(cfg, world)[0], length=length, world=world, sharded=sharded,
+              checkpointed=0, precision=precision)
+    return replace(run, checkpointed=checkpointed_layers(cfg, shapes, run, limit))
 
 
 def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
@@ -281,25 +337,26 @@ def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
     if cfg.lora.enabled and cfg.model.quantization == "none" and not run.sharded:
         option("model.quantization=nf4 (a 4-bit base under LoRA: QLoRA)", run, _with_quantization(cfg, "nf4"))
 
-    if not run.checkpointing:
-        option("model.activation_checkpointing=on (or auto)", replace(run, checkpointing=True))
+    full = run.checkpointed >= shapes.layers
+    if not full:
+        option("model.activation_checkpointing=on (or auto)", replace(run, checkpointed=shapes.layers))
     per_update = cfg.optim.global_batch // run.world
-    for ckpt in sorted({run.checkpointing, True}):
+    for ckpt in sorted({run.checkpointed, shapes.layers}):
         smaller = [m for m in range(run.micro_batch - 1, 0, -1) if per_update % m == 0]
-        fitting = [m for m in smaller if estimate(cfg, shapes, replace(run, micro_batch=m, checkpointing=ckpt)).total
+        fitting = [m for m in smaller if estimate(cfg, shapes, replace(run, micro_batch=m, checkpointed=ckpt)).total
                    <= budget]
         if smaller:
             m = fitting[0] if fitting else smaller[-1]
-            extra = " with activation checkpointing" if ckpt and not run.checkpointing else ""
+            extra = " with activation checkpointing" if ckpt == shapes.layers and not full else ""
             option(f"optim.micro_batch={m}{extra} (accumulation keeps optim.global_batch)",
-                   replace(run, micro_batch=m, checkpointing=ckpt))
+                   replace(run, micro_batch=m, checkpointed=ckpt))
     if not run.sharded and run.world > 1:
         option(f"distributed=fsdp over the {run.world} GPUs", replace(run, sharded=True))
-        if not run.checkpointing:
+        if not full:
             option(f"distributed=fsdp over the {run.world} GPUs with activation checkpointing",
-                   replace(run, sharded=True, checkpointing=True))
+                   replace(run, sharded=True, checkpointed=shapes.layers))
     elif not run.sharded:
-        one = estimate(cfg, shapes, replace(run, checkpointing=True, micro_batch=1))
+        one = estimate(cfg, shapes, replace(run, checkpointed=shapes.layers, micro_batch=1))
         lines.append(f"  distributed=fsdp with more GPUs (train.nproc): weights, gradients, optimizer and EMA are "
                      f"divided among them ({sum(v for k, v in one.parts.items() if _sharded_part(k)) / GiB:.1f} GiB "
                      "on one GPU)")
@@ -357,23 +414,26 @@ def longest_record(cache_path: str | None) -> int | None:
     return int(lengths.max()) if lengths.size else None
 
 
-def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision: str,
-              length: int) -> tuple[bool, Estimate | None]:
-    """(activation checkpointing on?, the estimate it was decided on) for a training stage on `device`.
+def gpu_budget(cfg: TrainConfig, gpu_bytes: int | None, world: int) -> int | None:
+    """The allocator's budget per GPU (`budget`) of a GPU of `model.gpu_memory_gb`, else of `gpu_bytes`
+    (the GPU found); None with neither (a CPU)."""
+    if cfg.model.gpu_memory_gb is not None:
+        gpu_bytes = int(cfg.model.gpu_memory_gb * GiB)
+    return None if gpu_bytes is None else budget(gpu_bytes, world)
 
-    The budget is `model.gpu_memory_gb`, else the GPU's own memory; a CPU has
-    none, so there `auto` means off.
+
+def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision: str,
+              length: int) -> tuple[int, Estimate | None]:
+    """(decoder layers to checkpoint, the estimate it was decided on) for a training stage on `device`.
+
+    The GPU's memory is `model.gpu_memory_gb`, else the device's own; a CPU has
+    none, so there `auto` means none.
     """
     import torch
 
-    budget = None
-    if cfg.model.gpu_memory_gb is not None:
-        budget = int(cfg.model.gpu_memory_gb * GiB)
-    elif device.type == "cuda":
-        budget = torch.cuda.get_device_properties(device).total_memory
-    needs_shapes = budget is not None or cfg.model.activation_checkpointing != "auto"
+    found = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    limit = gpu_budget(cfg, found, world)
+    needs_shapes = limit is not None or cfg.model.activation_checkpointing != "auto"
     shapes = read_shapes(cfg.model.path, cfg.model.trust_remote_code) if needs_shapes else None
-    run = Run(micro_batch=cfg.optim.micro_batch, length=length, world=world, sharded=sharded, checkpointing=False,
-              precision=precision)
-    on = checkpointing_needed(cfg, shapes, run, budget)
-    return on, (estimate(cfg, shapes, replace(run, checkpointing=on)) if shapes is not None else None)
+    run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit)
+    return run.checkpointed, (estimate(cfg, shapes, run) if shapes is not None else None)

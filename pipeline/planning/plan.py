@@ -30,12 +30,15 @@ nothing fails here, listing the layers it could adapt, not in the pilot.
 Memory: from the model's config.json alone (`pipeline.model.memory`), the
 plan estimates what one GPU holds during training (weights, gradients,
 optimizer, EMA shadows, activations of the largest micro-batch, the loss's
-logits) and fails, before any GPU work, when that exceeds `model.gpu_memory_gb`
-or, when that is not set, the memory of the GPUs it finds; the error shows the
-estimate and what each knob (activation checkpointing, micro-batch, FSDP, a
-4-bit base) would make of it. Without either (a CPU run) the estimate is only
-printed. A run that fits only because its base is quantized
-(`model.quantization`) is told so, with what a float base would need.
+logits) and fails, before any GPU work, when that exceeds what the allocator
+can use of a GPU of `model.gpu_memory_gb` or, when that is not set, of the GPUs
+it finds (`memory.budget`); the error shows the estimate and what each knob
+(activation checkpointing, micro-batch, FSDP, a 4-bit base) would make of it. Under
+`model.activation_checkpointing=auto` it prints the choice (k of n layers), the
+one the stage makes (`memory.decide`). Without either (a CPU run) the estimate
+is only printed.
+A run that fits only because its base is quantized (`model.quantization`) is
+told so, with what a float base would need.
 
 A quantized base is checked here too: bitsandbytes installed, a base stored
 unquantized, and not with FSDP (`cross_check`; each error names the keys).
@@ -165,26 +168,24 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         return None
     count, found = memory.gpus_found()
     world = world or max(count, 1)
-    run = memory.Run(micro_batch=train_config.batch_split(cfg, world)[0], length=length, world=world,
-                     sharded=cfg.distributed.strategy == "fsdp" and world > 1,
-                     checkpointing=cfg.model.activation_checkpointing == "on",
-                     precision=memory.gpu_precision(cfg.precision.mode))
-    if cfg.model.gpu_memory_gb is not None:
-        budget, where = int(cfg.model.gpu_memory_gb * memory.GiB), f"in model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}"
-    elif found is not None:
-        budget, where = found, f"on the smallest of the {count} GPUs found"
-    else:
+    limit = memory.gpu_budget(cfg, found, world)
+    run = memory.decide(cfg, shapes, world=world, sharded=cfg.distributed.strategy == "fsdp" and world > 1,
+                        precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit)
+    if limit is None:
         print(memory.estimate(cfg, shapes, run).table())
         print("memory: no GPU found and no model.gpu_memory_gb: not checked")
         return None
-    if memory.checkpointing_needed(cfg, shapes, run, budget) and not run.checkpointing:
-        print("memory: model.activation_checkpointing=auto turns it on (the run does not fit without)")
-        run = replace(run, checkpointing=True)
+    gpu = (f"model.gpu_memory_gb={cfg.model.gpu_memory_gb:g}" if cfg.model.gpu_memory_gb is not None
+           else f"the smallest of the {count} GPUs found")
+    where = f"usable on {gpu} (less the CUDA context, NCCL buffers and fragmentation: pipeline.model.memory.budget)"
+    if cfg.model.activation_checkpointing == "auto":
+        print(f"memory: model.activation_checkpointing=auto: "
+              f"{memory.checkpointing_text(run.checkpointed, shapes.layers)} (the fewest that fit)")
     print(memory.estimate(cfg, shapes, run).table())
-    note = memory.quantization_note(cfg, shapes, run, budget)
+    note = memory.quantization_note(cfg, shapes, run, limit)
     if note:
         print(note)
-    return memory.does_not_fit(cfg, shapes, run, budget, where)
+    return memory.does_not_fit(cfg, shapes, run, limit, where)
 
 
 def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:

@@ -48,7 +48,7 @@ from pipeline.errors import UserError
 from pipeline.model import loading
 from pipeline.model.loss import TokenLoss
 from pipeline.train import sharded_load
-from pipeline.distributed import Dist, any_rank, barrier, check_consistent, plain
+from pipeline.distributed import Dist, any_rank, barrier, check_consistent, checksum, plain
 from pipeline.checkpoint.state import TrainedState, keep_implementation
 
 log = logging.getLogger(__name__)
@@ -123,11 +123,7 @@ def _checksum(d: Dist, params: list[torch.Tensor]) -> list[float]:
 
     Summed over the shards of one copy: under HSDP each node-group holds a full copy.
     """
-    local = torch.zeros(2, dtype=torch.float64, device=d.device)  # on the device: NCCL reduces no CPU tensor
-    for p in params:
-        t = _local(p).detach().double()
-        local[0] += t.sum()
-        local[1] += t.abs().sum()
+    local = checksum([_local(p) for p in params], d.device)  # on the device: NCCL reduces no CPU tensor
     group = _shard_group(params[0]) if params else None
     dist.all_reduce(local, group=group)
     return local.tolist()
@@ -216,13 +212,14 @@ def _dcp_state(model, names: list[str], ema, optimizer) -> dict:
     }
 
 
-def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path, group) -> Future:
+def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Path, group, stager=None) -> Future:
     """All ranks: write the sharded state into `staging` (later moved to `<ckpt>/dcp/`). Collective.
 
     With `group` (a gloo group of its own), asynchronously: the state is copied to
-    CPU memory before this returns, and the files are written on a background
-    thread whose collectives use `group`, so they never interleave with the
-    training's. The future is done when every rank's files and rank 0's .metadata are.
+    CPU memory (by `stager`, into its buffers) before this returns, and the files
+    are written on a background thread whose collectives use `group`, so they
+    never interleave with the training's. The future is done when every rank's
+    files and rank 0's .metadata are.
     """
     import torch.distributed.checkpoint as dcp
 
@@ -232,10 +229,23 @@ def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Pat
     barrier(d)
     state = _dcp_state(model, names, ema, optimizer)
     if group is not None:
-        return dcp.async_save(state, checkpoint_id=str(staging), process_group=group)
+        return dcp.async_save(state, checkpoint_id=str(staging), process_group=group, async_stager=stager)
     future: Future = Future()
     future.set_result(dcp.save(state, checkpoint_id=str(staging)))
     return future
+
+
+def _reused_stager(device: torch.device):
+    """DCP's stager for asynchronous saves, kept for the whole stage: it copies each tensor into a CPU
+    buffer it allocated for that tensor's storage at the first save and reuses at every later one
+    (pinned on CUDA, so the device-to-host copies run at full speed). DCP's default allocates new
+    pageable memory at every save. Staging stays synchronous (done when `async_save` returns), so the
+    training may change the weights right after."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    cuda = device.type == "cuda"
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=cuda))
 
 
 def _load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
@@ -272,8 +282,10 @@ class FSDP:
         self.full_ft = not cfg.lora.enabled
         # Asynchronous saves run their collectives on a gloo group of their own (created by all ranks now).
         self._save_group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
+        self._stager = _reused_stager(d.device) if cfg.checkpoint.async_save else None
+        self._last_save: Future | None = None
 
-    def build_model(self, cfg, precision, *, checkpointing: bool = False):
+    def build_model(self, cfg, precision, *, checkpointed: int = 0):
         """Build the skeleton, shard it, then read each rank's shards of the base weights.
 
         The adapter (or, in full fine-tuning, nothing) is initialized before
@@ -282,7 +294,7 @@ class FSDP:
         """
         if cfg.distributed.meta_init:
             sharded_load.pin_mmap_threshold()  # before fully_shard frees the skeleton's blocks
-        skeleton = (loading.build(cfg, precision, None, empty=True, checkpointing=checkpointing)
+        skeleton = (loading.build(cfg, precision, None, empty=True, checkpointed=checkpointed)
                     if cfg.distributed.meta_init else None)
         # Initialized here, not read: the adapter's own weights (a module trained in full as
         # modules_to_save starts as the base's, and is read like it).
@@ -295,7 +307,7 @@ class FSDP:
                         "the whole model instead of its shards", cfg.model.path)
             skeleton = None
         model = skeleton if skeleton is not None else loading.build(cfg, precision, torch.device("cpu"),
-                                                                    checkpointing=checkpointing)
+                                                                    checkpointed=checkpointed)
         # Shards are cut from each rank's own copy: the weights it initialized itself (the
         # adapter; everything when loaded whole) must agree before sharding. Weights read
         # from the files after sharding are the files'.
@@ -328,8 +340,11 @@ class FSDP:
 
     def capture(self, parts, staging: Path) -> TrainedState:
         """All ranks write their shards of weights, EMA and optimizer into `staging` (DCP)."""
+        if self._last_save is not None:  # its files are written from the stager's buffers, reused now
+            self._last_save.result()
         pending = _save_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, staging,
-                                self._save_group)
+                                self._save_group, self._stager)
+        self._last_save = pending
         params = [p for _, p in loading.trainable(parts.model)]
         return TrainedState(sharded_dir=staging, pending=pending,
                             progress={"weights_checksum": _checksum(self.d, params)})

@@ -295,7 +295,7 @@ class Monitor:
         seconds = time.perf_counter() - started
         record = {"step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
                   "tokens_per_s": result.tokens / seconds, "step_time_s": seconds, "skipped": not result.finite,
-                  "skipped_total": state.skipped_updates, "mem_mb": _memory_mb(self.device), "epoch": epoch}
+                  "skipped_total": state.skipped_updates, **_memory_mb(self.device), "epoch": epoch}
         if result.loss_scale is not None:  # fp16: the GradScaler's scale, and its calibration skips
             record.update(loss_scale=result.loss_scale, scaler_skip=result.scaler_skip,
                           scaler_skips_total=state.scaler_skips)
@@ -313,12 +313,15 @@ class Monitor:
         self.metrics.close()
 
 
-def _memory_mb(device: torch.device) -> float:
+def _memory_mb(device: torch.device) -> dict[str, float]:
+    """Peak memory so far: on a GPU what tensors held (`mem_mb`) and what the caching allocator took
+    (`mem_reserved_mb`; the difference is its fragmentation and cache); on a CPU the peak RSS."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
+        return {"mem_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+                "mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
     try:
         import resource
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return {"mem_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     except ImportError:  # pragma: no cover - non-POSIX
-        return 0.0
+        return {"mem_mb": 0.0}

@@ -59,6 +59,7 @@ from pipeline.train.evals import Evaluator
 from pipeline.train.faults import Hooks, InjectedFailure
 from pipeline.train.monitor import Monitor
 from pipeline.train.optimizer import adamw
+from pipeline.train.profiling import StageProfiler
 from pipeline.train.strategy import choose as choose_strategy
 from pipeline.train.update import LoopState, Updater
 
@@ -95,14 +96,14 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
     train_cache, mix = train_data(cfg.tokens, cfg.seed)
-    checkpointing, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
+    checkpointed, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
                                                 precision=precision.name, length=int(train_cache.lengths.max()))
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
     # The loop calls a TokenLoss (batch in, summed loss out): DDP wraps it, FSDP shards it (in
     # place); its .lm is what the optimizer, the EMA and the checkpoints see, sharded or not.
-    model = strategy.build_model(cfg, precision, checkpointing=checkpointing)
+    model = strategy.build_model(cfg, precision, checkpointed=checkpointed)
     loss_model = strategy.unwrap(model)  # without DDP's wrapper: what evaluation calls
     raw_model = loss_model.lm
     # In the optimizer's param-group order (LoRA+ splits them): every saved state is keyed by it.
@@ -124,7 +125,8 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
                           f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
                           f"micro-batch {micro} x {accum}, precision {precision.name}, "
-                          f"activation checkpointing {'on' if checkpointing else 'off'}")
+                          + (memory.checkpointing_text(checkpointed, estimate.layers) if estimate is not None
+                             else f"activation checkpointing {'every layer' if checkpointed else 'off'}"))
     if estimate is not None:
         distributed.print0(d, estimate.table())
     state, rng = LoopState(step=stage.start), None
@@ -155,6 +157,8 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
                      stage=stage.name, restored_from=source)
+    profiler = StageProfiler(cfg.profile, args.scratch, stage.name, state.step, stage.start, is_main=d.is_main,
+                             device=d.device, data=train, ema=parts.ema)
 
     # --- the loop ------------------------------------------------------------------
     if state.eval_pending:  # the previous attempt was preempted during this eval: redo it first
@@ -165,8 +169,12 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     model.train()
     train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
     while state.step < stage.end:
+        profiler.before(state.step)
         started = time.perf_counter()
         result = update(state)  # update number state.step; state.step counts it done afterwards
+        summary = profiler.after(state.step)
+        if summary is not None:
+            distributed.print0(d, summary)
         alert = monitor.after_update(state, result, started, epoch=train.epoch_of(state.step),
                                      saving=checkpointer.overlapped(state.step))
         if state.consecutive_nonfinite >= cfg.precision.max_consecutive_nonfinite:

@@ -69,8 +69,8 @@ class Replicated:
         self.d = d
         self.consistency = "weight checksums" if d.enabled else "single process"
 
-    def build_model(self, cfg, precision, *, checkpointing: bool = False):
-        model = TokenLoss(loading.build(cfg, precision, self.d.device, checkpointing=checkpointing))
+    def build_model(self, cfg, precision, *, checkpointed: int = 0):
+        model = TokenLoss(loading.build(cfg, precision, self.d.device, checkpointed=checkpointed))
         if not self.d.enabled:
             return model
         return torch.nn.parallel.DistributedDataParallel(

@@ -90,3 +90,21 @@ def test_sigterm_reaches_every_torchrun_rank_which_save_together(tiny, tmp_path)
     saved = run.scratch("all") / (run.scratch("all") / layout.LATEST_FILE).read_text().strip()
     state = saved / layout.TRAINING_STATE_DIR
     assert (state / "rng_rank000.json").is_file() and (state / "rng_rank001.json").is_file()  # both ranks saved
+
+
+@pytest.mark.parametrize("user", [None, "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"])
+def test_a_training_job_gets_expandable_segments_unless_the_user_configured_the_allocator(tmp_path, monkeypatch, user):
+    from pipeline.launch import __main__ as launcher
+
+    for name in launcher.ALLOC_CONF_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    if user:
+        monkeypatch.setenv(user, "max_split_size_mb:128")
+    started = {}
+    monkeypatch.setattr(launcher.run, "run", lambda cmds, log, env, preemptible: started.update(env) or 0)
+    for train in ([], ["--train"]):
+        started.clear()
+        assert launcher.main(["--log", str(tmp_path / "log"), *train, "--", "-m", "pipeline", "train"]) == 0
+        expected = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} if train and not user else {}
+        assert {k: v for k, v in started.items() if k in launcher.ALLOC_CONF_NAMES} == (
+            expected or ({user: "max_split_size_mb:128"} if user else {}))

@@ -8,7 +8,7 @@ import torch
 
 from pipeline import config as train_config
 from pipeline.data.cache import TokenCache
-from pipeline.model import loading
+from pipeline.model import loading, memory
 from pipeline.model.loss import TokenLoss, collate, token_loss_sum
 from pipeline.model.precision import choose
 
@@ -25,7 +25,8 @@ def _cfg(tiny, *overrides):
 def _model(tiny, *overrides, checkpointing=False):
     cfg = _cfg(tiny, *overrides)
     torch.manual_seed(0)
-    model = loading.build(cfg, choose("fp32", torch.device("cpu")), torch.device("cpu"), checkpointing=checkpointing)
+    model = loading.build(cfg, choose("fp32", torch.device("cpu")), torch.device("cpu"),
+                           checkpointed=memory.EVERY_LAYER if checkpointing else 0)
     with torch.no_grad():  # a trained-looking adapter: lora_B is zero at init, which would hide its gradient path
         for name, p in model.named_parameters():
             if "lora_B" in name:

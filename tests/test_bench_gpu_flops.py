@@ -1,0 +1,34 @@
+"""bench/bench_gpu.py's FLOP counts, by hand for a small shape, and its supervised count against the
+labels its token cache holds."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import bench_gpu  # noqa: E402
+
+INFO = {"layers": 2, "hidden": 4, "vocab": 10, "params_layers_matmul": 100}
+
+
+def test_flop_counts_by_hand():
+    # Records of 3 tokens (1 of prompt) and 4 tokens (no prompt): 7 tokens; the targets are the labels
+    # at positions 1.. : 2 + 3 = 5. Causal attention: 6 L d T^2 = 6 * 2 * 4 * (9 + 16) = 1200.
+    counts = bench_gpu.flops_per_token(INFO, 6, [(3, 1), (4, 0)])
+    six_n = 6 * (100 + 10 * 4 + 6) * 7 + 1200  # layers + head + LoRA, forward and backward
+    lora = (4 * 100 + 6 * 6) * 7 + 4 * 10 * 4 * 5 + 1200  # no weight gradients of the frozen 4N
+    assert counts["6n"] == pytest.approx(six_n / 7) and counts["lora_actual"] == pytest.approx(lora / 7)
+    assert counts["supervised_fraction"] == pytest.approx(5 / 7) and counts["mean_length"] == 3.5
+
+
+def test_supervised_count_is_the_targets_the_cache_holds(tmp_path):
+    from pipeline.data.cache import IGNORE_INDEX, TokenCache
+
+    shape = bench_gpu.build_cache(tmp_path / "c.safetensors", records=16, seq_len=64, vocab=100, mix=True)
+    cache = TokenCache(tmp_path / "c.safetensors")
+    targets = sum(int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache)))
+    tokens = sum(n for n, _ in shape)
+    assert bench_gpu.flops_per_token(INFO, 0, shape)["supervised_fraction"] == pytest.approx(targets / tokens)
