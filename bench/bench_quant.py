@@ -149,18 +149,18 @@ def _model(root: Path, shape: dict) -> Path:
 
 
 def _estimate(config: Path, model: Path, seq_len: int) -> dict:
-    """The plan's estimate for the run's resolved config: its base weights' parts and its total without
-    the CUDA runtime allowance, bytes."""
+    """The plan's estimate for the run's resolved config: its base weights' parts and its total (which
+    counts no CUDA runtime: the plan takes that off the GPU's memory instead, `memory.budget`), bytes."""
     from pipeline import config as train_config
     from pipeline.model import memory
 
     cfg = train_config.load(config)
     shapes = memory.read_shapes(str(model))
     micro, _ = train_config.batch_split(cfg, 1)
-    run = memory.Run(micro_batch=micro, length=seq_len, world=1, sharded=False, checkpointing=False, precision="bf16")
+    run = memory.Run(micro_batch=micro, length=seq_len, world=1, sharded=False, checkpointed=0, precision="bf16")
     est = memory.estimate(cfg, shapes, run)
     return {"weights": sum(b for k, b in est.parts.items() if k.startswith("weights")),
-            "total_without_runtime": est.total - memory.RUNTIME_BYTES, "parts": est.parts, "params": shapes.params}
+            "total_without_runtime": est.total, "parts": est.parts, "params": shapes.params}
 
 
 def _run(name: str, work: Path, model: Path, cache: Path, *, updates: int, seq_len: int, threads: int) -> dict:

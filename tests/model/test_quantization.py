@@ -103,8 +103,9 @@ def test_quantized_bytes_are_what_bitsandbytes_stores(kind, double):
 
 def _estimate(quantization: str):
     cfg = train_config.resolve(CONF, "config", [*BASE, f"model.quantization={quantization}"])
-    run = memory.Run(micro_batch=1, length=2048, world=1, sharded=False, checkpointing=True, precision="bf16")
-    return memory.estimate(cfg, memory.Shapes.from_config(LLAMA_8B), run)
+    shapes = memory.Shapes.from_config(LLAMA_8B)
+    run = memory.Run(micro_batch=1, length=2048, world=1, sharded=False, checkpointed=shapes.layers, precision="bf16")
+    return memory.estimate(cfg, shapes, run)
 
 
 def test_a_4bit_base_is_estimated_at_its_packed_size():
