@@ -25,7 +25,13 @@ def _model(family: str):
     config = {"llama": lambda: tf.LlamaConfig(**shapes),
               # a window shorter than the sequences: the sliding mask is still built without the padding mask
               "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=4),
-              "qwen2": lambda: tf.Qwen2Config(**shapes, tie_word_embeddings=True)}[family]()
+              "qwen2": lambda: tf.Qwen2Config(**shapes, tie_word_embeddings=True),
+              "qwen3": lambda: tf.Qwen3Config(**shapes, head_dim=8),
+              "gemma": lambda: tf.GemmaConfig(**shapes, head_dim=8),
+              "phi3": lambda: tf.Phi3Config(**shapes),
+              # no dropout (GPT-2's default is 0.1): two forwards are compared
+              "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD)}[family]()
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(config).float()
@@ -50,7 +56,7 @@ def _loss_and_grads(model, batch, mask_free: bool):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", sorted(MASK_FREE_FAMILIES))  # every family the list names
 def test_mask_free_batch_gives_the_masked_loss_and_gradients(family):
     model = _model(family)
     batch = collate(_cache(), [0, 1, 2], PAD)
