@@ -91,6 +91,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
     micro, accum = train_config.batch_split(cfg, d.world_size)
     precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
+    prec.use_tf32(d.device, cfg.precision.tf32)
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
     train_cache = TokenCache(cfg.tokens.train_cache)
