@@ -1,4 +1,5 @@
-"""The update loop's one host sync: per update one all-reduce and one read of device values.
+"""The update loop's one host sync: per update one all-reduce and one read of device values; the
+ranks' agreement on an alert rides on the next update's all-reduce.
 
 A stage runs in this process on a one-rank gloo process group with the
 distributed code paths on (`Dist.enabled` forced true, as for several ranks:
@@ -12,6 +13,7 @@ counters (CPU tensors; the fused GPU optimizer keeps them on the device).
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from collections import Counter
@@ -22,7 +24,8 @@ import torch.distributed as dist
 
 from trainkit import make_run
 
-UPDATES = 4
+UPDATES = 16
+SPIKE = 12  # the loss logged for update 13 is multiplied by 10: a loss-spike alert there
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +60,8 @@ def test_one_all_reduce_and_one_host_read_per_update(tiny, tmp_path, monkeypatch
     from pipeline.train.faults import Hooks
 
     run = make_run(tmp_path / "run", tiny, total=UPDATES, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["precision.mode=fp16", "checkpoint.save_every=0", "ema.rates=[0.9]"])
+                   overrides=["precision.mode=fp16", "checkpoint.save_every=0", "ema.rates=[0.9]",
+                              "alerts.tps_drop_fraction=0"])  # no throughput alert on a shared machine
     counts, per_update = Counter(), []
     real_start = Hooks.update_start
 
@@ -69,6 +73,7 @@ def test_one_all_reduce_and_one_host_read_per_update(tiny, tmp_path, monkeypatch
     monkeypatch.setattr(Hooks, "update_start", update_start)
     monkeypatch.setattr(distributed.Dist, "enabled", property(lambda self: True))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    monkeypatch.setenv("SFT_FAULTS", f'{{"loss_spike_steps": [{SPIKE}]}}')
     try:
         _counting(monkeypatch, counts)
         out = run.stage_dir("all")
@@ -77,6 +82,11 @@ def test_one_all_reduce_and_one_host_read_per_update(tiny, tmp_path, monkeypatch
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    # per_update[k] holds what update k - 1 and the loop after it did (k >= 2: [0] and [1] include set-up)
+    # per_update[k] holds what update k - 1 and the loop after it did ([0] and [1] include set-up; the
+    # alert's evaluation and checkpoint come after update 14)
     assert len(per_update) == UPDATES
-    assert per_update[2:] == [{"all_reduce": 1, "read": 1}] * (UPDATES - 2), per_update
+    assert per_update[2:SPIKE + 2] == [{"all_reduce": 1, "read": 1}] * SPIKE, per_update
+    # Raised after update 13 on this rank, agreed in update 14's all-reduce, acted on after it.
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [(r["step"], r["reason"].split(":")[0]) for r in rows if r.get("event") == "eval"]
+    assert evals == [(SPIKE + 2, "alert"), (UPDATES, "end of the run")], evals
