@@ -139,7 +139,8 @@ def main() -> None:
     data = {"command": C.command_line(__file__), "date": C.today(), "machine": machine,
             "trainer_commit": C.git_commit(), "versions": C.versions("torch", "transformers"),
             "load_during": [load_start[0], C.load_average()[0]] if load_start else None,
-            "figures": {"tokens_per_s": tps, "tokens_per_cpu_s": tps_cpu, "seconds": seconds, "cpu_seconds": cpu, "loss_diff": loss_diff, "grad_diff": grad_diff,
+            "figures": {"tokens_per_s": tps, "tokens_per_cpu_s": tps_cpu, "seconds": seconds, "cpu_seconds": cpu,
+                        "loss_diff": loss_diff, "grad_diff": grad_diff,
                         "tokens": tokens,
                         "cpu_loss_path_unchanged": chunk_loss_for(torch.device("cpu")) is _chunk_loss}}
     C.write_results("step", md, data, args.out_dir)

@@ -10,7 +10,8 @@ supervised (their indices are computed on the CPU when the batch is collated,
 so picking them costs no host sync), and runs the LM head and the
 cross-entropy over those rows in chunks of `chunk_tokens`: each chunk's logits
 are recomputed in the backward (`torch.utils.checkpoint`), so at most one
-chunk's logits exist at a time. The numbers are those of a full-vocabulary fp32
+chunk's logits exist at a time. On CUDA the chunk's function is compiled
+(`chunk_loss_for`); elsewhere it runs eagerly. The numbers are those of a full-vocabulary fp32
 cross-entropy over the whole batch, up to the order of the sums.
 
 Two layouts of a micro-batch (`collate`):
@@ -65,7 +66,8 @@ class Batch:
     """One micro-batch, as `TokenLoss` takes it.
 
     `inputs`: the model's keyword inputs (input_ids; attention_mask when padded
-    with padding present, which `TokenLoss` may leave out; position_ids and the sequence boundaries when packed). `loss_index`: flat
+    with padding present, which `TokenLoss` may leave out; position_ids and the
+    sequence boundaries when packed). `loss_index`: flat
     positions (into rows x width) whose next token carries a loss, and
     `targets` that next token. `tokens` (non-padding tokens) and `supervised`
     are plain ints, known without looking at a device.

@@ -31,7 +31,8 @@ def _model(family: str):
               "phi3": lambda: tf.Phi3Config(**shapes),
               # no dropout (GPT-2's default is 0.1): two forwards are compared
               "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD)}[family]()
+                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                            pad_token_id=PAD)}[family]()
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(config).float()
