@@ -240,6 +240,11 @@ class PrecisionConfig:
                                                 "overflow) is not counted")
     init_scale: float = setting(65536.0, "fp16: the GradScaler's first loss scale (it halves on overflow, "
                                          "doubles every 2000 clean updates)")
+    tf32: bool = setting(True, "CUDA: fp32 matmuls and convolutions (all of them under mode=fp32; those autocast "
+                               "keeps in fp32 otherwise) run on TF32 tensor cores (Ampere and newer: several "
+                               "times faster, 10-bit mantissa inputs, fp32 sums); false: full fp32. As "
+                               "deterministic as full fp32 (deterministic=true does not need it off). No effect "
+                               "on a CPU")
 
 
 @dataclass

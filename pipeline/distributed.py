@@ -170,7 +170,9 @@ class Preemption:
 
     SLURM sends them before a time limit or a preemption (`--signal`), Snakemake
     and torchrun pass TERM on. `requested()` is collective: every rank learns
-    whether any rank was signalled, so all of them save and exit together.
+    whether any rank was signalled, so all of them save and exit together. After
+    an update the ranks have agreed already, in the update's own all-reduce
+    (`pipeline.train.update`), and pass that verdict: no collective then.
     """
 
     def __init__(self, d: Dist):
@@ -188,5 +190,9 @@ class Preemption:
         """This rank was signalled (not collective)."""
         return self.signal is not None
 
-    def requested(self) -> bool:
+    def requested(self, agreed: bool | None = None) -> bool:
+        """Was any rank signalled? `agreed`: the ranks' verdict exchanged already (a signal that
+        came after that exchange is acted on at the next one); one process reads its own flag."""
+        if agreed is not None and self.d.enabled:
+            return agreed
         return any_rank(self.d, self.flagged)

@@ -41,6 +41,7 @@ SCRIPTS = {
     "bench_fsdp_memory": ("--out-dir", ["fsdp_memory.json", "fsdp_memory.md"]),
     "bench_eval_ranks": ("--out-dir", ["eval_ranks.json", "eval_ranks.md"]),
     "bench_quant": ("--out-dir", ["quant.json", "quant.md"]),
+    "bench_step": ("--out-dir", ["step.json", "step.md"]),
     "run_all": ("--out", ["RESULTS.md"]),
 }
 

@@ -62,6 +62,7 @@ def evaluate(args) -> dict:
     cfg = train_config.load(ckpt.config_path if ckpt is not None else args.config)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
+    prec.use_tf32(device, cfg.precision.tf32)
     images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path), images)
     val = Collator(TokenCache(cfg.tokens.val_cache), prompts.pad_token_id, images=images) if cfg.tokens.val_cache else None

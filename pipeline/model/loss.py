@@ -10,13 +10,15 @@ supervised (their indices are computed on the CPU when the batch is collated,
 so picking them costs no host sync), and runs the LM head and the
 cross-entropy over those rows in chunks of `chunk_tokens`: each chunk's logits
 are recomputed in the backward (`torch.utils.checkpoint`), so at most one
-chunk's logits exist at a time. The numbers are those of a full-vocabulary fp32
+chunk's logits exist at a time. On CUDA the chunk's function is compiled
+(`chunk_loss_for`); elsewhere it runs eagerly. The numbers are those of a full-vocabulary fp32
 cross-entropy over the whole batch, up to the order of the sums.
 
 Two layouts of a micro-batch (`collate`):
   padded  one row per sequence, right-padded to the longest (an attention mask
           only when there is padding: without one, SDPA can take its causal
-          fast path);
+          fast path). `TokenLoss` drops that mask for the text decoders of
+          `MASK_FREE_FAMILIES` (see there why that is exact);
   packed  every sequence back to back in one row, `position_ids` restarting at
           0 at each sequence and no attention mask. The attention
           implementation then keeps the sequences apart (flash-attention's
@@ -34,6 +36,7 @@ so the vision tower and projector run inside the same forward.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -41,12 +44,21 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from pipeline.data.cache import IGNORE_INDEX
-from pipeline.data.vision import ImageText
+from pipeline.data.vision import ImageText, config_is_vision_language
 
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
 # efficient on a GPU; ~1,000 at 32k.
 CHUNK_LOGITS = 2**25
+
+# Causal text decoders (`config.model_type`) whose attention mask only hides keys, and whose
+# position ids are 0..width-1 whatever the mask says. In a right-padded batch the mask is then
+# not needed for the positions the loss reads: a real token sees only earlier positions, all
+# real, and the padding after it is never a loss position. Without the mask SDPA takes its
+# causal kernel (flash or memory-efficient on a GPU) and does not repeat grouped K/V heads.
+# Not in the list: vision-language models (Qwen2-VL derives its 3-D positions from the mask),
+# and any family not checked (`tests/model/test_mask_free.py` compares masked and mask-free).
+MASK_FREE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"})
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,8 @@ class Batch:
     """One micro-batch, as `TokenLoss` takes it.
 
     `inputs`: the model's keyword inputs (input_ids; attention_mask when padded
-    with padding present; position_ids and the sequence boundaries when packed). `loss_index`: flat
+    with padding present, which `TokenLoss` may leave out; position_ids and the
+    sequence boundaries when packed). `loss_index`: flat
     positions (into rows x width) whose next token carries a loss, and
     `targets` that next token. `tokens` (non-padding tokens) and `supervised`
     are plain ints, known without looking at a device.
@@ -184,15 +197,18 @@ class TokenLoss(torch.nn.Module):
     scaling or other step after the head that this loss would skip).
     """
 
-    def __init__(self, lm, *, chunk: int | None = None, check: bool = True):
+    def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None):
         """`check`: probe the LM head now (`check_head`); a caller whose weights are not loaded
-        yet (an FSDP skeleton) passes False and calls `check_head()` once they are."""
+        yet (an FSDP skeleton) passes False and calls `check_head()` once they are.
+        `mask_free`: leave padded batches' attention mask out; None decides by the model's family
+        (`can_drop_mask`); benchmarks and tests force either way."""
         super().__init__()
         self.lm = lm
         head = hf_model(lm).get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
+        self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
         if check:
             self.check_head()
 
@@ -200,8 +216,11 @@ class TokenLoss(torch.nn.Module):
         if probe:  # inside this module's forward, so FSDP has the root's weights gathered
             return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
         hf = hf_model(self.lm)
+        inputs = batch.inputs
+        if self.mask_free and "attention_mask" in inputs:  # right padding only (`_padded`), see MASK_FREE_FAMILIES
+            inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
         # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache.
-        hidden = hf.base_model(**batch.inputs, use_cache=False).last_hidden_state
+        hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
         picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
         return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
 
@@ -228,6 +247,12 @@ class TokenLoss(torch.nn.Module):
                 "model than the one evaluated. Models that post-process their logits are not supported.")
 
 
+def can_drop_mask(model) -> bool:
+    """Can `model`'s right-padded text batches go without their attention mask (`MASK_FREE_FAMILIES`)?"""
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None) in MASK_FREE_FAMILIES and not config_is_vision_language(config)
+
+
 def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
                              chunk: int) -> torch.Tensor:
     """sum_i CE(head(hidden[i]), targets[i]) in fp32, `chunk` rows at a time.
@@ -240,16 +265,38 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, target
     """
     n = hidden.shape[0]
     grad = torch.is_grad_enabled()
+    loss = chunk_loss_for(hidden.device)
     total = None
     for start in range(0, max(n, 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
-        part = checkpoint(_chunk_loss, head, h, t, use_reentrant=False) if grad else _chunk_loss(head, h, t)
+        part = checkpoint(loss, head, h, t, use_reentrant=False) if grad else loss(head, h, t)
         total = part if total is None else total + part
     return total
 
 
 def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(head(hidden).float(), targets, reduction="sum")
+
+
+def chunk_loss_for(device: torch.device):
+    """The function computing one chunk's loss on `device`: `_chunk_loss` as it is on a CPU (and
+    any device but CUDA), compiled on CUDA (`_compiled_chunk_loss`)."""
+    return _compiled_chunk_loss() if device.type == "cuda" else _chunk_loss
+
+
+@functools.cache
+def _compiled_chunk_loss():
+    """`_chunk_loss` through `torch.compile`, for CUDA.
+
+    Eager, the chunk's logits are written in the compute dtype, copied to fp32,
+    and log-softmaxed into a third (tokens x vocab) tensor, all in HBM; compiled,
+    the cast, log-sum-exp and target pick fuse into kernels that read the
+    logits once (in the forward and again in the checkpoint's recompute). The
+    head's matmul stays cuBLAS's. Any head module works (LoRA-adapted, trainable
+    token rows), unlike fused linear-cross-entropy kernels that take a bare
+    weight. Not measured on a GPU yet. `TORCHDYNAMO_DISABLE=1` runs it eagerly.
+    """
+    return torch.compile(_chunk_loss)
 
 
 def _probe_ids(config, vocab: int, device) -> torch.Tensor:

@@ -55,6 +55,19 @@ def choose(mode: str, device: torch.device, *, init_scale: float = 2.0**16) -> P
     return Precision(mode, "cuda", init_scale)
 
 
+def use_tf32(device: torch.device, enabled: bool) -> None:
+    """Let fp32 matmuls and convolutions on CUDA use TF32 tensor cores (`precision.tf32`), or not.
+
+    Process-wide (PyTorch's own defaults: full fp32 matmuls, TF32 convolutions); nothing to do
+    on a CPU. Through the long-standing API: once the newer `torch.backends.*.fp32_precision`
+    is set, `torch.get_float32_matmul_precision()` (which other libraries call) raises.
+    """
+    if device.type != "cuda":
+        return
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+    torch.backends.cudnn.allow_tf32 = enabled
+
+
 def weights_dtype(name: str, precision: Precision) -> torch.dtype:
     """dtype to load the base weights in (`model.dtype`)."""
     if name == "auto":

@@ -93,6 +93,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
     micro, accum = train_config.batch_split(cfg, d.world_size)
     precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
+    prec.use_tf32(d.device, cfg.precision.tf32)
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
     train_cache, mix = train_data(cfg.tokens, cfg.seed)
@@ -156,7 +157,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     evaluator = Evaluator(cfg.validation, val, loss_model, parts, strategy, precision, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
     update = Updater(model, parts, strategy, precision, train, grad_clip=cfg.optim.grad_clip, hooks=hooks,
-                     stage=stage.name, restored_from=source)
+                     stage=stage.name, preemption=preemption, restored_from=source)
     profiler = StageProfiler(cfg.profile, args.scratch, stage.name, state.step, stage.start, is_main=d.is_main,
                              device=d.device, data=train, ema=parts.ema)
 
@@ -168,10 +169,12 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             return checkpointer.save_preempted(state)
     model.train()
     train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
+    held = None  # several ranks: this rank's alert, agreed on in the next update's all-reduce
     while state.step < stage.end:
         profiler.before(state.step)
         started = time.perf_counter()
-        result = update(state)  # update number state.step; state.step counts it done afterwards
+        # update number state.step; state.step counts it done afterwards
+        result = update(state, alerted=held is not None)
         summary = profiler.after(state.step)
         if summary is not None:
             distributed.print0(d, summary)
@@ -181,13 +184,15 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             checkpointer.save(state, wait=True)
             raise _diverged(stage.name, state, cfg.precision.max_consecutive_nonfinite, args.scratch)
         due = evaluator.due(state.step, total)
-        if distributed.any_rank(d, alert is not None):  # on any rank: evaluate and checkpoint now
-            evaluator.run(state, "full" if due == "full" else "quick",
-                          f"alert: {alert}" if alert else "alert on another rank")
+        reason, held = _agreed_alert(d, alert, held, result, last=state.step == stage.end)
+        if reason:  # on any rank: evaluate and checkpoint now
+            evaluator.run(state, "full" if due == "full" else "quick", reason)
             checkpointer.save(state)
         elif due:
             evaluator.run(state, due, "end of the run" if state.step == total else f"every {due}")
-        if preemption.requested():  # SIGTERM / SIGUSR1 on any rank
+        # SIGTERM / SIGUSR1 on any rank; agreed in the update, or anew after an evaluation (which
+        # a signal may have cut short)
+        if preemption.requested(None if reason or due else result.signalled):
             return checkpointer.save_preempted(state)
         if checkpointer.periodic_due(state.step, stage.end):
             checkpointer.save(state)
@@ -208,6 +213,28 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _agreed_alert(d: distributed.Dist, alert: str | None, held: str | None, result, *,
+                  last: bool) -> tuple[str | None, str | None]:
+    """(why all ranks evaluate and checkpoint after this update, or None; the alert to hold for
+    the next update).
+
+    One process acts on its own alert at once. Several ranks must act together,
+    and an alert is one rank's (its throughput is its own): they agree in the
+    next update's all-reduce rather than in a collective of their own each
+    update, so the evaluation and checkpoint come one update after the alert.
+    After the stage's last update there is no next one: they agree here.
+    """
+    if not d.enabled:
+        return (f"alert: {alert}" if alert else None), None
+    acted = result.alerted
+    if last:
+        acted = distributed.any_rank(d, alert is not None) or acted
+        held, alert = held or alert, None
+    if not acted:
+        return None, alert
+    return (f"alert: {held}" if held else "alert on another rank"), alert
 
 
 def _tracking(args, plan: dict, stage, resume_step: int):

@@ -8,8 +8,11 @@ every EMA shadow, or skipped as a whole when the gradient is not finite.
 Nothing in the micro-batch loop waits for the device: token counts come from
 the cache, batches are copied from pinned memory without blocking, and the
 loss stays on the device. The update's one collective carries every rank's
-loss and whether any rank saw a non-finite gradient, and its one host sync
-reads that back, so all ranks take the same decision.
+loss, whether any rank saw a non-finite gradient, and the flags the ranks must
+act on together after the update (a preemption signal, an alert: see
+`UpdateResult`); its one host sync reads that back with the grad norm and the
+GradScaler's scale, so all ranks take the same decisions and nothing else in
+the loop waits for the device.
 
 Two kinds of skipped update (under fp16 the GradScaler multiplies the loss by
 a large scale that it halves after every overflow):
@@ -70,6 +73,10 @@ class UpdateResult:
     finite: bool  # False: the update was skipped
     scaler_skip: bool = False  # skipped as GradScaler calibration (see the module docstring)
     loss_scale: float | None = None  # the GradScaler's scale this update ran with (fp16 only)
+    # Agreed in this update's all-reduce (true if true on any rank): a preemption signal had
+    # arrived by the time of the all-reduce, and an alert raised after the previous update.
+    signalled: bool = False
+    alerted: bool = False
 
 
 class Updater:
@@ -79,18 +86,21 @@ class Updater:
     DDP-wrapped or FSDP-sharded): a batch in, the summed loss out.
     `restored_from`: the checkpoint the stage resumed from, if any; the first
     update after it checks that gradients still reach the trained weights.
+    `preemption`: the stage's `pipeline.distributed.Preemption`, whose flag
+    the update's all-reduce carries.
     """
 
     def __init__(self, model, parts, strategy, precision, data, *, grad_clip: float, hooks, stage: str,
-                 restored_from=None):
-        self.model, self.parts, self.strategy = model, parts, strategy
+                 preemption, restored_from=None):
+        self.model, self.parts, self.strategy, self.preemption = model, parts, strategy, preemption
         self.precision, self.data, self.hooks, self.stage = precision, data, hooks, stage
         self.d = strategy.d
         self.params = [p for _, p in parts.named]
         self.max_norm = grad_clip if grad_clip > 0 else math.inf
         self.unchecked_restore = restored_from
 
-    def __call__(self, state: LoopState) -> UpdateResult:
+    def __call__(self, state: LoopState, *, alerted: bool = False) -> UpdateResult:
+        """`alerted`: this rank raised an alert after the previous update (agreed in this one's all-reduce)."""
         step, d, scaler = state.step, self.d, self.parts.scaler
         self.hooks.update_start(step)
         batches = self.data.micro_batches(step)
@@ -100,7 +110,6 @@ class Updater:
         # averages over ranks, hence the world_size factor.
         n_sup = self.data.supervised(step)  # whole global batch: the same on every rank
         weight = d.world_size / max(n_sup, 1)
-        scale = scaler.get_scale() if scaler.is_enabled() else None
         loss_sum = torch.zeros((), device=d.device)
         for i, batch in enumerate(batches):
             batch = batch.to(d.device)
@@ -110,42 +119,57 @@ class Updater:
                 scaler.scale(mb_loss * weight).backward()
             loss_sum += mb_loss.detach()
         self.hooks.gradients_ready(step, self.params)
-        grad_norm, loss = self._apply(step, loss_sum, scale)
+        grad_norm, loss, scale, signalled, alerted = self._apply(step, loss_sum, alerted)
         lr = self.parts.scheduler.get_last_lr()[0]
         self.parts.scheduler.step()
         result = UpdateResult(loss=loss / max(n_sup, 1), grad_norm=grad_norm, lr=lr,
                               tokens=self.data.tokens(step), finite=math.isfinite(grad_norm),
-                              scaler_skip=_calibration(grad_norm, loss, scale), loss_scale=scale)
+                              scaler_skip=_calibration(grad_norm, loss, scale), loss_scale=scale,
+                              signalled=signalled, alerted=alerted)
         self._advance(state, result)
         return result
 
-    def _apply(self, step: int, loss_sum: torch.Tensor, scale: float | None) -> tuple[float, float]:
+    def _apply(self, step: int, loss_sum: torch.Tensor, alerted: bool) -> tuple[float, float, float | None,
+                                                                             bool, bool]:
         """Unscale, clip and step the optimizer and EMA, unless the gradient is not finite.
 
-        Returns (grad norm, summed loss of all ranks); a non-finite grad norm
-        means the update was skipped, on every rank.
+        Returns (grad norm, summed loss of all ranks, the GradScaler's scale this
+        update ran with or None, signalled, alerted: see `UpdateResult`); a
+        non-finite grad norm means the update was skipped, on every rank.
         """
         optimizer, scaler = self.parts.optimizer, self.parts.scaler
         scaler.unscale_(optimizer)
         # Under FSDP the grads are DTensor shards and the norm is the full, cross-shard one.
         norm = plain(torch.nn.utils.clip_grad_norm_(self.params, self.max_norm))
-        # The update's one collective and one host sync: every rank's loss, and whether any
-        # rank's gradient is not finite (a rank's own verdict could differ from another's).
-        stats = all_reduce_sum(self.d, torch.stack([loss_sum.float(), (~torch.isfinite(norm)).float()]))
-        loss, bad, grad_norm = torch.cat([stats, norm.detach().float().reshape(1)]).tolist()
+        # The update's one collective and one host sync: every rank's loss, whether any rank's
+        # gradient is not finite (a rank's own verdict could differ from another's), and the
+        # flags for after the update. Host flags become device values by fill kernels (no copy
+        # from host memory, which would wait for the stream); the preemption flag is read now,
+        # as late as possible.
+        flags = [loss_sum.new_full((), float(f)) for f in (self.preemption.flagged, alerted)]
+        stats = all_reduce_sum(self.d, torch.stack([loss_sum.float(), (~torch.isfinite(norm)).float(), *flags]))
+        # The scale is read in the same sync (`get_scale()` would be a sync of its own), before
+        # `scaler.update()` changes it in place. It exists once `scale()` has run (every update).
+        scale = scaler._get_scale_async() if scaler.is_enabled() else None
+        local = [norm.detach().float().reshape(1)] + ([] if scale is None else [scale.float().reshape(1)])
+        loss, bad, signalled, alerted, grad_norm, *scale = torch.cat([stats, *local]).tolist()
+        scale = scale[0] if scale else None
         if bad:
             grad_norm = math.nan if math.isfinite(grad_norm) else grad_norm
         if self.unchecked_restore is not None:  # first update after a restore: do gradients reach the weights?
             check_gradients_flow(self.parts.named, grad_norm, str(self.unchecked_restore), log_it=self.d.is_main)
             self.unchecked_restore = None
         if not bad:
-            scaler.step(optimizer)
+            # Not `scaler.step(optimizer)`: under fp16 it reads its found-inf flags back (a host
+            # sync) only to take the decision made above, from the same gradients. unscale_
+            # recorded those flags, which `scaler.update()` reads on the device.
+            optimizer.step()
             self.parts.ema.update(step)
             scaler.update()
         elif scale is not None:
             _back_off(scaler, scale)
         optimizer.zero_grad(set_to_none=True)
-        return grad_norm, loss
+        return grad_norm, loss, scale, bool(signalled), bool(alerted)
 
     def _advance(self, state: LoopState, result: UpdateResult) -> None:
         state.tokens_seen += result.tokens

@@ -128,3 +128,14 @@ def test_a_model_that_post_processes_its_logits_is_refused(tiny):
     hf.forward = scaled
     with pytest.raises(ValueError, match="not the LM head applied to the last hidden states"):
         TokenLoss(model)
+
+
+def test_the_chunk_loss_is_compiled_on_cuda_only():
+    """The selection (no GPU here to run the compiled one): eager `_chunk_loss` itself on a CPU, so the CPU
+    path is the one every other test checks; one `torch.compile` of it for every CUDA device."""
+    from pipeline.model.loss import _chunk_loss, chunk_loss_for
+
+    assert chunk_loss_for(torch.device("cpu")) is _chunk_loss
+    compiled = chunk_loss_for(torch.device("cuda", 0))
+    assert compiled is chunk_loss_for(torch.device("cuda", 1))
+    assert compiled is not _chunk_loss and compiled._torchdynamo_orig_callable is _chunk_loss
