@@ -94,6 +94,9 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
                     "ChatML (<|im_start|>role ... <|im_end|>): Qwen2/2.5, SmolLM, any base model"),
     BuiltinTemplate("llama3", ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|eot_id|>",
                     "Llama 3.x headers; a Llama 3 base vocabulary has these tokens already"),
+    BuiltinTemplate("qwen2.5", ("<|im_start|>", "<|im_end|>"), "<|im_end|>",
+                    "Qwen2.5-Instruct's shipped template, verbatim (from ggml-org/llama.cpp "
+                    "models/templates/Qwen-Qwen2.5-7B-Instruct.jinja): ChatML with tool calls"),
     BuiltinTemplate("qwen3", ("<|im_start|>", "<|im_end|>", "<think>", "</think>"), "<|im_end|>",
                     "Qwen3 without thinking: the empty think block in every assistant turn"),
     BuiltinTemplate("qwen3-thinking", ("<|im_start|>", "<|im_end|>", "<think>", "</think>"), "<|im_end|>",

@@ -3,8 +3,10 @@
 One whole-DAG run (module fixture `mixed`): the embedded model (its base reused from the session's
 default run), its demo conversations converted into Alpaca (JSON array), prompt/completion strings
 (JSON Lines), prompt/completion message lists (Parquet, pyarrow), OpenAI messages (a `datasets`
-save_to_disk dir) and ShareGPT conversations (JSON Lines), with weights, a record count and one
-taken whole; `data.val: null` and `data.test: null` both, on to the merged model. Each dataset is
+save_to_disk dir), ShareGPT conversations (JSON Lines), plain text (JSON Lines) and tool calls
+(JSON Lines, rendered by the built-in `qwen2.5` template: Qwen2.5-Instruct's shipped one), with
+weights, a record count and datasets taken whole; `data.val: null` and `data.test: null` both, on
+to the merged model. Each dataset is
 validated and tokenized by jobs of its own, and trained on in the plan's mix counts; adding one
 more to the finished run validates and tokenizes only that one (a dry run).
 
@@ -62,6 +64,25 @@ def conversations(record: dict) -> dict:
     return record
 
 
+def text(record: dict) -> dict:
+    prompt, answer = _turns(record)
+    return {"text": f"{prompt} {answer}"}
+
+
+def tool_calls(record: dict) -> dict:
+    """The answer looked up by a tool: the assistant calls it, the tool's result, then the answer."""
+    prompt, answer = _turns(record)
+    call = f"call{record['id']}"
+    return {"messages": [
+        {"role": "system", "content": "Use tools."},
+        {"role": "user", "content": prompt},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": call, "type": "function", "function": {"name": "lookup", "arguments": {"query": prompt}}}]},
+        {"role": "tool", "tool_call_id": call, "content": answer},
+        {"role": "assistant", "content": answer},
+    ]}
+
+
 # --- file kinds, each written by the tool that owns it -----------------------------------------------
 
 def write_json(path: Path, records: list[dict]) -> Path:
@@ -109,6 +130,8 @@ DATASETS = [
     Dataset("pc_messages", prompt_completion_messages, write_parquet, 30, {"records": 45}),
     Dataset("messages", messages, write_saved_dataset, 36, {"weight": 0.4}),
     Dataset("conversations", conversations, write_jsonl, 20),
+    Dataset("text", text, write_jsonl, 16, {"records": 8}),
+    Dataset("tools", tool_calls, write_jsonl, 12),
 ]
 NEW = Dataset("added", messages, write_jsonl, 12, {"weight": 0.1})  # the dry run's additional dataset
 
@@ -136,7 +159,7 @@ def _config(train: list[dict]) -> dict:
     return {
         "run": RUN,
         "model": "embedded",
-        "data": {"train": train, "val": None, "test": None, "max_length": 64},
+        "data": {"train": train, "val": None, "test": None, "max_length": 256, "chat_template": "qwen2.5"},
         "schedule": {"total_updates": TOTAL, "pilot_fraction": 0.2, "num_chunks": 2},
         "train": {"overrides": ["optim.lr=2e-3", f"optim.global_batch={GLOBAL_BATCH}", "optim.micro_batch=16",
                                 "ema.rates=[0.9,0.98]", "checkpoint.save_every=0"]},
@@ -171,7 +194,7 @@ def test_each_dataset_is_validated_and_tokenized_by_its_own_jobs(mixed):
     assert {"mixed_reports", "plan", "train_stage", "consolidate", "merge_lora", "verify_merge", "smoke_test"} <= ran
     data = _data(mixed)
     kinds = {"alpaca": "json", "pc_strings": "jsonl", "pc_messages": "parquet", "messages": "arrow",
-             "conversations": "jsonl"}
+             "conversations": "jsonl", "text": "jsonl", "tools": "jsonl"}
     validation = json.loads((data / "validation.json").read_text())
     stats = json.loads((data / "stats.json").read_text())
     assert validation["ok"] and set(validation["files"]) == {f"train:{n}" for n in names}  # no val, no test
@@ -237,3 +260,17 @@ def test_adding_a_dataset_validates_and_tokenizes_only_it(mixed):
     ran = {r for r, _ in jobs}
     assert {"mixed_reports", "plan", "train_stage"} <= ran  # the new mix: re-planned and retrained
     assert not {"prepare_base", "prepare_tokenizer"} & ran
+
+
+def test_the_reports_say_what_was_skipped_without_val_and_test(mixed):
+    """Both `data.val: null` and `data.test: null`: the gate report, the smoke test and the overview
+    page name both skips (a phrase each), and no score stands in for either."""
+    from pipeline.evaluate.skipped import NO_TEST, NO_VAL
+    from pipeline.layout import RunTree
+
+    tree = RunTree(mixed["workdir"] / RunTree.of(RUN).root)
+    assert json.loads(tree.pilot_report.read_text())["skipped"] == [NO_VAL]
+    smoke = json.loads(tree.smoke_test.read_text())
+    assert smoke["exact_match"] is None and smoke["skipped"] == [NO_TEST], smoke
+    overview = tree.overview_html.read_text()
+    assert f"Skipped: {NO_VAL}." in overview and f"Skipped: {NO_TEST}." in overview

@@ -21,6 +21,7 @@ from runkit import copy_workflow, jobs_in_log, snakemake
 from safetensors.torch import load_file
 
 from pipeline import layout
+from pipeline.evaluate.skipped import NO_TEST
 
 pytestmark = pytest.mark.workflow
 
@@ -60,6 +61,18 @@ def test_the_whole_dag_runs_with_a_4bit_base_and_no_test_file(nf4_run):
     rows = [row for path in evals for row in json.loads(path.read_text()).get("rows", [])]
     assert rows and all("exact_match" not in row and "loss" in row for row in rows), rows[:2]
     assert json.loads((results / "pilot_report.json").read_text())["passed"]
+
+
+def test_the_reports_say_exact_match_was_skipped(nf4_run):
+    """No test file: the smoke test records no score (not a 0.0 over a probe), and the smoke test's
+    log, the summary and the overview page say exact match was skipped."""
+    workdir, _ = nf4_run
+    tree = layout.RunTree(workdir / layout.RunTree.of(RUN).root)
+    smoke = json.loads(tree.smoke_test.read_text())
+    assert smoke["exact_match"] is None and smoke["n"] == 0 and smoke["skipped"] == [NO_TEST], smoke
+    assert f"smoke test: {NO_TEST}" in (workdir / layout.log_file("smoke_test", RUN)).read_text()
+    assert f"Skipped: {NO_TEST}." in tree.overview_html.read_text()
+    assert NO_TEST in tree.summary_html.read_text()
 
 
 def test_the_verification_names_each_base_and_measures_the_quantized_one(nf4_run):
