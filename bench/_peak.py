@@ -32,7 +32,7 @@ def probe_updates() -> list[dict]:
     updates: list[dict] = []
     call = update.Updater.__call__
 
-    def probed(self, state):
+    def probed(self, state, **kwargs):
         start, peak, done = _rss(), [0], threading.Event()
 
         def sample():
@@ -43,7 +43,7 @@ def probe_updates() -> list[dict]:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         try:
-            return call(self, state)
+            return call(self, state, **kwargs)
         finally:
             done.set()
             sampler.join()
