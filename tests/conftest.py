@@ -21,6 +21,7 @@ the session was started with, or is skipped where torch sees none.
 from __future__ import annotations
 
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -150,3 +151,13 @@ def tiny_qwen2_vl(tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("tiny_qwen2_vl")
     return make_vlm_data(root, save_qwen2_vl(root / "model"))
+
+
+@pytest.fixture
+def own_signal_handlers():
+    """For tests that run the trainer in their own process: it installs its preemption handlers
+    (SIGTERM, SIGUSR1); pytest's own are put back afterwards."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 
 import pytest
 import torch
@@ -99,13 +98,8 @@ def _tensors(root) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.fixture(autouse=True)
-def _signal_handlers():
-    """The trainer installs its preemption handlers (SIGTERM, SIGUSR1); give pytest its own back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
+# The trainer runs in this process and installs its preemption handlers: pytest gets its own back.
+pytestmark = pytest.mark.usefixtures("own_signal_handlers")
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

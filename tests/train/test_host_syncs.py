@@ -14,7 +14,6 @@ counters (CPU tensors; the fused GPU optimizer keeps them on the device).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from collections import Counter
 
@@ -28,13 +27,8 @@ UPDATES = 16
 SPIKE = 12  # the loss logged for update 13 is multiplied by 10: a loss-spike alert there
 
 
-@pytest.fixture(autouse=True)
-def _signal_handlers():
-    """The trainer installs its preemption handlers (SIGTERM, SIGUSR1); give pytest its own back."""
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
+# The trainer runs in this process and installs its preemption handlers: pytest gets its own back.
+pytestmark = pytest.mark.usefixtures("own_signal_handlers")
 
 
 def _counting(monkeypatch, counts: Counter) -> None:
