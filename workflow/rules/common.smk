@@ -26,8 +26,8 @@ def _chat_template_problems(value):
 
     if value in TOKENIZER_OWN or value in BUILTIN_TEMPLATES or os.path.isfile(value):
         return []
-    return [f"data.chat_template: {value!r} is neither a built-in template ({', '.join(BUILTIN_TEMPLATES)}) "
-            "nor an existing .jinja file"]
+    builtins = ", ".join(BUILTIN_TEMPLATES)
+    return [f"data.chat_template: {value!r} is neither a built-in template ({builtins}) nor an existing .jinja file"]
 
 
 # What `--config` set (nested values still strings, as snakemake read them) and where the
@@ -180,7 +180,9 @@ def train_caches():
 
 
 def _hydra_str(text):
-    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """`text` as a quoted Hydra string (backslashes and quotes escaped)."""
+    escaped = str(text).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
 
 
 def mix_override():
