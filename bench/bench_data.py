@@ -161,7 +161,7 @@ def report(results: list[dict], args, machine: str) -> list[str]:
     lines += ["", f"Peak RSS bound: every stage under {RSS_BOUND_MB:,} MB at every size: "
               f"{'**holds**' if max(peaks) < RSS_BOUND_MB else '**NOT met**'} (highest {max(peaks):,.0f} MB)."]
     if len(sizes) > 1:
-        for kind in KINDS:
+        for kind in sorted({r["kind"] for r in results}, key=list(KINDS).index):  # the kinds this run measured
             for phase in ("validate", "tokenize"):
                 small, large = (next(r[phase]["peak_rss_mb"] for r in results if r["records"] == s and r["kind"] == kind)
                                 for s in (sizes[0], sizes[-1]))
