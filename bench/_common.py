@@ -178,6 +178,13 @@ def workflow_overrides() -> list[str]:
 BENCH_OVERRIDES = ["alerts.tps_drop_fraction=0"]
 
 
+def resolved_config(overrides: list[str]) -> str:
+    """config/train/ with these overrides, resolved as the workflow resolves it (the text `plan` takes)."""
+    from pipeline import config as train_config
+
+    return train_config.to_yaml(train_config.resolve(REPO / "config" / "train", "config", overrides))
+
+
 def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fraction: float = 0.05,
              chunks: int = 2, single_stage: bool = False) -> dict:
     """plan.json + train_config.yaml through `python -m pipeline plan` (in process).
@@ -193,10 +200,9 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     base = [f"model.path={default['model']}", f"{KEY_TRAIN_CACHE}={default['train']}",
             f"{KEY_VAL_CACHE}={default['val']}"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config", "--export-weights", "raw",
-            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
-    for o in _overriding([*base, *BENCH_OVERRIDES, *overrides], SMOKE_OVERRIDES if SMOKE else []):
-        args += ["--override", o]
+            "--resolved-config", resolved_config(_overriding([*base, *BENCH_OVERRIDES, *overrides],
+                                                             SMOKE_OVERRIDES if SMOKE else [])),
+            "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     from contextlib import redirect_stdout
     import io
 

@@ -19,6 +19,7 @@ every rank would otherwise create its own timestamped output dir and log file.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -560,6 +561,13 @@ def to_typed(raw: Any) -> TrainConfig:
 def to_yaml(cfg: TrainConfig) -> str:
     """The resolved config as train_config.yaml holds it (what `load` reads back)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_id(text: str) -> str:
+    """The identity of a resolved config: sha256 of its text as `to_yaml` writes it (train_config.yaml).
+    What the trained stages depend on, so the workflow keys the plan on it: a comment or an unused
+    group file changes nothing, a changed resolved value changes it."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load(path: Path) -> TrainConfig:

@@ -17,7 +17,7 @@ ADAPTER_DIR = "adapter"  # PEFT dir (adapter_config.json + adapter_model.safeten
 MODEL_DIR = "model"  # full fine-tuning: HF safetensors weights of the trained model
 EMA_DIR = "ema"  # ema/<rate>/ : PEFT dir (or model dir) holding the fp32 shadow
 TRAINING_STATE_DIR = "training_state"
-CONFIG_FILE = "config.yaml"  # resolved trainer config, read back by later stages
+CHECKPOINT_CONFIG_FILE = "config.yaml"  # the run's train_config.yaml (TRAIN_CONFIG_FILE) as the checkpoint was trained with
 MANIFEST_FILE = "MANIFEST.json"  # written last: its presence means "complete"
 
 # files inside training_state/
@@ -111,12 +111,14 @@ VARIANTS_DIR = "variants"  # a sweep's variant: results/<run>/variants/<name>/ (
 TRACKER_DIR = "tracker"  # the experiment tracker's state and errors.jsonl
 TOKENIZER_DIR = "tokenizer"  # the run's tokenizer and chat template (`prepare_tokenizer`)
 BASE_MODEL_DIR = "model"  # an embedded demo's base model (`prepare_base`): results/<demo>/model/
+ARCHIVE_DIR = "archive"  # archive/<when>-<old config id>/: outputs of an earlier config (planning/guard.py)
 
 # files of a run dir
 PLAN_FILE = "plan.json"
 TRAIN_CONFIG_FILE = "train_config.yaml"  # the resolved trainer config every stage trains with
 PILOT_REPORT_FILE = "pilot_report.json"
 HUB_MODEL_FILE = "model.json"  # a hub model's pinned commit (`fetch_model`)
+ARCHIVED_FILE = "ARCHIVED.json"  # in an archive dir: what it holds and why it was moved
 
 # data/
 VALIDATION_JSON = "validation.json"
@@ -324,6 +326,10 @@ class RunTree:
     @property
     def tracker(self) -> Path:
         return self.root / TRACKER_DIR
+
+    def archive(self, name: str) -> Path:
+        """archive/<name>/: a run's trained outputs of an earlier config, moved aside (planning/guard.py)."""
+        return self.root / ARCHIVE_DIR / name
 
     # a sweep: its variants and their comparison
     def variant(self, name: str) -> RunTree:

@@ -42,6 +42,7 @@ def tree(tmp_path_factory) -> Path:
     ("pipeline/train/ema.py", "import pipeline.evaluate.metrics"),  # train and evaluate stay apart
     ("pipeline/layout.py", "import pipeline.config"),  # a cycle through the bottom layer
     ("pipeline/planning/schedule.py", "import torch"),  # the Snakefile's imports stay light
+    ("pipeline/planning/run_config.py", "import pipeline.model.memory"),  # torch, one module away
     ("pipeline/launch/run.py", "import transformers"),
     ("pipeline/data/tokenize.py", "import peft"),  # data needs no model library
 ])

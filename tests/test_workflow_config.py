@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import pytest
 import yaml
 
+from pipeline import tracker
+from pipeline.data import chat, formats, tokenize, validate
+from pipeline.export import merge
+from pipeline.planning import checks, guard
+from pipeline.data.shapes import CANONICAL_ROLES, OUR_COLUMNS
+from pipeline.storage import dtypes
 from pipeline.workflow_config import default_differences, path_problems, schema_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,3 +152,56 @@ def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
         "data.train[1]: dataset name 'chat' is also data.train[0]'s (names default to the file name): "
         "give each a distinct `name:`",
         "data.train[1] (chat): give a weight or records, not both"]
+
+
+# --- allowed values: the schema's lists are the code's ------------------------------------------
+
+# Schema key (":keys" a mapping's names, ":values" its values, "[]" a list's items) -> the Python
+# list of the values the code accepts there. A list the schema gains must be tied here.
+TIED = {
+    "on_config_change": guard.MODES,
+    "data.too_long": tokenize.TOO_LONG_POLICIES,
+    "data.duplicates": formats.DUPLICATE_POLICIES,
+    "data.reasoning": chat.REASONING_POLICIES,
+    "data.columns:keys": OUR_COLUMNS,
+    "data.roles:values": CANONICAL_ROLES,
+    "data.train[].columns:keys": OUR_COLUMNS,
+    "data.train[].roles:values": CANONICAL_ROLES,
+    "export.weights": checks.EXPORT_WEIGHTS,
+    "export.dtype": dtypes.CLI_CHOICES,
+    "tracker.kind": tracker.KINDS,
+}
+
+
+def _enums(node: dict, path: str = ""):
+    """(key, allowed values) of every `enum` in a JSON schema, named as TIED names them."""
+    if "enum" in node:
+        yield path, node["enum"]
+    for key, sub in (node.get("properties") or {}).items():
+        yield from _enums(sub, f"{path}.{key}" if path else key)
+    for part, suffix in (("items", "[]"), ("propertyNames", ":keys"), ("additionalProperties", ":values")):
+        if isinstance(node.get(part), dict):
+            yield from _enums(node[part], path + suffix)
+
+
+def test_every_allowed_value_list_of_the_schema_is_the_codes():
+    found = dict(_enums(yaml.safe_load(SCHEMA.read_text())))
+    assert set(found) == set(TIED), "a list of allowed values in the schema that no test ties to the code"
+    differ = {key: (values, list(TIED[key])) for key, values in found.items() if sorted(values) != sorted(TIED[key])}
+    assert not differ, f"schema values != the code's (schema, code): {differ}"
+
+
+def _choices(parser: argparse.ArgumentParser, option: str) -> tuple:
+    return tuple(next(a for a in parser._actions if option in a.option_strings).choices)
+
+
+@pytest.mark.parametrize("command", [validate._parser, tokenize._parser])
+def test_the_data_commands_take_the_values_the_schema_allows(command):
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]["data"]["properties"]
+    for key in ("too_long", "duplicates", "reasoning"):
+        assert sorted(_choices(command(), f"--{key.replace('_', '-')}")) == sorted(schema[key]["enum"]), key
+
+
+def test_the_export_commands_take_the_values_the_schema_allows():
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]["export"]["properties"]
+    assert sorted(_choices(merge._parser(), "--dtype")) == sorted(schema["dtype"]["enum"])

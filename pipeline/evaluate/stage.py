@@ -26,6 +26,7 @@ import torch
 
 from pipeline import config as train_config
 from pipeline.checkpoint.reader import open_checkpoint
+from pipeline.data import run_tokenizer
 from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
 from pipeline.model import loading, precision as prec
 from pipeline.model.loss import Collator, TokenLoss, validation_loss
@@ -64,7 +65,7 @@ def evaluate(args) -> dict:
     precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
     prec.use_tf32(device, cfg.precision.tf32)
     images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
-    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path), images)
+    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(run_tokenizer.path(cfg.model)), images)
     val = Collator(TokenCache(cfg.tokens.val_cache), prompts.pad_token_id, images=images) if cfg.tokens.val_cache else None
     examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     samples = getattr(args, "samples", SAMPLES)

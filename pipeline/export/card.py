@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pipeline import layout
-from pipeline.data.prepare import CHAT_FILE
+from pipeline.data.run_tokenizer import CHAT_FILE
 
 CARD_FILE = "README.md"
 

@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.data.prepare import CHAT_FILE, read_chat
+from pipeline.data.run_tokenizer import CHAT_FILE, read_chat
 from pipeline.errors import UserError
 from pipeline.storage.hf_dir import WEIGHT_FILE
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
-from pipeline.data.prepare import added_token_ids, read_chat
+from pipeline.data.run_tokenizer import added_tokens, read_chat, refuse_added_tokens_sharded
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model import quantization, vision
@@ -290,26 +290,7 @@ def check_lora_targets(cfg: TrainConfig) -> None:
     lora_targets(model, cfg)
 
 
-# --- special tokens the run's tokenizer added ----------------------------------------------------
-
-FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={template!r} on a vocabulary "
-                     "without them), whose embedding rows must be trained; distributed.strategy=fsdp does not "
-                     "support that yet: use distributed.strategy=ddp, or a chat template whose turn markers "
-                     "the vocabulary has")
-
-
-def added_tokens(cfg: TrainConfig) -> list[int]:
-    """Ids of the special tokens the run's tokenizer (`model.tokenizer`) added to the base vocabulary."""
-    return added_token_ids(cfg.model.tokenizer) if cfg.model.tokenizer else []
-
-
-def refuse_added_tokens_sharded(cfg: TrainConfig) -> None:
-    """UserError when the run adds tokens and shards the model (FSDP trains no token rows)."""
-    if added_tokens(cfg):
-        chat = read_chat(cfg.model.tokenizer)
-        raise UserError(FSDP_TOKENS_ERROR.format(where=f"the run's tokenizer {cfg.model.tokenizer}",
-                                                 tokens=", ".join(chat.get("added_tokens", {})),
-                                                 template=chat.get("template", "?").removeprefix("builtin:")))
+# --- special tokens the run's tokenizer added (pipeline.data.run_tokenizer) ------------------------
 
 
 def _module_name(model, module) -> str:
@@ -338,7 +319,7 @@ def grow_vocabulary(model, cfg: TrainConfig) -> list[int]:
     shape; otherwise the input embeddings, and an untied output head, grow to
     the tokenizer's size (`_grown`), and the config's `vocab_size` follows.
     """
-    ids = added_tokens(cfg)
+    ids = added_tokens(cfg.model)
     if not ids:
         return []
     rows = max(int(read_chat(cfg.model.tokenizer).get("vocab_size") or 0), max(ids) + 1)
@@ -449,7 +430,7 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     """
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
-        refuse_added_tokens_sharded(cfg)
+        refuse_added_tokens_sharded(cfg.model)
     model = (empty_base(cfg, dtype, checkpointed=checkpointed) if empty
              else load_base(cfg, dtype, device, checkpointed=checkpointed,
                             compute_dtype=precision.dtype or torch.float32))

@@ -5,7 +5,8 @@ transformers' `BitsAndBytesConfig` quantizes the base's linear layers as
 (bitsandbytes 0.49+ runs its 4-bit and 8-bit layers there, forward and
 backward). This module says how (`quantization_config`), what to fix after
 the load on a CPU (`one_cpu_kernel`, `off_the_file`), and what is refused, at
-plan time, naming the keys (`check_quantization`, `refuse_quantized_sharded`).
+plan time, naming the keys (`check_quantization`; a quantized base sharded by FSDP:
+`pipeline.planning.checks.refuse_quantized_sharded`).
 """
 
 from __future__ import annotations
@@ -119,17 +120,3 @@ def check_quantization(cfg: TrainConfig) -> None:
                         f"already (config.json quantization_config, quant_method={method}); QLoRA here quantizes an "
                         "unquantized base as it loads, and the merge adds the adapter to its float weights: "
                         "use the unquantized model (model in config/config.yaml)")
-
-
-FSDP_QUANTIZED_ERROR = ("model.quantization={quantization} with distributed.strategy=fsdp over {world}: the FSDP "
-                        "strategy reads the base into per-rank shards of float tensors (fully_shard of a meta "
-                        "skeleton), which bitsandbytes' packed 4-bit / 8-bit weights and their quantization "
-                        "constants are not; a quantized base trains with distributed.strategy=ddp (each rank holds "
-                        "the whole quantized base: 4-bit makes it about 0.3x of bf16), or use "
-                        "model.quantization=none with fsdp")
-
-
-def refuse_quantized_sharded(cfg: TrainConfig, world: str) -> None:
-    """UserError naming both settings when a quantized base would be sharded with FSDP."""
-    if cfg.model.quantization != "none" and cfg.distributed.strategy == "fsdp":
-        raise UserError(FSDP_QUANTIZED_ERROR.format(quantization=cfg.model.quantization, world=world))

@@ -1,23 +1,16 @@
-"""The run's plan: its stages, its resolved trainer config, and the checks that span both configs.
+"""The run's plan: its stages, its resolved trainer config, and the checks that need the model.
 
     python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
-        --resolved-config '{"seed": 0, "optim": {"lr": 0.002, ...}, ...}' \\
+        --resolved-config "$(cat train_config.yaml)" \\
         --export-weights ema --export-ema-rate 0.98 [--world-size 8] --max-length 2048 \\
         --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
 
 The trainer config is resolved once, when the workflow loads
-(`workflow/rules/common.smk`): the `plan` rule hands that resolution over as
-JSON (`--resolved-config`) and the plan writes it as it is. Outside the
-workflow (tests, benchmarks) `--train-config-dir/--train-config-name/--override`
-resolve it here instead.
-
-Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
-what to export, how many processes) and the trainer's (`config/train/` plus
-`train.overrides`, resolved by Hydra). Some rules tie them together and would
-otherwise fail only after all training (consolidate picking an EMA rate that
-was never kept); `cross_check` names both keys of every such problem at once.
-The workflow runs the same checks when it loads (`workflow/rules/common.smk`),
-so `snakemake` refuses such a config before any job starts.
+(`pipeline.planning.run_config`): the `plan` rule hands over its text, which
+the plan checks again (`pipeline.config.to_typed`, `pipeline.planning.checks.cross_check`)
+and writes as it is, so its sha256 is the `config_id` the workflow keyed the
+plan on. Tests and benchmarks hand over `pipeline.config.to_yaml` of a
+`pipeline.config.resolve` the same way.
 
 A base model given by hub id is recorded as `model: {repo_id, revision}`, the
 commit the `fetch_model` job pinned (model.path is then its model.json), and
@@ -40,19 +33,13 @@ is only printed.
 A run that fits only because its base is quantized (`model.quantization`) is
 told so, with what a float base would need.
 
-A quantized base is checked here too: bitsandbytes installed, a base stored
-unquantized, and not with FSDP (`cross_check`; each error names the keys).
-
-The identity of the trainer config is its resolved content (`config_id`): the
-workflow keys the plan on it, so a comment or an unused group file in
-`config/train/` changes nothing, and a changed resolved value retrains from the
-pilot.
+A quantized base is checked here too: bitsandbytes installed and a base stored
+unquantized (`pipeline.model.quantization.check_quantization`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from dataclasses import asdict, replace
@@ -60,41 +47,11 @@ from pathlib import Path
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
-from pipeline.layout import ema_tag
 from pipeline.model import memory
+from pipeline.planning.checks import EXPORT_WEIGHTS, cross_check
 from pipeline.planning.schedule import plan_stages
 from pipeline.storage import hub
 from pipeline.storage.publish import write_text
-
-
-def config_id(cfg: train_config.TrainConfig) -> str:
-    """sha256 of the resolved config as train_config.yaml holds it: what the trained stages depend on."""
-    return hashlib.sha256(train_config.to_yaml(cfg).encode()).hexdigest()
-
-
-def resolved_json(cfg: train_config.TrainConfig) -> str:
-    """The resolved config as `--resolved-config` takes it: `to_typed` of it writes the same
-    train_config.yaml, so its sha256 is `config_id(cfg)`."""
-    from omegaconf import OmegaConf
-
-    return json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)), separators=(",", ":"))
-
-
-def world_size(nodes: int, gpus_per_node: int | str, nproc: int | str) -> int | None:
-    """Ranks of a training stage when the workflow config fixes them (None: decided by the GPUs found).
-
-    Raises when the config itself asks for more processes per node than GPUs per
-    node: each process needs a GPU of its own (CUDA: "invalid device ordinal").
-    """
-    if nproc != "auto":
-        if gpus_per_node != "auto" and 0 < int(gpus_per_node) < int(nproc):
-            raise UserError(f"train.nproc={nproc} processes per node but train.gpus_per_node={gpus_per_node}: "
-                            f"each process needs a GPU of its own; set train.nproc to at most {gpus_per_node} "
-                            "(or auto: one per GPU)")
-        return nodes * int(nproc)
-    if gpus_per_node != "auto":
-        return nodes * max(1, int(gpus_per_node))
-    return None
 
 
 def gpu_count_problem(world: int | None) -> str | None:
@@ -115,43 +72,6 @@ def gpu_count_problem(world: int | None) -> str | None:
     return (f"train.nproc / train.nodes x train.gpus_per_node start {world} training processes, but this machine "
             f"has {count} visible GPU(s){shown}: each process needs a GPU of its own. Lower train.nproc to at most "
             f"{count} (or auto: one per GPU); to train on the CPU instead, hide the GPUs (CUDA_VISIBLE_DEVICES=)")
-
-
-def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_ema_rate: float | None,
-                world: int | None) -> list[str]:
-    """Problems between the workflow config and the resolved trainer config, each naming both keys."""
-    problems = []
-    rates = list(cfg.ema.rates)
-    shown = f"ema.rates={rates}"
-    if export_ema_rate is not None and ema_tag(export_ema_rate) not in {ema_tag(r) for r in rates}:
-        problems.append(f"export.ema_rate={export_ema_rate} is not one of the trainer's {shown}: "
-                        "choose a rate the run keeps, or add it to ema.rates (train.overrides)")
-    if export_weights == "ema" and not rates:
-        problems.append(f"export.weights=ema needs EMA weights, but the trainer keeps none ({shown}): "
-                        "set export.weights: raw, or give ema.rates")
-    if export_weights == "ema" and export_ema_rate is None and len(rates) > 1:
-        problems.append(f"export.weights=ema with several rates ({shown}): set export.ema_rate to the one to export")
-    if cfg.distributed.strategy == "fsdp" and world != 1 and cfg.model.tokenizer and Path(cfg.model.tokenizer).is_dir():
-        # FSDP reads the base into shards of its stored shapes: no rows for added tokens yet.
-        from pipeline.model.loading import refuse_added_tokens_sharded
-
-        try:
-            refuse_added_tokens_sharded(cfg)
-        except UserError as err:
-            problems.append(str(err))
-    if cfg.distributed.strategy == "fsdp" and cfg.model.quantization != "none" and world != 1:
-        from pipeline.model.quantization import refuse_quantized_sharded
-
-        try:
-            refuse_quantized_sharded(cfg, f"{world} ranks" if world else "the GPUs found (train.nproc=auto)")
-        except UserError as err:
-            problems.append(str(err))
-    if world is not None:
-        try:
-            train_config.batch_split(cfg, world)
-        except UserError as err:
-            problems.append(str(err))
-    return problems
 
 
 def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length: int | None) -> str | None:
@@ -202,6 +122,19 @@ def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:
     return table
 
 
+def _parsed(text: str):
+    """The resolved config's text read as `pipeline.config.load` reads train_config.yaml (UserError: not a mapping)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        raw = OmegaConf.create(text)
+    except Exception as err:  # OmegaConf and its YAML reader raise several types for bad text
+        raise UserError(f"--resolved-config is not YAML: {err}") from None
+    if not isinstance(raw, DictConfig):
+        raise UserError(f"--resolved-config is not a trainer config (a mapping of its groups): {text[:80]!r}")
+    return raw
+
+
 def _rate(text: str) -> float | None:
     return None if text in ("", "null", "None") else float(text)
 
@@ -212,14 +145,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--total-updates", type=int, required=True)
     ap.add_argument("--pilot-fraction", type=float, required=True)
     ap.add_argument("--num-chunks", type=int, required=True)
-    source = ap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--resolved-config", type=json.loads,
-                        help="the trainer config the workflow resolved when it loaded (JSON): written as is")
-    source.add_argument("--train-config-dir", type=Path, help="else resolve config/train/ here, with --override")
-    # No default here: the workflow schema holds train.config_name's (a second one would be free to drift).
-    ap.add_argument("--train-config-name", help="with --train-config-dir: the config's name (workflow train.config_name)")
-    ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
-    ap.add_argument("--export-weights", choices=("ema", "raw"), required=True, help="workflow export.weights")
+    ap.add_argument("--resolved-config", required=True,
+                    help="the resolved trainer config (pipeline.config.to_yaml) as text: checked, and written as is")
+    ap.add_argument("--export-weights", choices=EXPORT_WEIGHTS, required=True, help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
     ap.add_argument("--world-size", type=int, default=None, help="ranks per stage, when the workflow fixes it")
     ap.add_argument("--max-length", type=int, default=None,
@@ -229,12 +157,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
-    if args.resolved_config is not None:
-        cfg = train_config.to_typed(args.resolved_config)  # the workflow's resolution, typed and checked again
-    else:
-        if args.train_config_name is None:
-            ap.error("--train-config-dir needs --train-config-name")
-        cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
+    cfg = train_config.to_typed(_parsed(args.resolved_config))  # the workflow's resolution, typed and checked again
+    if train_config.to_yaml(cfg) != args.resolved_config:
+        # The workflow keyed the plan on this text's sha256: a text that is not the whole config as
+        # to_yaml writes it (a partial one, other formatting) would be trained under another id.
+        raise UserError("--resolved-config is not a resolved trainer config as pipeline.config.to_yaml writes it "
+                        "(every key, in its order): resolve it with pipeline.config.resolve first")
     problems = cross_check(cfg, export_weights=args.export_weights, export_ema_rate=args.export_ema_rate,
                            world=args.world_size)
     if problems:
@@ -261,6 +189,6 @@ def main(argv: list[str]) -> int:
     if hub_model is not None:
         plan["model"] = hub_model
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
-    write_text(args.out_config, train_config.to_yaml(cfg))
+    write_text(args.out_config, args.resolved_config)
     print(" + ".join(f"{s.name}:{s.updates}" for s in stages), f"= {args.total_updates} updates")
     return 0

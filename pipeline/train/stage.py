@@ -47,6 +47,7 @@ from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
+from pipeline.data import run_tokenizer
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
@@ -287,7 +288,7 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     a distributed vision-language run must each have an image.
     """
     images = loading.image_text(cfg)
-    pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
+    pad_id = loading.pad_token_id(run_tokenizer.path(cfg.model))
     packed = loading.packing(cfg, vision_language=images is not None)
     train = Collator(train_cache, pad_id, packed=packed, images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None

@@ -3,9 +3,35 @@
 #
 # Each rule that writes an export dir also writes its model card (README.md): from the run's
 # plan, data stats, trainer config and the stages' evaluations, declared as inputs
-# (`card_inputs`, `card_flags` in common.smk). The merged dir is smoke-tested after it is
+# (`card_inputs`, `card_flags` below). The merged dir is smoke-tested after it is
 # written, so no card takes the smoke test (a cycle for merged); smoke_test.json and the report
 # have it.
+
+
+def export_adapter():
+    return V.export(layout.ADAPTER_EMA if config["export"]["weights"] == "ema" else layout.ADAPTER_FINAL)
+
+
+def ema_rate_flag():
+    rate = config["export"]["ema_rate"]
+    return f"--ema-rate {rate}" if rate is not None else ""
+
+
+def card_inputs():
+    """What an export dir's model card (README.md) is written from: the run's plan, data stats,
+    trainer config and every evaluation (the export rules declare them as inputs)."""
+    return {
+        "plan": V.plan,
+        "stats": R.stats,
+        "train_config": V.train_config,
+        "evals": run_evaluations(V),
+    }
+
+
+def card_flags(wildcards, input):
+    """The export commands' `--card-*` options for the `card_inputs` of a rule."""
+    return (f"--card-run {wildcards.vrun} --card-plan {input.plan} --card-stats {input.stats} "
+            f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
 
 
 rule consolidate:
