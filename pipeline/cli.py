@@ -22,7 +22,7 @@ COMMANDS = {
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),
     "train-config-reference": ("pipeline.config_reference",
                               "docs/train_config.yaml: every trainer setting, its default and doc (generated)"),
-    "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
+    "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; check and write the resolved trainer config"),
     "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
     "status": ("pipeline.train.status", "where each stage of a run is (files only: works from a login node)"),
     "pilot-gate": ("pipeline.evaluate.gate", "sanity checks on the pilot before the chunks start"),

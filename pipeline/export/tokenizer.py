@@ -1,10 +1,10 @@
 """The run's tokenizer in every exported dir, so inference renders prompts as training did.
 
 Training renders conversations with the run's tokenizer dir (``results/<run>/tokenizer``,
-`pipeline.data.prepare`): its chat template, and the special tokens it added. An
-exported dir that carried the base's tokenizer files instead would render
-another prompt (or none: a base model has no template) and split the added
-turn markers into characters. `carry_tokenizer` therefore replaces the base's
+written by `pipeline.data.prepare`, read through `pipeline.data.run_tokenizer`): its chat
+template, and the special tokens it added. An exported dir that carried the base's
+tokenizer files instead would render another prompt (or none: a base model has no
+template) and split the added turn markers into characters. `carry_tokenizer` therefore replaces the base's
 tokenizer files in an export with the run's, and makes generation stop at the
 end-of-turn marker the template closes assistant turns with
 (``generation_config.json`` ``eos_token_id`` includes it).
