@@ -115,6 +115,18 @@ def git_commit() -> str | None:
         return None
 
 
+def git_tree(rev: str, root: Path, paths: list[str], what: str) -> Path:
+    """`paths` of commit `rev` (`git archive`), unpacked into a new dir `root`; `what` names the tree
+    in the error a shallow clone gets."""
+    root.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev, *paths], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"{what}: git archive {rev} failed in {REPO} (a shallow clone lacks it; `git fetch --unshallow`):\n"
+                 f"{archive.stderr.decode()[-2000:]}")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
 def command_line(script: str) -> str:
     """The command that reproduces this run, from the repository root."""
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, REPO), *sys.argv[1:]])
