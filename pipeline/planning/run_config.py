@@ -94,18 +94,12 @@ class RunConfig:
     def has_ema(self) -> bool:
         return bool(self.base.cfg.ema.rates)
 
-    @property
-    def demo(self) -> str:
-        """The embedded demo whose dataset `data: embedded` means: the embedded model's own, else the text demo's."""
-        return self.config["model"] if self.config["model"] in EMBEDDED_KINDS else EMBEDDED
-
     def dataset(self, split: str) -> str | None:
         """A split's file or dir as the jobs read it (an embedded demo's split made concrete); None for
         null, and for `train` when there are several training datasets (`train_sets`)."""
-        value = self.config["data"][split]
         if split == "train" and self.train_sets is not None:
             return None
-        return _dataset_path(value, split, self.demo)
+        return _dataset_path(self.config["data"][split], split, self.config["model"])
 
     def train_overrides(self, variant_overrides: list[str] = ()) -> list[str]:
         """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
@@ -134,7 +128,7 @@ def load(config: dict, *, command_line: Mapping | None = None, configfiles: list
     sources = workflow_config.sources(list(configfiles), command_line)
     _check(config, command_line, schema, sources)
     run = _derive(config, sources)
-    named = _variant_overrides(config, [s.name for s in run.stages], run)
+    named, run.prune_at, run.prune_keep = _variants(config, [s.name for s in run.stages])
     for vrun, (name, overrides) in named.items():
         run.variants[vrun] = _resolve(run, name, overrides, train_config_dir)
     run.base = run.variants[run.run] if not run.sweep else _resolve(run, "", [], train_config_dir)
@@ -171,10 +165,9 @@ def _derive(config: dict, sources: str) -> RunConfig:
     schedule, train = config["schedule"], config["train"]
     stages = plan_stages(schedule["total_updates"], schedule["pilot_fraction"], schedule["num_chunks"])
     model, hub_model, snapshot = _base_model(config["model"], config["run"])
-    demo = config["model"] if config["model"] in EMBEDDED_KINDS else EMBEDDED
     train_sets = workflow_config.train_sets(config["data"])
     for entry in (train_sets or {}).values():
-        entry["path"] = _dataset_path(entry["path"], "train", demo)
+        entry["path"] = _dataset_path(entry["path"], "train", config["model"])
     try:
         world = world_size(train["nodes"], train["gpus_per_node"], train["nproc"])
     except UserError as err:
@@ -212,27 +205,29 @@ def _check_base_untouched(model_dir: str, run: str) -> None:
                             "choose another run dir")
 
 
-def _dataset_path(value: str | None, split: str, demo: str) -> str | None:
-    """A dataset path as the config gives it: a file or dir, or an embedded demo's split ("embedded":
-    the embedded model's); None for null."""
+def _dataset_path(value: str | None, split: str, model: str) -> str | None:
+    """A dataset path as the config gives it: a file or dir, or an embedded demo's split; None for null.
+    "embedded" is the embedded model's own demo dataset (`model`), else the text demo's."""
     if value is None:
         return None
     if value in EMBEDDED_KINDS:
-        return str(layout.RunTree.of(demo if value == EMBEDDED else value).demo_split(split))
+        demo = model if value == EMBEDDED and model in EMBEDDED_KINDS else value
+        return str(layout.RunTree.of(demo).demo_split(split))
     return value
 
 
-def _variant_overrides(config: dict, stages: list[str], run: RunConfig) -> dict[str, tuple[str, list[str]]]:
-    """vrun -> (the variant's name, its overrides). Without a sweep one variant, the run itself
-    (vrun = run); with one, results/<run>/variants/<name>/ each (vrun = <run>/variants/<name>)."""
+def _variants(config: dict, stages: list[str]) -> tuple[dict[str, tuple[str, list[str]]], list[str], int | None]:
+    """(vrun -> the variant's name and its overrides, the prune points, how many go on at each).
+    Without a sweep one variant, the run itself (vrun = run); with one, results/<run>/variants/<name>/
+    each (vrun = <run>/variants/<name>)."""
     try:
         named = sweep_variants(config["sweep"])
-        run.prune_at, run.prune_keep = prune_points(config["sweep"], stages)
+        at, keep = prune_points(config["sweep"], stages)
     except UserError as err:
         raise UserError(f"config: {err}") from None
     if not named:
-        return {config["run"]: ("", [])}
-    return {layout.variant_run(config["run"], name): (name, overrides) for name, overrides in named.items()}
+        return {config["run"]: ("", [])}, at, keep
+    return {layout.variant_run(config["run"], name): (name, o) for name, o in named.items()}, at, keep
 
 
 def _resolve(run: RunConfig, name: str, overrides: list[str], config_dir: str | Path) -> Variant:

@@ -60,10 +60,10 @@ def plan_params(variant_of, *, base=False):
     `base`: a sweep's base config, which trains nothing (no ranks, no memory estimate, no export).
 
     Snakemake compares a rule's params to decide a rerun (--rerun-triggers params): the plan's
-    are what it depends on, the resolved trainer config (`config_id`), the stage windows (`schedule`), and for
-    a trained run the ranks of a stage and the longest record. The rest is a function of `output`,
-    which Snakemake leaves out: the config's text (its sha256 is config_id) and the export settings
-    (checked here and when the workflow loads: no reason to plan or train again).
+    are what it depends on, the resolved trainer config (`config_id`), the stage windows
+    (`schedule`), and for a trained run the ranks of a stage and the longest record. The rest is a
+    function of `output`, which Snakemake leaves out: the config's text (its sha256 is config_id)
+    and the export settings (checked when the workflow loads: no reason to plan or train again).
     """
     schedule, export = config["schedule"], config["export"]
     params = {
