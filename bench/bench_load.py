@@ -98,7 +98,8 @@ def main() -> None:
         "# The workflow's load: `snakemake -n -q`, default config",
         "",
         f"Command: `{C.command_line(__file__)}`",
-        f"Machine: {C.machine_text(machine)}; load average at the start {load_start}, at the end {C.load_average()}",
+        f"Machine: {C.machine_text(machine)}; load average {load_start} when the rounds started, "
+        f"{C.load_average()} at the end",
         "",
         f"before = `git archive {args.before}`, after = this tree ({C.git_commit() or 'uncommitted'}); each a fresh "
         f"copy of the workflow files with its own `pipeline`; median of {args.rounds} rounds (interleaved, order "

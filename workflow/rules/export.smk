@@ -52,13 +52,14 @@ rule consolidate:
         checkpoint=lambda wc, input: stage_checkpoint(input.stage),
         card=card_flags,
         model=base_model,
-        ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
-        if HAS_EMA else "--models main",
+        ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} --models both" if HAS_EMA else "--models main",
+        # Not a function of output: Snakemake compares it, so another export.ema_rate exports again.
+        ema_rate=ema_rate_flag() if HAS_EMA else "",
     resources:
         **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline consolidate --checkpoint {params.checkpoint} --base {params.model} "
-        "--out-adapter {output.adapter} {params.ema} --tokenizer {input.tokenizer} {params.card}"
+        "--out-adapter {output.adapter} {params.ema} {params.ema_rate} --tokenizer {input.tokenizer} {params.card}"
 
 
 rule export_best:
