@@ -27,6 +27,7 @@ cluster job, and `snakemake -n` must stay quick.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from pipeline import layout, workflow_config
 from pipeline.errors import UserError
 from pipeline.planning import guard
 from pipeline.planning.checks import cross_check, world_size
-from pipeline.planning.schedule import Stage, plan_stages
+from pipeline.planning.schedule import PILOT, Stage, plan_stages
 from pipeline.planning.sweep import prune_points, variants as sweep_variants
 from pipeline.storage import hub
 from pipeline.workflow_config import EMBEDDED, EMBEDDED_KINDS
@@ -111,6 +112,58 @@ class RunConfig:
             own += ["tokens.train_cache=null", mix_override(tree, self.train_sets)]
         own.append(f"tokens.val_cache={tree.cache('val')}" if self.dataset("val") else "tokens.val_cache=null")
         return list(self.config["train"]["overrides"]) + list(variant_overrides) + own
+
+    def stage_inputs(self, tree: layout.RunTree, stage: str) -> dict[str, Path]:
+        """What a training stage of `tree` reads besides its data: the plan and the trainer config, the
+        stage before it (whose checkpoint it starts from), and after the pilot the pilot's gate
+        report: no chunk starts before the pilot passed its sanity gate."""
+        names = [s.name for s in self.stages]
+        inputs = {"plan": tree.plan, "config": tree.train_config}
+        if names.index(stage):
+            inputs["init"] = tree.stage(names[names.index(stage) - 1])
+        if stage != PILOT:
+            inputs["gate"] = tree.pilot_report
+        return inputs
+
+    def adapter_exports(self, tree: layout.RunTree) -> list[Path]:
+        """Every adapter dir a finished run exports (the merged model aside): the final weights, the
+        EMA ones when it keeps any, and, tracked only with a validation set, the best raw (and EMA)."""
+        names = [layout.ADAPTER_FINAL] + ([layout.ADAPTER_EMA] if self.has_ema else [])
+        if self.dataset("val"):
+            names += [layout.ADAPTER_BEST] + ([layout.ADAPTER_BEST_EMA] if self.has_ema else [])
+        return [tree.export(name) for name in names]
+
+    def merge_source(self, tree: layout.RunTree) -> Path:
+        """The adapter dir `merge_lora` merges and the smoke test checks: export.weights' choice."""
+        return tree.export(layout.ADAPTER_EMA if self.config["export"]["weights"] == "ema" else layout.ADAPTER_FINAL)
+
+    def finished_outputs(self, tree: layout.RunTree) -> list[Path]:
+        """What a run that trained to its end makes besides its stages and their evaluations: its
+        summary, plots, report pages and exports, the merge check and the smoke test."""
+        return [tree.summary_csv, tree.loss_plot, tree.val_loss_plot, tree.summary_html, tree.plan_html,
+                tree.overview_html, tree.samples_html, tree.pilot_gate_html, *self.adapter_exports(tree),
+                tree.verification, tree.smoke_test]
+
+    def plan_keys(self, variant: Variant, *, base: bool = False) -> dict[str, object]:
+        """What a run's plan depends on, so what the `plan` rule is keyed on: the resolved trainer config
+        (`config_id`), the stage windows and, for a trained run (`base`: a sweep's base config, which
+        trains nothing), the ranks of a stage and the longest record (the memory estimate's).
+        Not the export settings, nor how the overrides are written: they change no stage."""
+        keys: dict[str, object] = {"config_id": variant.config_id,
+                                   "schedule": " + ".join(f"{s.name}:{s.start}-{s.end}" for s in self.stages)}
+        if not base:
+            keys |= {"world": f"--world-size {self.world}" if self.world else "",
+                     "max_length": self.config["data"]["max_length"]}
+        return keys
+
+    def plan_args(self, variant: Variant, *, base: bool = False) -> str:
+        """The `plan` command's arguments besides its keys and outputs: the schedule, the resolved
+        config's text (shell-quoted; its sha256 is `config_id`) and what is exported (`base`: nothing)."""
+        schedule, export = self.config["schedule"], self.config["export"]
+        weights = "--export-weights raw" if base else (f"--export-weights {export['weights']} "
+                                                       f"--export-ema-rate {export['ema_rate']}")
+        return (f"--total-updates {schedule['total_updates']} --pilot-fraction {schedule['pilot_fraction']} "
+                f"--num-chunks {schedule['num_chunks']} --resolved-config {shlex.quote(variant.text)} {weights}")
 
     def archive_notes(self) -> list[str]:
         """A warning per run that `on_config_change: archive` moves aside when the run starts."""

@@ -14,6 +14,7 @@ from snakemake.logging import logger
 
 from pipeline import layout
 from pipeline.errors import UserError
+from pipeline.launch.command import shell_prefix
 from pipeline.planning import guard, run_config
 from pipeline.planning.resources import job_resources as rule_resources, training_threads, weights_bytes
 from pipeline.planning.schedule import PILOT
@@ -56,30 +57,12 @@ onstart:
 
 
 def plan_params(variant_of, *, base=False):
-    """The `plan` rule's params for the trained run `variant_of(wildcards)` (a `run_config.Variant`);
-    `base`: a sweep's base config, which trains nothing (no ranks, no memory estimate, no export).
-
-    Snakemake compares a rule's params to decide a rerun (--rerun-triggers params): the plan's
-    are what it depends on, the resolved trainer config (`config_id`), the stage windows
-    (`schedule`), and for a trained run the ranks of a stage and the longest record. The rest is a
-    function of `output`, which Snakemake leaves out: the config's text (its sha256 is config_id)
-    and the export settings (checked when the workflow loads: no reason to plan or train again).
-    """
-    schedule, export = config["schedule"], config["export"]
-    params = {
-        "config_id": lambda wc: variant_of(wc).config_id,
-        "schedule": " + ".join(f"{s.name}:{s.start}-{s.end}" for s in RUN_CONFIG.stages),
-        "args": lambda wc, output: (
-            f"--total-updates {schedule['total_updates']} --pilot-fraction {schedule['pilot_fraction']} "
-            f"--num-chunks {schedule['num_chunks']} --resolved-config {shlex.quote(variant_of(wc).text)}"),
-    }
-    if not base:
-        params |= {
-            "world": f"--world-size {RUN_CONFIG.world}" if RUN_CONFIG.world else "",
-            "max_length": config["data"]["max_length"],  # the memory estimate's longest sequence
-            "export": lambda wc, output: f"--export-weights {export['weights']} --export-ema-rate {export['ema_rate']}",
-        }
-    return params
+    """The `plan` rule's params for the trained run `variant_of(wildcards)`: its keys, which Snakemake
+    compares (--rerun-triggers params), and its other arguments as a function of `output`, which
+    Snakemake leaves out (`run_config.RunConfig.plan_keys`, `plan_args`)."""
+    keys = list(RUN_CONFIG.plan_keys(RUN_CONFIG.base, base=base))
+    return {**{key: (lambda wc, key=key: RUN_CONFIG.plan_keys(variant_of(wc), base=base)[key]) for key in keys},
+            "args": lambda wc, output: RUN_CONFIG.plan_args(variant_of(wc), base=base)}
 
 
 # --- data: the dataset files and the training datasets -------------------------------------------
@@ -137,6 +120,16 @@ def variant_name(vrun):
     return VARIANTS[vrun][0]
 
 
+def train_inputs(wildcards):
+    """A stage's plan, config, previous stage and gate (`run_config.RunConfig.stage_inputs`), and data."""
+    inputs = {**RUN_CONFIG.stage_inputs(layout.RunTree.of(wildcards.vrun), wildcards.stage), "train": train_caches()}
+    return inputs | ({"val": R.cache("val")} if data_file("val") else {})
+
+
+def init_flag(wildcards, input):
+    return f"--init {stage_checkpoint(input.init)}" if "init" in input.keys() else ""
+
+
 def stage_checkpoint(stage_dir):
     """The checkpoint inside a stage's output dir (what --checkpoint / --init take)."""
     return Path(stage_dir) / layout.STAGE_CHECKPOINT
@@ -156,22 +149,9 @@ EVAL_GPUS = config["evaluate"]["gpus"]
 
 
 def launch(*, gpus=0, train=False):
-    """The start of every rule's shell command: `pipeline.launch` sends the command's output to
-    the rule's log and, when it fails, the reason to the terminal; it hands the job GPUs of its
-    own (`gpus`: 0, a count or "all"), and runs a training stage as one process, under torchrun,
-    or as one torchrun per node.
-    """
-    extra = f" --train --nodes {config['train']['nodes']} --nproc {config['train']['nproc']}" if train else ""
-    return tracker_exports() + f"exec python -m pipeline.launch --log {{log}} --gpus {gpus}{extra} -- "
-
-
-def tracker_exports():
-    """`export PIPELINE_TRACKER_...=...; ` for the config's tracker section (empty when off): an
-    environment, not a param, so that turning tracking on or off reruns no job."""
-    from pipeline.tracker import env_for
-
-    text = "".join(f"export {k}={shlex.quote(v)}; " for k, v in env_for(config.get("tracker", {})).items())
-    return text.replace("{", "{{").replace("}", "}}")
+    """The start of every rule's shell command (`pipeline.launch.command.shell_prefix`): the job's
+    log, GPUs of its own, a training stage as one process, under torchrun or one per node."""
+    return shell_prefix(config.get("tracker"), gpus=gpus, train=config["train"] if train else None)
 
 
 # The base's weights on disk (0 while an embedded base is not built, or a hub model not cached).
@@ -182,19 +162,6 @@ def job_resources(kind):
     """A rule's `resources:` for its kind of job (pipeline/planning/resources.py): derived from
     train.* / evaluate.gpus and the base model's size, with the `slurm.*` settings of its kind."""
     return rule_resources(kind, config, BASE_BYTES)
-
-
-def best_exports(v):
-    """A run's best raw (and EMA, when it keeps any) weights; tracked only with a validation set."""
-    if not data_file("val"):
-        return []
-    return [v.export(layout.ADAPTER_BEST)] + ([v.export(layout.ADAPTER_BEST_EMA)] if HAS_EMA else [])
-
-
-def adapter_exports(v):
-    """Every adapter dir a finished run exports (the merged model aside): the final weights, the
-    EMA ones when it keeps any, and the best ones."""
-    return [v.export(layout.ADAPTER_FINAL), *([v.export(layout.ADAPTER_EMA)] if HAS_EMA else []), *best_exports(v)]
 
 
 def reached_stages(vrun):
@@ -220,18 +187,42 @@ def reached_targets(vrun):
 def run_targets(vrun):
     """What `snakemake` makes of one variant: every stage it reaches and its evaluation, and, when
     it goes on to the end, its summary, report pages and exports."""
-    v = layout.RunTree.of(vrun)
     targets, finished = reached_targets(vrun)
-    if finished:
-        targets += [v.summary_csv, v.loss_plot, v.val_loss_plot,
-                    v.summary_html, v.plan_html, v.overview_html, v.samples_html, v.pilot_gate_html,
-                    *adapter_exports(v), v.verification, v.smoke_test]
-    return targets
+    return targets + (RUN_CONFIG.finished_outputs(layout.RunTree.of(vrun)) if finished else [])
+
+
+def compare_inputs(wildcards):
+    """Every variant's evaluations and stages as far as it got, its smoke test when it finished, and
+    the prune decisions: the sweep comparison waits for all of them."""
+    inputs = {"prune": [checkpoints.sweep_prune.get(stage=s).output[0] for s in RUN_CONFIG.prune_at]}
+    for i, vrun in enumerate(VARIANTS):
+        key = f"variant{i}"
+        inputs[key], finished = reached_targets(vrun)
+        if finished:
+            inputs[key].append(layout.RunTree.of(vrun).smoke_test)
+    return {key: value for key, value in inputs.items() if value}
 
 
 def run_evaluations(v):
     """The base model's evaluation, then every stage's of a variant: a run's evaluation table."""
     return [R.evaluation(layout.BASE_EVAL), *(v.evaluation(s) for s in STAGES)]
+
+
+def card_inputs():
+    """What an export dir's model card (README.md) is written from: the run's plan, data stats,
+    trainer config and every evaluation (the export rules declare them as inputs)."""
+    return {
+        "plan": V.plan,
+        "stats": R.stats,
+        "train_config": V.train_config,
+        "evals": run_evaluations(V),
+    }
+
+
+def card_flags(wildcards, input):
+    """The export commands' `--card-*` options for the `card_inputs` of a rule."""
+    return (f"--card-run {wildcards.vrun} --card-plan {input.plan} --card-stats {input.stats} "
+            f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
 
 
 def optional(flag, value):

@@ -65,7 +65,7 @@ rule summarize:
         gate=V.pilot_report,
         verification=V.verification,
         # the exports the overview lists (written before it is)
-        exports=adapter_exports(V),
+        exports=RUN_CONFIG.adapter_exports(V),
     output:
         # Categories of `snakemake --report report.html`: Overview, Training, Evaluation, Run. The HTML
         # pages show the table, plan and gate inline (the report only offers CSV/JSON as downloads).

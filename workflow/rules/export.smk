@@ -8,32 +8,6 @@
 # have it.
 
 
-def export_adapter():
-    return V.export(layout.ADAPTER_EMA if config["export"]["weights"] == "ema" else layout.ADAPTER_FINAL)
-
-
-def ema_rate_flag():
-    rate = config["export"]["ema_rate"]
-    return f"--ema-rate {rate}" if rate is not None else ""
-
-
-def card_inputs():
-    """What an export dir's model card (README.md) is written from: the run's plan, data stats,
-    trainer config and every evaluation (the export rules declare them as inputs)."""
-    return {
-        "plan": V.plan,
-        "stats": R.stats,
-        "train_config": V.train_config,
-        "evals": run_evaluations(V),
-    }
-
-
-def card_flags(wildcards, input):
-    """The export commands' `--card-*` options for the `card_inputs` of a rule."""
-    return (f"--card-run {wildcards.vrun} --card-plan {input.plan} --card-stats {input.stats} "
-            f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
-
-
 rule consolidate:
     input:
         stage=V.stage(LAST_STAGE),
@@ -54,7 +28,7 @@ rule consolidate:
         model=base_model,
         ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} --models both" if HAS_EMA else "--models main",
         # Not a function of output: Snakemake compares it, so another export.ema_rate exports again.
-        ema_rate=ema_rate_flag() if HAS_EMA else "",
+        ema_rate=optional("--ema-rate", config["export"]["ema_rate"]) if HAS_EMA else "",
     resources:
         **job_resources("cpu"),
     shell:
@@ -87,7 +61,7 @@ rule export_best:
 
 rule merge_lora:
     input:
-        adapter=export_adapter(),
+        adapter=RUN_CONFIG.merge_source(V),
         model=model_inputs(),
         tokenizer=TOKENIZER,
         **card_inputs(),
@@ -114,7 +88,7 @@ rule merge_lora:
 rule verify_merge:
     input:
         merged=V.export(layout.MERGED),
-        adapter=export_adapter(),
+        adapter=RUN_CONFIG.merge_source(V),
         model=model_inputs(),
         config=V.train_config,  # a quantized base (model.quantization) is measured too
     output:

@@ -1,17 +1,6 @@
 # A sweep (config `sweep`): the base config its base evaluation uses, the pruning at chosen stage
 # ends, and the comparison of every variant. Without a sweep none of these rules exists.
 
-def compare_inputs(wildcards):
-    """Every variant's evaluations and stages as far as it got, its smoke test when it finished, and
-    the prune decisions: the sweep comparison waits for all of them."""
-    inputs = {"prune": [checkpoints.sweep_prune.get(stage=s).output[0] for s in RUN_CONFIG.prune_at]}
-    for i, vrun in enumerate(VARIANTS):
-        key = f"variant{i}"
-        inputs[key], finished = reached_targets(vrun)
-        if finished:
-            inputs[key].append(layout.RunTree.of(vrun).smoke_test)
-    return {key: value for key, value in inputs.items() if value}
-
 
 if SWEEP:
 
@@ -34,8 +23,7 @@ if SWEEP:
         params:
             **plan_params(lambda wc: RUN_CONFIG.base, base=True),
         shell:
-            launch() + "python -m pipeline plan {params.args} --export-weights raw "  # exports nothing itself
-            "--out-plan {output.plan} --out-config {output.config}"
+            launch() + "python -m pipeline plan {params.args} --out-plan {output.plan} --out-config {output.config}"
 
     checkpoint sweep_prune:
         # At a prune point only the `keep` best variants (lowest validation loss at that stage's end)

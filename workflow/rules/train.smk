@@ -1,33 +1,6 @@
 # The run's plan, the training stages (pilot, chunk01..chunkNN, tail) and the pilot gate.
 
 
-def previous_stage(stage):
-    i = STAGES.index(stage)
-    return STAGES[i - 1] if i else None
-
-
-def train_inputs(wildcards):
-    v = layout.RunTree.of(wildcards.vrun)
-    inputs = {
-        "plan": v.plan,
-        "config": v.train_config,
-        "train": train_caches(),
-    }
-    if data_file("val"):
-        inputs["val"] = R.cache("val")
-    prev = previous_stage(wildcards.stage)
-    if prev is not None:
-        inputs["init"] = v.stage(prev)
-    if wildcards.stage != PILOT:
-        # No chunk starts before the pilot passed its sanity gate.
-        inputs["gate"] = v.pilot_report
-    return inputs
-
-
-def init_flag(wildcards, input):
-    return f"--init {stage_checkpoint(input.init)}" if "init" in input.keys() else ""
-
-
 rule plan:
     # No config file is an input: the trainer config is keyed on its resolved content (config_id
     # in plan_params), so a comment or an unused group file retrains nothing, and a changed
@@ -51,8 +24,8 @@ rule plan:
         # The run's config as the workflow resolved it when it loaded (pipeline/planning/run_config.py).
         **plan_params(lambda wc: RUN_CONFIG.variants[wc.vrun]),
     shell:
-        launch() + "python -m pipeline plan {params.args} {params.export} {params.world} "
-        "--max-length {params.max_length} --out-plan {output.plan} --out-config {output.config}"
+        launch() + "python -m pipeline plan {params.args} {params.world} --max-length {params.max_length} "
+        "--out-plan {output.plan} --out-config {output.config}"
 
 
 rule train_stage:
