@@ -129,3 +129,39 @@ def test_loading_the_config_imports_no_torch():
             "print(sorted(m for m in ('torch', 'transformers', 'peft') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-2000:]
+
+
+def test_the_plan_is_keyed_on_what_it_depends_on_and_handed_the_text_it_writes(load):
+    import shlex
+
+    rc = load()
+    variant = rc.variants["demo"]
+    assert rc.plan_keys(variant) == {"config_id": variant.config_id, "world": "", "max_length": 128,
+                                     "schedule": "pilot:0-15 + chunk01:15-157 + chunk02:157-299 + tail:299-300"}
+    assert set(rc.plan_keys(variant, base=True)) == {"config_id", "schedule"}  # a sweep's base trains nothing
+    args = shlex.split(rc.plan_args(variant))
+    assert args[args.index("--resolved-config") + 1] == variant.text  # as the shell hands it over
+    assert args[-4:] == ["--export-weights", "ema", "--export-ema-rate", "0.98"]
+    assert shlex.split(rc.plan_args(variant, base=True))[-2:] == ["--export-weights", "raw"]
+
+
+def test_a_stage_reads_the_one_before_it_and_after_the_pilot_its_gate(load):
+    rc = load()
+    tree = rc.tree
+    assert rc.stage_inputs(tree, "pilot") == {"plan": tree.plan, "config": tree.train_config}
+    assert rc.stage_inputs(tree, "chunk02") == {"plan": tree.plan, "config": tree.train_config,
+                                                "init": tree.stage("chunk01"), "gate": tree.pilot_report}
+
+
+def test_what_a_finished_run_exports_follows_ema_and_the_validation_set(load):
+    rc = load()
+    names = lambda paths: [p.name for p in paths]
+    assert names(rc.adapter_exports(rc.tree)) == ["adapter_final", "adapter_ema", "adapter_best", "adapter_best_ema"]
+    assert rc.merge_source(rc.tree).name == "adapter_ema"
+    plain = copy.deepcopy(SHIPPED)
+    plain["data"]["val"] = None
+    plain["export"].update(weights="raw", ema_rate=None)
+    plain["train"]["overrides"] = [o for o in plain["train"]["overrides"] if not o.startswith(("ema.", "validation."))]
+    plain["train"]["overrides"].append("ema.rates=[]")
+    rc = load(plain)
+    assert names(rc.adapter_exports(rc.tree)) == ["adapter_final"] and rc.merge_source(rc.tree).name == "adapter_final"
