@@ -34,7 +34,7 @@ reasoning is the ``reasoning_content`` of its message or a leading
 ``keep`` / ``auto`` give it to the template behind a sentinel of its own: in
 the field the template reads reasoning from (Qwen3's ``reasoning_content``,
 GPT-OSS's ``thinking``, found by a probe), else inline
-(``<think>\n{r}\n</think>\n\n{answer}``, the form Qwen3 and DeepSeek-R1
+(``<think>\\n{r}\\n</think>\\n\\n{answer}``, the form Qwen3 and DeepSeek-R1
 generate), and train it with the turn. A template that drops it
 (DeepSeek-R1's shipped ones always, Qwen3's before the last user turn) is
 detected from the missing sentinel: those records are counted, never silently.
@@ -49,9 +49,9 @@ Tool calls: an assistant turn's ``tool_calls`` and the ``tool`` turns go to the
 template as given (and the record's ``tools`` as ``tools=``). Each call's name
 is replaced by a sentinel of its own; the turn is trained by the same rule,
 through the calls to the token that closes it (the end-of-turn marker, or a
-call's own: GPT-OSS's ``<|call|>``). Tool results are prompt. A template that does not write a
-call's name and arguments, or a tool result, or that raises on them, does not
-support tools: the record is refused, naming the template.
+call's own: GPT-OSS's ``<|call|>``). Tool results are prompt. A template that
+does not write a call's name and arguments, or a tool result, or that raises
+on them, does not support tools: the record is refused, naming the template.
 """
 
 from __future__ import annotations
