@@ -22,6 +22,7 @@ from contextlib import contextmanager
 
 import torch
 
+from pipeline import compat
 from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
 from pipeline.data.prepare import added_token_ids, read_chat
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
@@ -167,7 +168,7 @@ def _for_training(model, checkpointed: int) -> None:
         return
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    compat.enable_activation_checkpointing(model, use_reentrant=False)
     # transformers turns it on in every GradientCheckpointingLayer; module order is the forward's.
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     language = vision.find_parts(model).language + "." if is_vision_language(model) else ""
