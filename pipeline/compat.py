@@ -147,6 +147,13 @@ def _register_mask_free_sdpa() -> str:
     return MASK_FREE_SDPA
 
 
+def _full_causal(config) -> bool:
+    """Is every attention layer of this (text) config plain causal: no sliding window, no chunks?"""
+    layer_types = getattr(config, "layer_types", None) or []
+    return (getattr(config, "sliding_window", None) is None and getattr(config, "attention_chunk_size", None) is None
+            and all(kind == "full_attention" for kind in layer_types))
+
+
 @contextmanager
 def skip_mask_builder(model):
     """Run `model`'s forward inside with no attention mask built: for SDPA forwards that need none
@@ -157,11 +164,12 @@ def skip_mask_builder(model):
     given a padding mask, the mask too. Under an attention name it has no mask
     function for, it returns None at once, and SDPA's function then runs its
     causal kernel (`is_causal`), the same computation as with `sdpa` and no mask.
-    Other attention implementations are left as they are. The layers' activation
+    Other attention implementations, and models with sliding-window or chunked
+    layers (whose masks are more than causal), are left as they are. The layers' activation
     checkpoint recompute needs no mask either: it reuses the forward's (None).
     """
     config = model.config
-    if config._attn_implementation != "sdpa":
+    if config._attn_implementation != "sdpa" or not _full_causal(config.get_text_config()):
         yield
         return
     config._attn_implementation = _register_mask_free_sdpa()

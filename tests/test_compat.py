@@ -133,3 +133,14 @@ def test_a_mask_free_sdpa_forward_skips_the_mask_builder_and_computes_the_same(m
         got = model.model(input_ids=ids, use_cache=False).last_hidden_state
     assert reads == [] and torch.equal(got, want)
     assert model.config._attn_implementation == "sdpa"  # restored
+
+
+def test_a_sliding_window_model_keeps_its_mask_builder():
+    """Mistral's sliding window is a mask SDPA's causal kernel would not apply: its forwards build it."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    model = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2, sliding_window=4,
+                                             attn_implementation="sdpa"))
+    with compat.skip_mask_builder(model):
+        assert model.config._attn_implementation == "sdpa"

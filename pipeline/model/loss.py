@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import ImageText, config_is_vision_language
 
@@ -217,10 +218,16 @@ class TokenLoss(torch.nn.Module):
             return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
         hf = hf_model(self.lm)
         inputs = batch.inputs
-        if self.mask_free and "attention_mask" in inputs:  # right padding only (`_padded`), see MASK_FREE_FAMILIES
+        # Right padding only (`_padded`), see MASK_FREE_FAMILIES; a packed row keeps its position ids,
+        # from which the attention keeps its sequences apart.
+        mask_free = self.mask_free and "position_ids" not in inputs
+        if mask_free:
             inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
-        # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache.
-        hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
+        # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache. A
+        # mask-free forward skips transformers' mask builder, which would read the position ids back
+        # to the host (a device sync per forward) to look for packed sequences there are none of.
+        with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
+            hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
         picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
         return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
 
