@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import ImageText, config_is_vision_language
+from pipeline.model import kernels
 
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
@@ -198,17 +199,21 @@ class TokenLoss(torch.nn.Module):
     scaling or other step after the head that this loss would skip).
     """
 
-    def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None):
+    def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None,
+                 fused_loss: str = "chunked"):
         """`check`: probe the LM head now (`check_head`); a caller whose weights are not loaded
         yet (an FSDP skeleton) passes False and calls `check_head()` once they are.
         `mask_free`: leave padded batches' attention mask out; None decides by the model's family
-        (`can_drop_mask`); benchmarks and tests force either way."""
+        (`can_drop_mask`); benchmarks and tests force either way. `fused_loss`: the
+        `model.fused_loss` setting (`pipeline.model.kernels.fused_loss`: a fused kernel for
+        the head and the cross-entropy, or None for the chunked loss)."""
         super().__init__()
         self.lm = lm
         head = hf_model(lm).get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
+        self.fused = kernels.fused_loss(fused_loss, head, head.weight.device)
         self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
         if check:
             self.check_head()
@@ -229,7 +234,10 @@ class TokenLoss(torch.nn.Module):
         with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
             hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
         picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
-        return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
+        head = hf.get_output_embeddings()
+        if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
+            return self.fused(picked, head.weight, head.bias, batch.targets)
+        return linear_cross_entropy_sum(picked, head, batch.targets, self.chunk)
 
     @torch.no_grad()
     def check_head(self) -> None:
