@@ -228,3 +228,23 @@ def test_builtin_gpt_oss_trains_every_turn_to_stop():
         "<|channel|>final<|message|>A2.<|return|>"]
     text = chatkit.build_tokenizer("builtin:gpt-oss").apply_chat_template(conversation, tokenize=False)
     assert "Current date" not in text  # the same text every day
+
+
+def test_gpt_oss_shipped_template_untrained_stops_and_dropped_analysis_point_at_the_builtin(tmp_path):
+    """Validation with GPT-OSS's shipped template: a multi-turn record's earlier final message has no stop
+    token to train, and an earlier turn's analysis is dropped; both warnings name the built-in `gpt-oss`."""
+    from pipeline.data import validate
+
+    tok_dir = tmp_path / "tok"
+    chatkit.build_tokenizer("gpt-oss").save_pretrained(tok_dir)
+    rows = [{"messages": [_user("Q1?"), _assistant("A1.", reasoning_content="R1."), _user("Q2?"), _assistant("A2.")]},
+            {"messages": PLAIN["single"]}]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = validate.validate_dataset(train, tokenizer_dir=tok_dir, max_length=4096, too_long="error")
+    assert report.ok
+    stats = report.files["train"]
+    assert (stats["eot_trained"], stats["eot_not_trained"], stats["reasoning_dropped_by_template"]) == (1, 1, 1)
+    messages = {w.reason: w.message for _, w in report.warnings}
+    assert "set data.chat_template: gpt-oss (a built-in training template" in messages["eot_not_trained"]
+    assert "set data.chat_template: gpt-oss to train it" in messages["reasoning_not_rendered"]
