@@ -39,6 +39,7 @@ BENCHES = {  # name -> script (default arguments)
     "quant": "bench_quant.py",
     "step": "bench_step.py",
     "load": "bench_load.py",
+    "kernels": "bench_kernels.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -255,6 +256,13 @@ def build_results(results: Path = C.RESULTS) -> str:
                    f"{before['rss_mb']:.0f} / {after['rss_mb']:.0f} MiB; {'yes' if 'torch' in before['heavy'] else 'no'}"
                    f" / {'yes' if 'torch' in after['heavy'] else 'no'}",
                    "no torch at load: " + ("met" if "torch" not in after["heavy"] else "NOT met"), s)]
+    kernels = _load(results, "kernels")
+    if kernels:
+        s = src("kernels", kernels)
+        arms = {a["arm"]: a for a in kernels["arms"]}
+        table += [("fused settings, LoRA fp32 step on a CPU: tokens/s / peak RSS of " + ", ".join(arms),
+                   "; ".join(f"{a['tokens_per_s']:,.0f} / {a['peak_rss_mb']:,.0f} MB" for a in arms.values()),
+                   "", s)]
     if gpu:
         s = src("gpu", gpu)
         if gpu.get("status") == "measured" and "mfu_6n" in gpu["figures"]:

@@ -43,6 +43,7 @@ SCRIPTS = {
     "bench_quant": ("--out-dir", ["quant.json", "quant.md"]),
     "bench_step": ("--out-dir", ["step.json", "step.md"]),
     "bench_load": ("--out-dir", ["load.json", "load.md"]),
+    "bench_kernels": ("--out-dir", ["kernels.json", "kernels.md"]),
     "run_all": ("--out", ["RESULTS.md"]),
 }
 
