@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, Record, stream_file
-from pipeline.data.readers import describe_kind
+from pipeline.data.kinds import describe_kind
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
 from pipeline.data.images import check_image, file_digest
 from pipeline.data.vision import is_vision_language
