@@ -96,14 +96,15 @@ def parse_file(path: str | Path, fields: FieldMap | None = None) -> ParsedFile:
 
 
 def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Callable[[int], bool] | None = None,
-                fingerprint: bool = True) -> tuple[ParsedFile, Iterator[Record]]:
+                fingerprint: bool = True, finish: bool = True) -> tuple[ParsedFile, Iterator[Record]]:
     """(`ParsedFile` without its records, the records one at a time): `parse_file` in bounded memory.
 
     The ParsedFile's `problems` and `records_seen` are complete once the
     iterator is exhausted (file-level faults such as a missing file are there
     at once, and the iterator is then empty). With `owns` (one shard of the
-    file) only the records it owns are read and its `state` is left for
-    `file_problems`, which makes the file-level problems of all shards at once.
+    file) only the records it owns are read. ``finish=False`` leaves the file-level
+    problems out, and ``ParsedFile.state`` for `file_problems`, which makes them of
+    every shard's state at once.
     `fingerprint`: the file's sha256 in ``ParsedFile.sha256`` (a shard leaves it to the merge).
     """
     path = Path(path)
@@ -124,10 +125,10 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
     if unshaped is not None:
         parsed.problems.append(Problem(name, "unknown_shape", unshaped, kind=kind))
         return parsed, iter(())
-    return parsed, _scan(parsed, kind, fields, owns)
+    return parsed, _scan(parsed, kind, fields, owns, finish)
 
 
-def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns) -> Iterator[Record]:
+def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -> Iterator[Record]:
     """The clean records of `parsed.path` (those `owns` keeps); its problems and counts go to `parsed` on the way."""
     path, name = parsed.path, str(parsed.path)
     base_dir = os.path.dirname(os.path.abspath(path))
@@ -162,7 +163,7 @@ def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns) -> Iterator[Rec
         elif record.images:  # kept so validation also reports its missing images (a record reports every defect)
             parsed.rejected.append(record)
     state.records_seen = parsed.records_seen
-    if owns is None:
+    if finish:
         parsed.problems = file_problems(name, kind, [state], parsed.problems)
 
 

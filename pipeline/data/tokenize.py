@@ -61,6 +61,7 @@ from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments,
 from pipeline.data.stream import DigestIndex, batched, sample_digest
 from pipeline.data.vision import ImageText, is_vision_language, load_image_text
 from pipeline.errors import DataError, UserError
+from pipeline.storage import publish
 
 TOO_LONG_POLICIES = ("error", "truncate", "drop")
 BATCH_SIZE = 2048
@@ -432,6 +433,7 @@ class SplitEncoder:
         if images is not None:
             self.counts["dropped_image_cut"] = 0
         self.kept_lengths: list[np.ndarray] = []
+        self.kept_index: list[np.ndarray] = []  # file index of each kept record (a shard's merge puts them in order)
         self.records_in = self.turns = self.assistant_turns = self.tokens = self.supervised = self.raw_max = 0
         self.image_count = 0
         self.chat_counts = dict.fromkeys(CHAT_COUNTS, 0)
@@ -448,7 +450,7 @@ class SplitEncoder:
         too_long_rec = lengths > max_length
         counts["too_long"] += int(too_long_rec.sum())
         if self.too_long == "error":
-            self.over += [f"{record_name(self.source, batch[b])}: {lengths[b]} tokens"
+            self.over += [(batch[b].index, f"{record_name(self.source, batch[b])}: {lengths[b]} tokens")
                           for b in np.flatnonzero(too_long_rec)]
             if self.over:
                 return  # keep scanning so the error lists every offender
@@ -476,6 +478,7 @@ class SplitEncoder:
         kept_images = [batch[b].images for b in np.flatnonzero(keep)] if images is not None else None
         self.sink.append(tokens.ids[kept_tokens].astype(np.int32), kept_labels, kept_lengths, kept_images)
         self.kept_lengths.append(kept_lengths)
+        self.kept_index.append(np.array([batch[b].index for b in np.flatnonzero(keep)], dtype=np.int64))
         self.tokens += int(kept_lengths.sum())
         self.supervised += int((kept_labels != IGNORE_INDEX).sum())
         self.image_count += sum(map(len, kept_images or []))
@@ -485,30 +488,45 @@ class SplitEncoder:
             for key, flag in zip(CHAT_COUNTS, chat_flags(rendered[b])):
                 self.chat_counts[key] += flag
 
+    def counters(self) -> dict:
+        """What `split_stats` makes the stats of (besides the kept records' lengths); shards' counters add up."""
+        return {"records_in": self.records_in, "turns": self.turns, "assistant_turns": self.assistant_turns,
+                "tokens": self.tokens, "supervised_tokens": self.supervised, "max_tokens_before_truncation": self.raw_max,
+                **self.counts, **self.chat_counts, **({"images": self.image_count} if self.images is not None else {}),
+                "over": self.over}
+
     def finish(self) -> dict:
         """The split's stats; `DataError` listing the over-long records under too_long=error."""
-        over, max_length = self.over, self.max_length
-        if over:
-            raise DataError(
-                f"{len(over)} record(s) of {self.source} exceed max_length={max_length} (policy 'error'):\n  "
-                + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
-            )
         lengths = np.concatenate(self.kept_lengths) if self.kept_lengths else np.zeros(0, dtype=np.int64)
-        stats = {
-            "records_in": self.records_in,
-            "records": int(lengths.size),
-            "turns": self.turns,
-            "assistant_turns": self.assistant_turns,
-            "tokens": self.tokens,
-            "supervised_tokens": self.supervised,
-            "tokens_per_record": _percentiles(lengths),
-            "max_tokens_before_truncation": self.raw_max,
-            **self.counts,
-            **self.chat_counts,
-        }
-        if self.images is not None:
-            stats["images"] = self.image_count
-        return stats
+        return split_stats(self.counters(), lengths, source=self.source, max_length=self.max_length)
+
+
+def split_stats(counters: dict, lengths: np.ndarray, *, source: str, max_length: int) -> dict:
+    """A split's stats from its `SplitEncoder.counters` (one encoder's, or every shard's summed) and the token
+    count of each kept record; `DataError` listing the over-long records (`counters["over"]`, (index, text)) first."""
+    over = [text for _, text in sorted(counters["over"], key=lambda entry: entry[0])]
+    if over:
+        raise DataError(
+            f"{len(over)} record(s) of {source} exceed max_length={max_length} (policy 'error'):\n  "
+            + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
+        )
+    c = counters
+    stats = {
+        "records_in": c["records_in"],
+        "records": int(lengths.size),
+        "turns": c["turns"],
+        "assistant_turns": c["assistant_turns"],
+        "tokens": c["tokens"],
+        "supervised_tokens": c["supervised_tokens"],
+        "tokens_per_record": _percentiles(lengths),
+        "max_tokens_before_truncation": c["max_tokens_before_truncation"],
+        **{key: c[key] for key in ("too_long", "truncated", "dropped", "dropped_unsupervised")},
+        **({"dropped_image_cut": c["dropped_image_cut"]} if "dropped_image_cut" in c else {}),
+        **{key: c[key] for key in CHAT_COUNTS},
+    }
+    if "images" in c:
+        stats["images"] = c["images"]
+    return stats
 
 
 def _percentiles(lengths: np.ndarray) -> dict:
@@ -522,12 +540,13 @@ def _percentiles(lengths: np.ndarray) -> dict:
 def tokenize_file(
     path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
     duplicates: str = "error", images: ImageText | None = None, reasoning: str = "auto",
-    fields: FieldMap | None = None,
+    fields: FieldMap | None = None, drop: np.ndarray | None = None,
 ) -> dict:
     """Read, tokenize and cache one dataset file, streamed; returns its stats (also stored in the cache metadata).
 
     ``duplicates="drop"`` removes exact-duplicate conversations first (counted
-    as ``duplicates_dropped``). Raises `DataError` if no record is left.
+    as ``duplicates_dropped``): those of `drop` (record indices: validation's
+    ``--out-drop``, found across shards) when given, else found here. Raises `DataError` if no record is left.
     `images`: a vision-language model's processor; the cache then holds each
     record's image paths too. `fields`: the dataset's own key and role names.
 
@@ -537,14 +556,11 @@ def tokenize_file(
     the split. A file with problems fails as `load_records` would (every
     problem listed, before any encoding error), and nothing is written.
     """
-    if duplicates not in DUPLICATE_POLICIES:
-        raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
-    parsed, records = stream_file(path, fields)
     with CacheWriter(out_path) as writer:
-        encoder = SplitEncoder(tokenizer, writer, max_length=max_length, too_long=too_long, source=str(path),
-                               images=images, reasoning=reasoning)
-        records_in, kept, failed = _encode_stream(records, encoder, parsed, duplicates == "drop")
+        parsed, encoder, records_in, kept, failed = encode_file(
+            path, tokenizer, writer, max_length=max_length, too_long=too_long, duplicates=duplicates, images=images,
+            reasoning=reasoning, fields=fields, drop=drop)
         if parsed.problems:
             raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
         if failed is not None:
@@ -571,10 +587,30 @@ def tokenize_file(
     return stats
 
 
-def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
+def encode_file(path: Path, tokenizer, sink, *, max_length: int, too_long: str, duplicates: str,
+                images: ImageText | None, reasoning: str, fields: FieldMap | None, drop: np.ndarray | None = None,
+                owns=None) -> tuple:
+    """Encode the records of `path` (those `owns` keeps: a shard's) into `sink`, without the duplicates
+    ``duplicates="drop"`` removes; (parsed file, encoder, records read, records encoded, first encoding error)."""
+    if duplicates not in DUPLICATE_POLICIES:
+        raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
+    parsed, records = stream_file(path, fields, owns=owns, fingerprint=owns is None, finish=owns is None)
+    encoder = SplitEncoder(tokenizer, sink, max_length=max_length, too_long=too_long, source=str(path),
+                           images=images, reasoning=reasoning)
+    if duplicates != "drop":
+        drop = None
+    elif drop is None:
+        drop = _DROP_HERE
+    return (parsed, encoder, *_encode_stream(records, encoder, parsed, drop))
+
+
+_DROP_HERE = np.zeros(0, dtype=np.int64)  # duplicates=drop without a list: found while reading
+
+
+def _encode_stream(records, encoder: SplitEncoder, parsed, drop: np.ndarray | None
                    ) -> tuple[int, int, DataError | None]:
-    """Feed `records` to `encoder` in batches, without exact duplicates if `drop_duplicates`; returns
-    (records read, records encoded, the first encoding error or None).
+    """Feed `records` to `encoder` in batches, without exact duplicates (`drop`: those indices; `_DROP_HERE`:
+    found here; None: none dropped); returns (records read, records encoded, the first encoding error or None).
 
     After a problem of the file or an encoding error the rest is only read
     (no longer encoded), so the file's every problem is still found. The
@@ -583,7 +619,13 @@ def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
     read = [0]
     kept = 0
     failed: DataError | None = None
-    for batch in batched(_unique(records, read) if drop_duplicates else _counted(records, read), BATCH_SIZE):
+    if drop is _DROP_HERE:
+        kept_records = _unique(records, read)
+    elif drop is not None:
+        kept_records = (r for r in _counted(records, read) if not _in(r.index, drop))
+    else:
+        kept_records = _counted(records, read)
+    for batch in batched(kept_records, BATCH_SIZE):
         kept += len(batch)
         if parsed.problems or failed is not None:
             continue
@@ -592,6 +634,11 @@ def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
         except DataError as err:  # reported after the file's own problems, as load_records would first
             failed = err
     return read[0], kept, failed
+
+
+def _in(index: int, sorted_indices: np.ndarray) -> bool:
+    at = np.searchsorted(sorted_indices, index)
+    return bool(at < sorted_indices.size and sorted_indices[at] == index)
 
 
 def _counted(records, read: list[int]):
@@ -629,6 +676,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="assistant reasoning (<think>...</think>, reasoning_content): auto / keep train it where "
                         "the template renders it, drop removes it")
     add_field_arguments(p)
+    p.add_argument("--drop", type=Path, help="validate --out-drop: the train copies duplicates=drop leaves out")
+    p.add_argument("--parts", nargs="+", type=Path,
+                   help="the train file's shard parts (tokenize-shard --out): merged into --out-train in file order")
+    p.add_argument("--shards-out", type=Path, help="with --parts: each shard's records and time (JSON)")
     p.add_argument("--out-train", type=Path)
     p.add_argument("--out-val", type=Path)
     p.add_argument("--out-stats", required=True, type=Path)
@@ -653,14 +704,28 @@ def main(argv: list[str] | None = None) -> int:
               "max_length": args.max_length, "too_long": args.too_long, "duplicates": args.duplicates,
               "reasoning": args.reasoning, "splits": {}}
     for split, (source, out) in splits.items():
-        stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
-                              too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates,
-                              images=images, reasoning=args.reasoning, fields=fields)
+        if split == "train" and args.parts:
+            from pipeline.data.parts import merge_parts
+
+            metadata = {"tokenizer_fingerprint": fingerprint, "max_length": str(args.max_length),
+                        "too_long": args.too_long, "duplicates": args.duplicates, "reasoning": args.reasoning}
+            stats, shards = merge_parts(args.parts, out_path=out, metadata=metadata, max_length=args.max_length,
+                                        too_long=args.too_long)
+            if Path(stats["source"]).resolve() != source.resolve():
+                raise UserError(f"--parts are parts of {stats['source']}, not of --train {source}")
+            if args.shards_out is not None:
+                publish.write_text(args.shards_out, json.dumps({"shards": shards}, indent=2) + "\n")
+        else:
+            from pipeline.data.parts import read_drop
+
+            stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
+                                  too_long=args.too_long, fingerprint=fingerprint, split=split,
+                                  duplicates=args.duplicates, images=images, reasoning=args.reasoning, fields=fields,
+                                  drop=read_drop(args.drop) if split == "train" else None)
         report["splits"][split] = {"cache": str(out), **stats}
         print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
               f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "
               f"dropped {stats['dropped'] + stats['dropped_unsupervised']}, "
               f"duplicates dropped {stats['duplicates_dropped']}; {chat_counts_text(stats)} -> {out}")
-    args.out_stats.parent.mkdir(parents=True, exist_ok=True)
-    args.out_stats.write_text(json.dumps(report, indent=2) + "\n")
+    publish.write_text(args.out_stats, json.dumps(report, indent=2) + "\n")
     return 0
