@@ -278,3 +278,23 @@ def test_a_cache_writer_left_unclosed_leaves_nothing(tmp_path):
             writer.append(np.arange(3), np.arange(3), [3])
             raise RuntimeError("tokenization failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_supervised_counts_are_read_from_the_arrays_as_a_loop_over_records_counts_them(tmp_path, monkeypatch):
+    """`TokenCache.supervised_counts` (what a training stage counts at its start) equals the per-record loop it
+    replaced, with empty and one-token records, records longer than a slice, and slices that end mid-record."""
+    from pipeline.data import cache as cache_module
+    from pipeline.data.mix import ConcatCache
+
+    rng = np.random.default_rng(1)
+    lengths = np.array([0, 1, 5, 40, 0, 3, 17, 1, 64, 2])
+    ids = rng.integers(0, 100, lengths.sum()).astype(np.int32)
+    labels = np.where(rng.random(lengths.sum()) < 0.6, ids, -100).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    write_cache(tmp_path / "c.safetensors", input_ids=ids, labels=labels, offsets=offsets, metadata={})
+    cache = TokenCache(tmp_path / "c.safetensors")
+    loop = [int((cache[i][1][1:] != -100).sum()) for i in range(len(cache))]
+    assert cache.supervised_counts().tolist() == loop and sum(loop) > 0
+    monkeypatch.setattr(cache_module, "_COUNT_TOKENS", 7)  # slices of 7 tokens: most records span several
+    assert cache.supervised_counts().tolist() == loop
+    assert ConcatCache([cache, cache]).supervised_counts().tolist() == loop + loop
