@@ -141,13 +141,15 @@ def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -
         if isinstance(raw, Unreadable):
             parsed.problems.append(Problem(name, raw.reason, raw.message, index=index, line=line, kind=kind))
             continue
-        cell_problems = []
         if cells:
             raw, cell_problems = decode_cells(raw, fields)
+            if cell_problems:  # a record that could not be decoded, as a JSON Lines line that is no JSON
+                state.shaped += 1
+                parsed.problems += [Problem(name, reason, message, index=index, line=line, field=column, kind=kind)
+                                    for reason, message, column in cell_problems]
+                continue
         record, problems = normalize_record(raw, index=index, line=line, file=name, kind=kind, base_dir=base_dir,
                                             fields=fields)
-        problems[:0] = [Problem(name, reason, message, index=index, line=line, field=column, kind=kind)
-                        for reason, message, column in cell_problems]
         if any(p.reason == "missing_turns" for p in problems):
             state.unknown += 1
             for position, key in enumerate(raw):

@@ -192,9 +192,13 @@ def _open_decompressed(path: Path, codec: str):
         import lzma
 
         return lzma.open(path, "rb")
+    import io
+
     import zstandard
 
-    return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True, read_across_frames=True)
+    # Buffered: zstandard's reader reads, but does not iterate over lines.
+    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True,
+                                                                        read_across_frames=True), 1 << 20)
 
 
 def _binary_kind(head: bytes) -> str | None:

@@ -75,7 +75,7 @@ def columns(path: Path, kind: str) -> list[str] | None:
         return None
     with open_binary(path, kind) as f:
         try:
-            header = next(csv.reader(_Lines(f)), None)
+            header = next(csv.reader(_Lines(f), delimiter=_DELIMITERS[base_kind(kind)]), None)
         except (csv.Error, OSError, EOFError):
             return None
     return [name for name in header if name] if header else None

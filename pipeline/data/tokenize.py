@@ -49,6 +49,7 @@ import argparse
 import hashlib
 import itertools
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -679,7 +680,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--drop", type=Path, help="validate --out-drop: the train copies duplicates=drop leaves out")
     p.add_argument("--parts", nargs="+", type=Path,
                    help="the train file's shard parts (tokenize-shard --out): merged into --out-train in file order")
-    p.add_argument("--shards-out", type=Path, help="with --parts: each shard's records and time (JSON)")
+    p.add_argument("--shards-out", type=Path, help="each train shard's records and time (JSON; one job: its own)")
     p.add_argument("--out-train", type=Path)
     p.add_argument("--out-val", type=Path)
     p.add_argument("--out-stats", required=True, type=Path)
@@ -718,10 +719,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from pipeline.data.parts import read_drop
 
+            start, cpu = time.perf_counter(), time.process_time()
             stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
                                   too_long=args.too_long, fingerprint=fingerprint, split=split,
                                   duplicates=args.duplicates, images=images, reasoning=args.reasoning, fields=fields,
                                   drop=read_drop(args.drop) if split == "train" else None)
+            if split == "train" and args.shards_out is not None:  # one job: the one shard
+                shards = [{"shard": 0, "records": stats["records"], "seconds": round(time.perf_counter() - start, 2),
+                           "cpu_seconds": round(time.process_time() - cpu, 2)}]
+                publish.write_text(args.shards_out, json.dumps({"shards": shards}, indent=2) + "\n")
         report["splits"][split] = {"cache": str(out), **stats}
         print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
               f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "

@@ -97,6 +97,7 @@ class ValidationReport:
     files: dict[str, dict] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     dropped: dict = field(default_factory=dict)  # split -> record indices duplicates=drop leaves out (not in JSON)
+    shards: list = field(default_factory=list)  # the train file's scans: shard, records, seconds (not in JSON)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +183,8 @@ def validate_dataset(
         else:
             scans[name] = [scan_split(path, name, fields=fields, measure=measure, image_verdicts=image_verdicts,
                                       text_only=text_only, max_length=max_length, too_long=too_long)]
+    report.shards = [{"shard": s.shard, "records": int(s.arrays["index"].size), "seconds": round(s.seconds, 2),
+                      "cpu_seconds": round(s.cpu_seconds, 2)} for s in scans.get("train", [])]
     measured = any(s.arrays["index"].size for split in scans.values() for s in split)
     template = next((s.template for split in scans.values() for s in split if s.template), "")
     earlier, verdicts = {}, {}
@@ -278,6 +281,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out-json", required=True, type=Path)
     p.add_argument("--out-csv", required=True, type=Path)
     p.add_argument("--out-drop", type=Path, help="the train records duplicates=drop leaves out (.npy, int64 indices)")
+    p.add_argument("--shards-out", type=Path, help="each train shard's records and time (JSON; one shard: the scan)")
     p.add_argument("--failed-report-dir", type=Path,
                    help="on failure, also write validation.json/.csv here (a path the workflow does not delete); "
                         "on success, remove the ones an earlier failure left")
@@ -302,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out_drop is not None:
         with publish.staged_file(args.out_drop) as tmp, open(tmp, "wb") as f:
             np.save(f, report.dropped.get("train", np.zeros(0, dtype=np.int64)))
+    if args.shards_out is not None:
+        publish.write_text(args.shards_out, json.dumps({"shards": report.shards}, indent=2) + "\n")
     _print_warnings(report)
     if not report.ok:
         kept = (args.out_json, args.out_csv)
