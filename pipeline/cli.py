@@ -18,7 +18,7 @@ COMMANDS = {
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "validate-shard": ("pipeline.data.scan", "check one shard of a large training file (validate --scans merges)"),
-    "tokenize": ("pipeline.data.tokenize", "tokenize with the chat template into a safetensors cache"),
+    "tokenize": ("pipeline.data.tokenize_cli", "tokenize with the chat template into a safetensors cache"),
     "tokenize-shard": ("pipeline.data.parts", "tokenize one shard of a large training file (tokenize --parts merges)"),
     "mixed-reports": ("pipeline.data.mixed_reports", "a run of several training datasets: its data reports from theirs"),
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pipeline.data import parts, scan, shards, tokenize as tk, validate as v
+from pipeline.data import parts, scan, shards, tokenize as tk, tokenize_cli, validate as v
 from pipeline.errors import DataError
 from pipeline.data.cache import FORMAT, CacheWriter, TokenCache, _image_tensors, write_cache
 from pipeline.data.formats import duplicate_of, load_records, stream_file
@@ -156,7 +156,7 @@ def _data_jobs(splits: dict, tokenizer_dir: Path, out: Path, n: int, duplicates:
     tokenize = [*train, *common, "--duplicates", duplicates, "--drop", out / "drop.npy",
                 "--out-train", out / "train.safetensors", "--out-stats", out / "stats.json"]
     if n == 1:
-        errors = [_run(v.main, [*train, *held_out, *common, *reports]), _run(tk.main, tokenize)]
+        errors = [_run(v.main, [*train, *held_out, *common, *reports]), _run(tokenize_cli.main, tokenize)]
     else:
         scans = [out / f"scan{k}.json" for k in range(n)]
         for k in reversed(range(n)):  # any order
@@ -167,7 +167,7 @@ def _data_jobs(splits: dict, tokenizer_dir: Path, out: Path, n: int, duplicates:
             errors.append(_run(parts.main, [*train, *common, "--duplicates", duplicates, "--drop", out / "drop.npy",
                                             "--shard", f"{k}/{n}", "--out", cache_parts[k]]))
         if errors[-1] is None:
-            errors.append(_run(tk.main, [*tokenize, "--parts", *cache_parts, "--shards-out", out / "shards.json"]))
+            errors.append(_run(tokenize_cli.main, [*tokenize, "--parts", *cache_parts, "--shards-out", out / "shards.json"]))
     outputs = {name: (out / name).read_bytes() for name in
                ("validation.json", "validation.csv", "drop.npy", "train.safetensors", "stats.json")
                if (out / name).exists()}
