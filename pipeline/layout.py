@@ -147,6 +147,7 @@ SAMPLES_PAGE = "samples.html"
 PLAN_PAGE = "plan.html"
 PILOT_GATE_PAGE = "pilot_gate.html"
 LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
+DATA_PAGE = "data.html"  # the training datasets: files, records, shards and each shard's time
 
 # export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
 ADAPTER_FINAL = "adapter_final"
@@ -328,6 +329,10 @@ class RunTree:
     @property
     def labels_html(self) -> Path:
         return self.root / REPORT_DIR / LABELS_PAGE
+
+    @property
+    def data_html(self) -> Path:
+        return self.root / REPORT_DIR / DATA_PAGE
 
     @property
     def exports(self) -> Path:

@@ -114,6 +114,33 @@ def shard_times(dirs: dict[str, Path]) -> dict:
     return out
 
 
+def data_page(stats: dict[str, dict], times: dict) -> str:
+    """The report's data page: per training dataset its file, kind, records and tokens, its shards, and each
+    shard's validation and tokenization time (seconds; CPU seconds in brackets)."""
+    import html
+
+    rows, shard_rows = [], []
+    for name, s in stats.items():
+        split = s["splits"][TRAIN]
+        rows.append([name, split["source"], split["records"], split["tokens"], times[name]["shards"]])
+        for v, t in zip(times[name]["validate"], times[name]["tokenize"]):
+            shard_rows.append([name, v["shard"], t["records"], f"{v['seconds']:.1f} ({v['cpu_seconds']:.1f})",
+                               f"{t['seconds']:.1f} ({t['cpu_seconds']:.1f})"])
+
+    def table(header: list[str], body: list[list]) -> str:
+        cells = lambda row, tag: "".join(f"<{tag}>{html.escape(str(c))}</{tag}>" for c in row)
+        return (f"<table><tr>{cells(header, 'th')}</tr>"
+                + "".join(f"<tr>{cells(row, 'td')}</tr>" for row in body) + "</table>")
+
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>Training data</title><style>body{font-family:"
+            "sans-serif;margin:2em}table{border-collapse:collapse;margin-bottom:1.5em}td,th{border:1px solid #ccc;"
+            "padding:3px 8px;text-align:right}</style></head><body><h1>Training data</h1>"
+            + table(["dataset", "file", "records", "tokens", "shards"], rows)
+            + "<h2>Shards: records and seconds of each job (CPU seconds)</h2>"
+            + table(["dataset", "shard", "records", "validation s", "tokenization s"], shard_rows)
+            + "</body></html>\n")
+
+
 def _dataset(text: str) -> tuple[str, Path]:
     name, sep, path = text.partition("=")
     if not sep or not name:
@@ -130,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out-csv", type=Path, required=True)
     ap.add_argument("--out-stats", type=Path, required=True)
     ap.add_argument("--out-shards", type=Path, help="each dataset's shards and their times (JSON)")
+    ap.add_argument("--out-html", type=Path, help="the report's data page: each dataset, its shards and their times")
     args = ap.parse_args(argv)
     dirs = dict(args.dataset)
     if len(dirs) != len(args.dataset):
@@ -140,8 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     publish.write_text(args.out_json, json.dumps(merge_validation(reports), indent=2, ensure_ascii=False) + "\n")
     merge_csv({name: d / layout.VALIDATION_CSV for name, d in dirs.items()}, args.out_csv)
     publish.write_text(args.out_stats, json.dumps(merge_stats(stats, val), indent=2) + "\n")
-    if args.out_shards is not None:
-        publish.write_text(args.out_shards, json.dumps(shard_times(dirs), indent=2) + "\n")
+    if args.out_shards is not None or args.out_html is not None:
+        times = shard_times(dirs)
+        if args.out_shards is not None:
+            publish.write_text(args.out_shards, json.dumps(times, indent=2) + "\n")
+        if args.out_html is not None:
+            publish.write_text(args.out_html, data_page(stats, times))
     for name in dirs:
         split = stats[name]["splits"][TRAIN]
         print(f"{split_name(name)}: {split['records']} records, {split['tokens']} tokens ({split['source']})")

@@ -218,6 +218,7 @@ rule data_reports:
         csv=R.validation_csv,
         stats=R.stats,
         shards=R.data_shards,
+        html=report(R.data_html, caption="../report/data_html.rst", category="Data"),
     localrule: True
     conda:
         "../envs/sft.yaml"
@@ -228,7 +229,8 @@ rule data_reports:
         val_stats=lambda wc, input: optional("--val-stats", input.get("val_stats")),
     shell:
         launch() + "python -m pipeline mixed-reports {params.datasets} {params.val_stats} "
-        "--out-json {output.json} --out-csv {output.csv} --out-stats {output.stats} --out-shards {output.shards}"
+        "--out-json {output.json} --out-csv {output.csv} --out-stats {output.stats} --out-shards {output.shards} "
+        "--out-html {output.html}"
 
 
 rule label_view:
