@@ -292,13 +292,16 @@ def main() -> None:
             for kind in args.kinds:
                 results.append(bench_one(work, tok_dir, n, kind, args.val_records))
                 print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    lines = report(results, args, machine)
+    _publish(args, report(results, args, machine), {"results": results, "rss_bound_mb": RSS_BOUND_MB})
+
+
+def _publish(args, lines: list[str], payload: dict) -> None:
+    """The report (args.out, .md) and its figures (.json beside it), printed too."""
     if C.SMOKE:
         lines = [C.SMOKE_BANNER, "", *lines]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps({"results": results, "rss_bound_mb": RSS_BOUND_MB},
-                                                        indent=1) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
     print("\n".join(lines))
 
 
@@ -313,13 +316,7 @@ def sharded_main(args, machine: str) -> None:
         for shards, c in zip(args.shards, cores):
             results.append(bench_sharded(tmp, tmp / "tokenizer", args.sizes[0], shards, c, args.val_records))
             print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    lines = sharded_report(results, args, machine)
-    if C.SMOKE:
-        lines = [C.SMOKE_BANNER, "", *lines]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines))
-    args.out.with_suffix(".json").write_text(json.dumps({"results": results}, indent=1) + "\n")
-    print("\n".join(lines))
+    _publish(args, sharded_report(results, args, machine), {"results": results})
 
 
 def sharded_report(results: list[dict], args, machine: str) -> list[str]:

@@ -21,13 +21,11 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.data.cache import CacheWriter, TokenCache
-from pipeline.data.chat import REASONING_POLICIES
-from pipeline.data.formats import DUPLICATE_POLICIES, format_problems
+from pipeline.data.formats import format_problems
 from pipeline.data.readers import fingerprint as file_fingerprint
-from pipeline.data.shapes import add_arguments as add_field_arguments, field_map
-from pipeline.data.shards import interleave, owns, parse_shard
-from pipeline.data.tokenize import (TOO_LONG_POLICIES, encode_file, load_chat, split_stats,
-                                    tokenizer_fingerprint)
+from pipeline.data.shapes import field_map
+from pipeline.data.shards import add_job_arguments, interleave, owns
+from pipeline.data.tokenize import encode_file, load_chat, split_stats, tokenizer_fingerprint
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
@@ -121,15 +119,8 @@ def _copy(cache: TokenCache, a: int, b: int, writer: CacheWriter) -> np.ndarray:
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline tokenize-shard`: tokenize one shard of a training file into a part (`tokenize --parts`)."""
     p = argparse.ArgumentParser(prog="python -m pipeline tokenize-shard", description=main.__doc__.split(":")[1])
-    p.add_argument("--train", required=True, type=Path)
-    p.add_argument("--shard", required=True, type=parse_shard, metavar="K/N", help="shard K of N, from 0")
-    p.add_argument("--tokenizer", required=True, type=Path)
-    p.add_argument("--max-length", required=True, type=int)
-    p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
-    p.add_argument("--duplicates", required=True, choices=DUPLICATE_POLICIES)
-    p.add_argument("--reasoning", required=True, choices=REASONING_POLICIES)
+    add_job_arguments(p, duplicates=True)
     p.add_argument("--drop", type=Path, help="validate --out-drop: the copies duplicates=drop leaves out")
-    add_field_arguments(p)
     p.add_argument("--out", required=True, type=Path, help="the part: a token cache, and its .json beside it")
     args = p.parse_args(argv)
     tokenizer, images = load_chat(args.tokenizer)

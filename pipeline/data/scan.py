@@ -29,8 +29,8 @@ import numpy as np
 
 from pipeline.data.formats import FileState, ParsedFile, Problem, Record, stream_file
 from pipeline.data.images import check_image
-from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
-from pipeline.data.shards import owns, parse_shard
+from pipeline.data.shapes import FieldMap, field_map
+from pipeline.data.shards import add_job_arguments, owns
 from pipeline.data.stream import DIGEST_BYTES, batched, digest, loose_digest, sample_digest
 
 SCAN_BATCH = 2048  # records checked at a time (the tokenizer's batch)
@@ -210,18 +210,10 @@ class Measure:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m pipeline validate-shard`: scan one shard of a training file, write its facts for `validate --scans`."""
-    from pipeline.data.chat import REASONING_POLICIES
-    from pipeline.data.tokenize import TOO_LONG_POLICIES
     from pipeline.data.vision import is_vision_language
 
     p = argparse.ArgumentParser(prog="python -m pipeline validate-shard", description=main.__doc__.split(":")[1])
-    p.add_argument("--train", required=True, type=Path)
-    p.add_argument("--shard", required=True, type=parse_shard, metavar="K/N", help="shard K of N, from 0")
-    p.add_argument("--tokenizer", required=True, type=Path)
-    p.add_argument("--max-length", required=True, type=int)
-    p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
-    p.add_argument("--reasoning", required=True, choices=REASONING_POLICIES)
-    add_field_arguments(p)
+    add_job_arguments(p, duplicates=False)
     p.add_argument("--out", required=True, type=Path, help="the facts: OUT (.json) and OUT's .npz beside it")
     args = p.parse_args(argv)
     verdicts: dict = {}
