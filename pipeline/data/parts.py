@@ -24,7 +24,8 @@ from pipeline.data.cache import CacheWriter, TokenCache
 from pipeline.data.formats import format_problems
 from pipeline.data.readers import fingerprint as file_fingerprint
 from pipeline.data.shapes import field_map
-from pipeline.data.shards import add_job_arguments, interleave, owns
+from pipeline.data.scan import add_job_arguments
+from pipeline.data.shards import interleave, owns
 from pipeline.data.tokenize import encode_file, load_chat, split_stats, tokenizer_fingerprint
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish

@@ -30,7 +30,7 @@ import numpy as np
 from pipeline.data.formats import FileState, ParsedFile, Problem, Record, stream_file
 from pipeline.data.images import check_image
 from pipeline.data.shapes import FieldMap, field_map
-from pipeline.data.shards import add_job_arguments, owns
+from pipeline.data.shards import owns, parse_shard
 from pipeline.data.stream import DIGEST_BYTES, batched, digest, loose_digest, sample_digest
 
 SCAN_BATCH = 2048  # records checked at a time (the tokenizer's batch)
@@ -206,6 +206,25 @@ class Measure:
         flags = np.zeros((len(records), CHAT_FLAG_COUNT), dtype=bool)
         flags[usable] = measured_flags
         return lengths, {usable[i]: msg for i, msg in errors.items()}, flags
+
+
+def add_job_arguments(parser, *, duplicates: bool) -> None:
+    """The options of a shard job (``validate-shard``, ``tokenize-shard``): the file, which shard, the run's
+    tokenizer and the data settings (`pipeline.data.datasets.RunData.flags` passes them)."""
+    from pipeline.data.chat import REASONING_POLICIES
+    from pipeline.data.formats import DUPLICATE_POLICIES
+    from pipeline.data.shapes import add_arguments as add_field_arguments
+    from pipeline.data.tokenize import TOO_LONG_POLICIES  # transformers only when a job starts
+
+    parser.add_argument("--train", required=True, type=Path)
+    parser.add_argument("--shard", required=True, type=parse_shard, metavar="K/N", help="shard K of N, from 0")
+    parser.add_argument("--tokenizer", required=True, type=Path)
+    parser.add_argument("--max-length", required=True, type=int)
+    parser.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
+    parser.add_argument("--reasoning", required=True, choices=REASONING_POLICIES)
+    if duplicates:
+        parser.add_argument("--duplicates", required=True, choices=DUPLICATE_POLICIES)
+    add_field_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:

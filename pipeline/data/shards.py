@@ -68,21 +68,3 @@ def parse_shard(text: str) -> tuple[int, int]:
         raise ValueError(f"--shard {text!r}: give K/N with 0 <= K < N")
     return k, n
 
-
-def add_job_arguments(parser, *, duplicates: bool) -> None:
-    """The options of a shard job (``validate-shard``, ``tokenize-shard``): the file, which shard, the run's
-    tokenizer and the data settings (`pipeline.data.datasets.RunData.flags` passes them)."""
-    from pipeline.data.chat import REASONING_POLICIES
-    from pipeline.data.formats import DUPLICATE_POLICIES
-    from pipeline.data.shapes import add_arguments as add_field_arguments
-    from pipeline.data.tokenize import TOO_LONG_POLICIES
-
-    parser.add_argument("--train", required=True, type=Path)
-    parser.add_argument("--shard", required=True, type=parse_shard, metavar="K/N", help="shard K of N, from 0")
-    parser.add_argument("--tokenizer", required=True, type=Path)
-    parser.add_argument("--max-length", required=True, type=int)
-    parser.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
-    parser.add_argument("--reasoning", required=True, choices=REASONING_POLICIES)
-    if duplicates:
-        parser.add_argument("--duplicates", required=True, choices=DUPLICATE_POLICIES)
-    add_field_arguments(parser)
