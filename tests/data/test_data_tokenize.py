@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import tokenize as tk, tokenize_cli
+from pipeline.data import spans, tokenize as tk, tokenize_cli
 from pipeline.data.cache import TokenCache
 from pipeline.data.formats import Record, load_records
 from pipeline.errors import DataError
@@ -115,7 +115,7 @@ def test_prefix_tokenization_fallback_agrees_with_offsets(tokenizer, monkeypatch
     # Characters outside the vocabulary and outside the BMP: offsets must count characters, not bytes.
     records.append(record(index=3, exchanges=[("répète: ü ✓", "ü ✓ 𝄞"), ("encore", "𝄞 é")]))
     with_offsets = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
-    monkeypatch.setattr(tk, "_supports_offsets", lambda tokenizer: False)
+    monkeypatch.setattr(spans, "_supports_offsets", lambda tokenizer: False)
     with_prefixes = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
     assert np.array_equal(with_offsets.input_ids, with_prefixes.input_ids)
     assert np.array_equal(with_offsets.labels, with_prefixes.labels)
