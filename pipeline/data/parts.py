@@ -109,12 +109,20 @@ def _summed(counters: list[dict]) -> dict:
 
 
 def _copy(cache: TokenCache, a: int, b: int, writer: CacheWriter) -> np.ndarray:
-    """Records [a, b) of a part, appended to `writer`; their lengths."""
+    """Records [a, b) of a part, appended to `writer`; their lengths. The tokens are read from the file, not
+    through the part's memory map: mapped pages read stay resident, and would grow with the split."""
     lo, hi = int(cache._offsets[a]), int(cache._offsets[b])
     lengths = np.diff(cache._offsets[a:b + 1])
     images = [cache.images(i) for i in range(a, b)] if cache.has_images else None
-    writer.append(cache._input_ids[lo:hi], cache._labels[lo:hi], lengths, images)
+    writer.append(_read(cache._input_ids, lo, hi), _read(cache._labels, lo, hi), lengths, images)
     return lengths
+
+
+def _read(mapped: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Items [lo, hi) of a memory-mapped tensor, read from its file."""
+    if hi <= lo or not isinstance(mapped, np.memmap):
+        return np.asarray(mapped[lo:hi])
+    return np.fromfile(mapped.filename, dtype=mapped.dtype, count=hi - lo, offset=mapped.offset + lo * mapped.itemsize)
 
 
 def main(argv: list[str] | None = None) -> int:
