@@ -46,6 +46,7 @@ _OTHER_SUFFIXES = {
     ".h5": "HDF5", ".hdf5": "HDF5", ".avro": "Avro", ".orc": "ORC", ".db": "a database file",
     ".sqlite": "an SQLite database", ".npy": "a NumPy array", ".npz": "NumPy arrays", ".pt": "a torch file",
 }
+_TEXT_SUFFIXES = (".txt", ".text")  # read when the content is JSON or JSON Lines
 # First bytes of kinds we do not read -> what they are.
 _OTHER_MAGIC = {
     b"PK\x03\x04": "a ZIP archive (an Excel .xlsx workbook is one)",
@@ -82,7 +83,7 @@ def accepted() -> str:
 
 def unsupported(found: str) -> KindError:
     """The one-line refusal of a file of another kind."""
-    return KindError("unsupported_kind", f"{found} is not a dataset kind this pipeline reads; accepted: {accepted()}")
+    return KindError("unsupported_kind", f"{found}: not a dataset kind this pipeline reads; accepted: {accepted()}")
 
 
 def base_kind(kind: str) -> str:
@@ -137,18 +138,18 @@ def sniff(path: Path) -> str:
         return named
     other = next((what for magic, what in _OTHER_MAGIC.items() if head.startswith(magic)), None)
     if other is not None:
-        raise unsupported(f"named {suffix or 'without a suffix'}, {other}" if suffix not in _OTHER_SUFFIXES
-                          else f"{_OTHER_SUFFIXES[suffix]}, {other}")
-    if suffix in _OTHER_SUFFIXES:
-        hint = "; if it holds JSON Lines, name it .jsonl" if suffix in (".txt", ".text") else ""
-        raise KindError("unsupported_kind", f"{unsupported(_OTHER_SUFFIXES[suffix])}{hint}")
+        raise unsupported(_OTHER_SUFFIXES.get(suffix) or f"named {suffix or 'without a suffix'}, {other}")
+    if suffix in _OTHER_SUFFIXES and suffix not in _TEXT_SUFFIXES:
+        raise unsupported(_OTHER_SUFFIXES[suffix])
+    # Any other name (none, .data, .txt): JSON or JSON Lines by the content, else refused naming what it is.
     first = _first_non_blank(path)
     if first == b"[":
         return "json"
     if first == b"{":
         return "jsonl"
-    what = f"text starting with {first.decode(errors='replace')!r}" if first else "an empty file"
-    raise unsupported(f"named {suffix or 'without a suffix'}: {what}")
+    what = f"starting with {first.decode(errors='replace')!r}" if first else "empty"
+    named = _OTHER_SUFFIXES.get(suffix, f"a file named {suffix or 'without a suffix'}")
+    raise unsupported(f"{named}, {what} (neither a JSON array nor JSON Lines)")
 
 
 def _sniff_compressed(path: Path, suffixes: list[str], named: str | None, found: str | None) -> str:
