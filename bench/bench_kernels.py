@@ -83,7 +83,8 @@ def child(arm: str, args) -> dict:
             walls.append(time.perf_counter() - start)
             cpus.append(time.process_time() - start_cpu)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"arm": arm, "overrides": overrides, "tokens": batch.tokens, "step_s": walls, "step_cpu_s": cpus,
+    return {"arm": arm, "overrides": overrides, "tokens": batch.tokens, "supervised": batch.supervised,
+            "loss_chunk_rows": loss_model.chunk, "step_s": walls, "step_cpu_s": cpus,
             "peak_rss_mb": peak, "step_rss_rise_mb": peak - rss_before,
             "fused_loss": getattr(loss_model.fused, "__name__", None), "final_loss": float(loss)}
 
@@ -101,6 +102,7 @@ def _summary(name: str, runs: list[dict]) -> dict:
     walls = [t for r in runs for t in r["step_s"]]
     cpus = [t for r in runs for t in r["step_cpu_s"]]
     return {"arm": name, "overrides": runs[0]["overrides"], "tokens_per_step": tokens,
+            "supervised_per_step": runs[0]["supervised"], "loss_chunk_rows": runs[0]["loss_chunk_rows"],
             "tokens_per_s": tokens / statistics.median(walls), "tokens_per_cpu_s": tokens / statistics.median(cpus),
             "rounds_tokens_per_s": [tokens / statistics.median(r["step_s"]) for r in runs],
             "rounds_tokens_per_cpu_s": [tokens / statistics.median(r["step_cpu_s"]) for r in runs],
@@ -179,8 +181,12 @@ def _table(data: dict, args) -> list[str]:
               + ", ".join(f"{a['arm']} {a['final_loss']:.6f}" for a in arms) + ".", "",
               "The fused-loss arm runs the torch fallback in the kernel's place (no Triton kernel runs on a CPU): "
               "its figures are those of a full-logits loss, not of Liger's or cut-cross-entropy's kernels, which "
-              "never write the logits. lora.fused on a CPU saves the dropout's copy and one add per adapted "
-              "layer; what it does on a GPU is for bench/gpu_check.sh to say."]
+              "never write the logits. The default's chunked loss takes chunks of "
+              f"{base['loss_chunk_rows']:,} rows; here {base['supervised_per_step']:,} supervised tokens a step "
+              f"make {-(-base['supervised_per_step'] // base['loss_chunk_rows'])} chunk(s), whose logits it "
+              "computes again in the backward (that recompute is what bounds its memory on long batches); the "
+              "full-logits fallback keeps them instead. lora.fused skips the dropout's copy of each adapted "
+              "layer's input and one add per layer; what either does on a GPU is for bench/gpu_check.sh to say."]
     return lines
 
 
