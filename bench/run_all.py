@@ -332,6 +332,10 @@ def build_results(results: Path = C.RESULTS) -> str:
         "Run once through inductor's CPU backend (a one-off check, not a benchmark) it matched the eager chunk "
         "to 1.1e-7 relative in the loss and 6e-8 in the gradients. The mask-free step on a GPU (SDPA's flash "
         "kernel instead of the masked one) is not measured either.",
+        "- [kernels] measures the CPU only (no GPU was lent): its fused-loss arm is the torch fallback of the "
+        "kernels' contract (full logits), not Liger's or cut-cross-entropy's kernels, and it is faster there "
+        "because the default's chunked loss recomputes its chunk's logits in the backward; the ratios are of "
+        "tokens per process CPU second and of wall clock on a shared machine (its table gives the load).",
     ]
     return "\n".join(lines) + "\n"
 
