@@ -106,7 +106,7 @@ def document_scores(results: dict) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def summarize(results: dict, task: BenchTask) -> dict:
+def job_record(results: dict, task: BenchTask) -> dict:
     """What the job keeps of lm-eval's results (JSON-safe)."""
     rows = scores(results, task.name)
     higher = results.get("higher_is_better", {})
@@ -156,7 +156,7 @@ def run(args, task: BenchTask) -> dict:
     """Score the task, return what the job records of it."""
     t0 = time.time()
     results, chat = evaluate(args.weights, task, base=args.base, tokenizer=args.tokenizer, batch_size=args.batch_size)
-    return {**summarize(results, task), "chat_template_applied": chat, "device": _device_and_dtype()[0],
+    return {**job_record(results, task), "chat_template_applied": chat, "device": _device_and_dtype()[0],
             "seconds": round(time.time() - t0, 2)}
 
 
