@@ -108,7 +108,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def build(spec: str) -> tuple[dict, str, object]:
+def build(spec: str, *, fetching: bool = False) -> tuple[dict, str, object]:
     """(lm-eval's task objects of `spec`: name -> Task, nested for groups; lm-eval's name of it; the
     TaskManager that built them), loaded offline when the environment says so; raises UserError naming
     the task when its data or nltk resources are missing."""
@@ -123,21 +123,24 @@ def build(spec: str) -> tuple[dict, str, object]:
         close = difflib.get_close_matches(name, manager.all_tasks, n=3)
         raise UserError(f"evaluate.benchmarks: task {name}: lm-eval has no task, group or tag of that name"
                         + (f" (close: {', '.join(close)})" if close else "")) from None
-    except (ConnectionError, FileNotFoundError, ValueError, OSError) as err:
-        raise UserError(not_cached(spec, name, err)) from None
     except Exception as err:
-        if type(err).__name__.endswith(("NotFoundError", "OfflineModeIsEnabled")):  # datasets' own, by name
-            raise UserError(not_cached(spec, name, err)) from None
-        raise
+        # datasets' missing-data errors: OSError (ConnectionError, FileNotFoundError), ValueError (a
+        # config not in the cache), and its own *NotFoundError / OfflineModeIsEnabled, known by name
+        if not isinstance(err, (OSError, ValueError)) and not type(err).__name__.endswith(
+                ("NotFoundError", "OfflineModeIsEnabled")):
+            raise
+        raise UserError(not_cached(spec, name, err, fetching=fetching)) from None
     if missing:
         raise UserError(f"evaluate.benchmarks: task {name} needs nltk data {', '.join(sorted(set(missing)))}, "
                         f"not found (NLTK_DATA or ~/nltk_data); fetch it where there is network: {FETCH} {spec}")
     return tasks, name, manager
 
 
-def not_cached(spec: str, name: str, err: BaseException) -> str:
-    """The one line that says a task's data is missing and how to fetch it."""
+def not_cached(spec: str, name: str, err: BaseException, *, fetching: bool = False) -> str:
+    """The one line that says a task's data is missing and how to fetch it (or that fetching failed)."""
     cause = " ".join(str(err).split())[:300]
+    if fetching:
+        return f"evaluate.benchmarks: task {name}: fetching its data failed ({cause}); is there network here?"
     return (f"evaluate.benchmarks: task {name}: its data is not in the local Hugging Face datasets cache "
             f"({cause}); fetch it where there is network: {FETCH} {spec}")
 
@@ -155,7 +158,7 @@ def main(argv: list[str]) -> int:
     problems = []
     for spec in args.tasks:
         try:
-            tasks, _, _ = build(spec)
+            tasks, _, _ = build(spec, fetching=not args.check)
         except UserError as err:
             if not args.check:
                 raise

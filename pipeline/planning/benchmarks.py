@@ -43,8 +43,6 @@ from pipeline import layout
 
 SECTION = "benchmarks"  # the workflow config's evaluate.benchmarks
 EMBEDDED = "embedded"  # evaluate.benchmarks.tasks: the embedded demo's own task
-WEIGHTS = (layout.BENCH_BASE, layout.MERGED, layout.ADAPTER_FINAL, layout.ADAPTER_EMA, layout.ADAPTER_BEST,
-           layout.ADAPTER_BEST_EMA)
 # What every benchmark job (and the data check) runs under: datasets, hub files, transformers and
 # evaluate metrics from the local caches only, never the network.
 OFFLINE_ENV = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -225,7 +223,8 @@ def _file_digest(path: Path, *, parsed: bool = False) -> str:
     return digest.hexdigest()
 
 
-# Files of a model dir that do not change what it computes: its card, our run records, hidden files.
+# Files of a model dir that do not change what it computes: its card (pipeline.export.card.CARD_FILE, which
+# `benchmark-card` edits after the scores), our run records; hidden files (.snakemake_timestamp) too.
 _NOT_WEIGHTS = frozenset({"README.md", layout.BEST_META, "pretrain_report.json"})
 _ALTERNATE_WEIGHTS = (".bin", ".pt", ".pth", ".gguf")  # ignored beside safetensors (from_pretrained reads those)
 
@@ -302,6 +301,7 @@ class Benchmarks:
         self.tasks = {t.name: t for t in tasks}
         self.weights = list(section.get("weights") or [])
         self.trained = [w for w in self.weights if w != layout.BENCH_BASE]
+        self._keys: dict[str, str] = {}  # task -> its key: a task's files are hashed once per workflow load
 
     def problems(self, *, has_ema: bool, has_val: bool, model_dir: Path | None, embedded_kind: str | None) -> list[str]:
         """Every problem with the section (its tasks, lm-eval missing, weights the run does not export,
@@ -352,8 +352,10 @@ class Benchmarks:
 
     def key(self, task: str) -> str:
         """A task's cache key as a param: its content (not the demo's, whose files are inputs), lm-eval's version."""
-        bench = self.tasks[task]
-        return fingerprint(bench, self.lm_eval, content=not bench.embedded)
+        if task not in self._keys:
+            bench = self.tasks[task]
+            self._keys[task] = fingerprint(bench, self.lm_eval, content=not bench.embedded)
+        return self._keys[task]
 
     def summary_inputs(self, vrun: str) -> list[Path]:
         """What a variant's summarize waits for when benchmarks are on: the table first (its rows go into
