@@ -125,9 +125,14 @@ VALIDATION_JSON = "validation.json"
 VALIDATION_CSV = "validation.csv"
 VALIDATION_FAILED_DIR = "validation_failed"  # undeclared: a failed validation's reports
 STATS_FILE = "stats.json"
-TRAIN_SETS_DIR = "train"  # data/train/<name>/: one training dataset of several (its reports, stats and cache)
+TRAIN_SETS_DIR = "train"  # data/train/<name>/: one training dataset (its reports, stats and cache)
+SINGLE_TRAIN_SET = "train"  # the name of the one training dataset of a run that gives a file, not a list
 TRAIN_SET_CACHE = "train.safetensors"
-VAL_STATS_FILE = "val_stats.json"  # several training datasets: the validation set's own tokenization stats
+TRAIN_SET_DROPPED = "dropped.npy"  # the records duplicates=drop leaves out of the cache (found across shards)
+TRAIN_SET_SHARDS = "shards.json"  # each shard's records and time (validation and tokenization)
+SHARDS_DIR = "shards"  # data/train/<name>/shards/: a large dataset's shard jobs' outputs
+VAL_STATS_FILE = "val_stats.json"  # the validation set's own tokenization stats
+DATA_SHARDS_FILE = "shards.json"  # data/shards.json: every training dataset's shards and their times
 CACHE_SUFFIX = ".safetensors"  # data/<split>.safetensors: a tokenized split
 DEMO_SPLIT_SUFFIX = ".jsonl"  # data/<split>.jsonl: an embedded demo's dataset split
 
@@ -136,6 +141,18 @@ BASE_EVAL = "base"
 SUMMARY_CSV = "summary.csv"
 LOSS_PLOT = "loss.png"
 VAL_LOSS_PLOT = "val_loss.png"
+# eval/bench/<weights>/<task>.json: one lm-eval benchmark job's scores (`python -m pipeline benchmark`);
+# the base model's in the run dir (shared by a sweep's variants), the trained weights' in each variant's.
+BENCH_DIR = "bench"
+BENCH_SUFFIX = ".json"
+BENCH_CACHE_DIR = "cache"  # eval/bench/cache/<key>.json (run dir): scores by weights content + task + settings
+BENCH_BASE = "base"  # the weights name of the base model (evaluate.benchmarks.weights)
+BENCHMARKS_CSV = "benchmarks.csv"  # task, metric, base, final, delta and their standard errors
+BENCHMARKS_PLOT = "benchmarks.png"
+BENCHMARK_CARDS = "benchmarks.md"  # export/: the benchmark sections `benchmark-card` put into the model cards
+# The embedded demo's own benchmark (`demo-benchmark`): a multiple-choice lm-eval task over local JSONL,
+# data/bench/<DEMO_BENCH_TASK>.yaml and .jsonl in the demo's dir (`evaluate.benchmarks.tasks: [embedded]`).
+DEMO_BENCH_TASK = "repeat_choice"
 
 # report/: the pages of `snakemake --report`
 OVERVIEW_PAGE = "overview.html"  # the report's landing page
@@ -144,6 +161,8 @@ SAMPLES_PAGE = "samples.html"
 PLAN_PAGE = "plan.html"
 PILOT_GATE_PAGE = "pilot_gate.html"
 LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
+DATA_PAGE = "data.html"  # the training datasets: files, records, shards and each shard's time
+BENCHMARKS_PAGE = "benchmarks.html"  # the lm-eval benchmarks: base vs the trained weights
 
 # export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
 ADAPTER_FINAL = "adapter_final"
@@ -206,6 +225,11 @@ class RunTree:
     def cache(self, split: str) -> Path:
         return self.root / DATA_DIR / f"{split}{CACHE_SUFFIX}"
 
+    def demo_bench_task(self, suffix: str = ".yaml") -> Path:
+        """data/bench/<DEMO_BENCH_TASK>.yaml (the lm-eval task) and .jsonl (its documents) of a demo
+        (`demo-benchmark`, pipeline.demo.benchmark, writes them into the demo's data dir)."""
+        return self.root / DATA_DIR / BENCH_DIR / f"{DEMO_BENCH_TASK}{suffix}"
+
     @property
     def stats(self) -> Path:
         return self.root / DATA_DIR / STATS_FILE
@@ -222,7 +246,7 @@ class RunTree:
     def validation_failed(self) -> Path:
         return self.root / DATA_DIR / VALIDATION_FAILED_DIR
 
-    # several training datasets (data.train a list): each in a dir of its own, made by jobs of its own
+    # the training datasets (data.train: one file, or a list): each in a dir of its own, made by jobs of its own
     def train_set(self, name: str) -> Path:
         """data/train/<name>/: one training dataset's validation.json/.csv, stats.json and token cache."""
         return self.root / DATA_DIR / TRAIN_SETS_DIR / name
@@ -241,6 +265,25 @@ class RunTree:
 
     def train_set_validation_failed(self, name: str) -> Path:
         return self.train_set(name) / VALIDATION_FAILED_DIR
+
+    def train_set_dropped(self, name: str) -> Path:
+        return self.train_set(name) / TRAIN_SET_DROPPED
+
+    def train_set_shards(self, name: str, step: str) -> Path:
+        """data/train/<name>/<step>_shards.json: each shard's records and time in validation or tokenization."""
+        return self.train_set(name) / f"{step}_{TRAIN_SET_SHARDS}"
+
+    def shard_scan(self, name: str, shard: int | str) -> Path:
+        """A shard's validation facts (a .json and its .npz; `pipeline.data.scan`)."""
+        return self.train_set(name) / SHARDS_DIR / f"validate-{shard}.json"
+
+    def shard_part(self, name: str, shard: int | str) -> Path:
+        """A shard's part of the token cache (and its .json; `pipeline.data.parts`)."""
+        return self.train_set(name) / SHARDS_DIR / f"tokenize-{shard}{CACHE_SUFFIX}"
+
+    @property
+    def data_shards(self) -> Path:
+        return self.root / DATA_DIR / DATA_SHARDS_FILE
 
     @property
     def val_stats(self) -> Path:
@@ -282,6 +325,28 @@ class RunTree:
     def val_loss_plot(self) -> Path:
         return self.root / EVAL_DIR / VAL_LOSS_PLOT
 
+    def benchmark(self, weights: str, task: str) -> Path:
+        """eval/bench/<weights>/<task>.json: one (weights, lm-eval task) benchmark job's scores."""
+        return self.benchmarks_of(weights) / f"{task}{BENCH_SUFFIX}"
+
+    def benchmarks_of(self, weights: str) -> Path:
+        """eval/bench/<weights>/: every benchmark score of one weights set."""
+        return self.root / EVAL_DIR / BENCH_DIR / weights
+
+    @property
+    def benchmark_cache(self) -> Path:
+        """eval/bench/cache/: benchmark scores by content key (undeclared: Snakemake deletes a job's
+        outputs before it runs; a rerun on the same weights, task and settings copies them from here)."""
+        return self.root / EVAL_DIR / BENCH_DIR / BENCH_CACHE_DIR
+
+    @property
+    def benchmarks_csv(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_CSV
+
+    @property
+    def benchmarks_plot(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_PLOT
+
     # report/: the pages of `snakemake --report` (summarize writes all but labels.html)
     @property
     def overview_html(self) -> Path:
@@ -308,6 +373,14 @@ class RunTree:
         return self.root / REPORT_DIR / LABELS_PAGE
 
     @property
+    def data_html(self) -> Path:
+        return self.root / REPORT_DIR / DATA_PAGE
+
+    @property
+    def benchmarks_html(self) -> Path:
+        return self.root / REPORT_DIR / BENCHMARKS_PAGE
+
+    @property
     def exports(self) -> Path:
         return self.root / EXPORT_DIR
 
@@ -322,6 +395,10 @@ class RunTree:
     @property
     def smoke_test(self) -> Path:
         return self.exports / SMOKE_TEST_FILE
+
+    @property
+    def benchmark_cards(self) -> Path:
+        return self.exports / BENCHMARK_CARDS
 
     @property
     def tracker(self) -> Path:

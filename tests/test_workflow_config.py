@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import tracker
-from pipeline.data import chat, formats, tokenize, validate
+from pipeline import layout, tracker
+from pipeline.data import chat, records, tokenize, tokenize_cli, validate
 from pipeline.export import merge
 from pipeline.planning import checks, guard
 from pipeline.data.shapes import CANONICAL_ROLES, OUR_COLUMNS
@@ -29,8 +29,9 @@ def test_the_shipped_config_has_no_problem():
 
 
 # Keys the shipped config sets apart from the schema's defaults, on purpose: the tiny demo model's
-# trainer overrides, and the EMA rate it exports (one of those overrides' ema.rates).
-DELIBERATE = {"train.overrides", "export.ema_rate"}
+# trainer overrides, the EMA rate it exports (one of those overrides' ema.rates), and the demo's own
+# benchmark task (a config without evaluate.benchmarks scores nothing: no new jobs for its runs).
+DELIBERATE = {"train.overrides", "export.ema_rate", "evaluate.benchmarks.tasks"}
 
 
 def test_the_shipped_config_states_the_schema_defaults():
@@ -123,7 +124,7 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
 
     config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
     assert schema_problems(config, SCHEMA, command_line) == [
-        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, "
+        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, shard_mb, "
         "test, too_long, train, val) (from --config)",
         "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
     assert sources([], command_line) == "config/config.yaml, --config data schedule"
@@ -161,13 +162,16 @@ def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
 TIED = {
     "on_config_change": guard.MODES,
     "data.too_long": tokenize.TOO_LONG_POLICIES,
-    "data.duplicates": formats.DUPLICATE_POLICIES,
+    "data.duplicates": records.DUPLICATE_POLICIES,
     "data.reasoning": chat.REASONING_POLICIES,
     "data.columns:keys": OUR_COLUMNS,
     "data.roles:values": CANONICAL_ROLES,
     "data.train[].columns:keys": OUR_COLUMNS,
     "data.train[].roles:values": CANONICAL_ROLES,
     "export.weights": checks.EXPORT_WEIGHTS,
+    # the weights a benchmark scores: the base model's name there, and the export dirs
+    "evaluate.benchmarks.weights[]": (layout.BENCH_BASE, layout.MERGED, layout.ADAPTER_FINAL, layout.ADAPTER_EMA,
+                                      layout.ADAPTER_BEST, layout.ADAPTER_BEST_EMA),
     "export.dtype": dtypes.CLI_CHOICES,
     "tracker.kind": tracker.KINDS,
 }
@@ -195,7 +199,7 @@ def _choices(parser: argparse.ArgumentParser, option: str) -> tuple:
     return tuple(next(a for a in parser._actions if option in a.option_strings).choices)
 
 
-@pytest.mark.parametrize("command", [validate._parser, tokenize._parser])
+@pytest.mark.parametrize("command", [validate._parser, tokenize_cli._parser])
 def test_the_data_commands_take_the_values_the_schema_allows(command):
     schema = yaml.safe_load(SCHEMA.read_text())["properties"]["data"]["properties"]
     for key in ("too_long", "duplicates", "reasoning"):

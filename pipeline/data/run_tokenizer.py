@@ -44,6 +44,17 @@ def added_token_ids(tokenizer_dir: str | Path) -> list[int]:
     return sorted(read_chat(tokenizer_dir).get("added_tokens", {}).values())
 
 
+def vocab_rows(tokenizer_dir: Path | str | None) -> int | None:
+    """Rows the embeddings need for the run's tokenizer when it added tokens; None when it added none."""
+    if tokenizer_dir is None:
+        return None
+    chat = read_chat(tokenizer_dir)
+    added = chat.get("added_tokens") or {}
+    if not added:
+        return None
+    return max(int(chat.get("vocab_size") or 0), max(added.values()) + 1)
+
+
 def added_tokens(model: ModelConfig) -> list[int]:
     """Ids of the special tokens the run's tokenizer (`model.tokenizer`) added; [] without one."""
     return added_token_ids(model.tokenizer) if model.tokenizer else []

@@ -19,8 +19,9 @@ derived from the old config (plan, train_config.yaml, stages, evaluations,
 exports, reports, tracker state, scratch checkpoints) into
 `results/<vrun>/archive/<when>-<old config id>/` before any job runs, and the
 run retrains. Shared work stays in place: the validated and tokenized data, the
-run's tokenizer, the base model's evaluation, a hub model's pin, the label page,
-a sweep's variants and comparison, earlier archives.
+run's tokenizer, the base model's evaluation and benchmark scores (and the
+benchmark scores by content key), a hub model's pin, the label page, a sweep's
+variants and comparison, earlier archives.
 
 Torch-free: the Snakefile imports it at every start.
 """
@@ -42,8 +43,11 @@ MODES = ("stop", "archive")
 # holding other runs: a sweep's variants and its comparison, earlier archives). Never archived.
 SHARED = {layout.DATA_DIR, layout.TOKENIZER_DIR, layout.HUB_MODEL_FILE, layout.ARCHIVE_DIR, layout.VARIANTS_DIR,
           layout.SWEEP_DIR}
+# Deeper down (paths of files or dirs): the base model's evaluation and benchmark scores, and the
+# benchmark scores by content key (pipeline/evaluate/benchmarks.py: valid for whatever config scored them).
 _HERE = layout.RunTree("")  # paths relative to a run dir
-SHARED_FILES = {_HERE.evaluation(layout.BASE_EVAL).as_posix(), _HERE.labels_html.as_posix()}
+SHARED_FILES = {_HERE.evaluation(layout.BASE_EVAL).as_posix(), _HERE.labels_html.as_posix(),
+                _HERE.benchmarks_of(layout.BENCH_BASE).as_posix(), _HERE.benchmark_cache.as_posix()}
 ABSENT = "(not set)"
 
 
@@ -176,14 +180,16 @@ def archive_name(run: ChangedRun, now: float | None = None) -> str:
     return f"{stamp}-{run.old_id[:8]}"
 
 
-def to_archive(vdir: Path) -> list[Path]:
-    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED)."""
+def to_archive(vdir: Path, under: Path | None = None) -> list[Path]:
+    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED, SHARED_FILES);
+    a dir that holds shared work is gone into (`under`: the dir being gone through)."""
     moved = []
-    for path in sorted(vdir.iterdir()):
-        if path.name in SHARED:
+    for path in sorted((under or vdir).iterdir()):
+        rel = path.relative_to(vdir).as_posix()
+        if rel in SHARED or rel in SHARED_FILES:
             continue
-        if path.is_dir() and any(f.startswith(f"{path.name}/") for f in SHARED_FILES):
-            moved += [p for p in sorted(path.iterdir()) if p.relative_to(vdir).as_posix() not in SHARED_FILES]
+        if path.is_dir() and any(f.startswith(f"{rel}/") for f in SHARED_FILES):
+            moved += to_archive(vdir, path)
         else:
             moved.append(path)
     return moved

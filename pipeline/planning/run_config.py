@@ -8,15 +8,17 @@ Snakefile loads; the tests call it the same way). In order, it
    the chat template (`pipeline.workflow_config`), every problem at once;
 2. derives the stages (`pipeline.planning.schedule`), a sweep's variants and
    prune points (`pipeline.planning.sweep`), the base model argument of every
-   job (a dir, an embedded demo's, or a hub model's pinned model.json) and the
-   ranks of a training stage;
+   job (a dir, an embedded demo's, or a hub model's pinned model.json), the
+   datasets (`pipeline.data.datasets.RunData`) and the ranks of a training stage;
 3. builds each variant's trainer overrides (the user's `train.overrides`, the
    variant's, then the paths the workflow owns: base model, run tokenizer, token
    caches) and resolves them with Hydra (`pipeline.config.resolve`), checks each
    against the workflow config (`pipeline.planning.checks.cross_check`), and
    keys it by its resolved text (`config_id`): the `plan` rule writes that text
    as train_config.yaml, and Snakemake compares the id;
-4. in the main Snakemake process, compares each run with what it trained
+4. checks `evaluate.benchmarks` against the run (`pipeline.planning.benchmarks`) and, in the
+   main Snakemake process, that every task's data is in the local caches;
+5. in the main Snakemake process, compares each run with what it trained
    (`pipeline.planning.guard`): `on_config_change: stop` refuses here.
 
 A problem raises `UserError` with the whole message (the Snakefile shows it as
@@ -34,8 +36,9 @@ from pathlib import Path
 
 from pipeline import config as train_config
 from pipeline import layout, workflow_config
+from pipeline.data.datasets import RunData
 from pipeline.errors import UserError
-from pipeline.planning import guard
+from pipeline.planning import benchmarks, guard
 from pipeline.planning.checks import cross_check, world_size
 from pipeline.planning.schedule import PILOT, Stage, plan_stages
 from pipeline.planning.sweep import prune_points, variants as sweep_variants
@@ -71,12 +74,13 @@ class RunConfig:
     model: str  # the base model argument of every job: a dir, or a hub model's model.json
     hub_model: hub.HubModel | None  # a `model:` given by hub id
     hub_snapshot: hub.Snapshot | None  # its snapshot in the HF cache now (None: not fetched yet)
-    train_sets: dict[str, dict] | None  # several training datasets: name -> {path, weight, records, ...}
+    data: RunData  # the datasets: every training dataset (one file is a mix of one), val, test
     world: int | None  # ranks of a training stage (None: one per GPU found)
     variants: dict[str, Variant] = field(default_factory=dict)  # vrun -> its trained run
     base: Variant | None = None  # what the base model is evaluated with (a sweep's: no variant overrides)
     prune_at: list[str] = field(default_factory=list)
     prune_keep: int | None = None
+    benchmarks: benchmarks.Benchmarks | None = None  # evaluate.benchmarks: the lm-eval tasks and weights
     changed: list[tuple[guard.ChangedRun, str]] = field(default_factory=list)  # runs to archive, their names
 
     @property
@@ -95,22 +99,13 @@ class RunConfig:
     def has_ema(self) -> bool:
         return bool(self.base.cfg.ema.rates)
 
-    def dataset(self, split: str) -> str | None:
-        """A split's file or dir as the jobs read it (an embedded demo's split made concrete); None for
-        null, and for `train` when there are several training datasets (`train_sets`)."""
-        if split == "train" and self.train_sets is not None:
-            return None
-        return _dataset_path(self.config["data"][split], split, self.config["model"])
+    @property
+    def has_val(self) -> bool:
+        return self.data.split_path("val") is not None
 
     def train_overrides(self, variant_overrides: list[str] = ()) -> list[str]:
         """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
-        tree = self.tree
-        own = [f"model.path={self.model}", f"model.tokenizer={tree.tokenizer}"]
-        if self.train_sets is None:
-            own.append(f"tokens.train_cache={tree.cache('train')}")
-        else:
-            own += ["tokens.train_cache=null", mix_override(tree, self.train_sets)]
-        own.append(f"tokens.val_cache={tree.cache('val')}" if self.dataset("val") else "tokens.val_cache=null")
+        own = [f"model.path={self.model}", f"model.tokenizer={self.tree.tokenizer}", *self.data.trainer_overrides()]
         return list(self.config["train"]["overrides"]) + list(variant_overrides) + own
 
     def stage_inputs(self, tree: layout.RunTree, stage: str) -> dict[str, Path]:
@@ -129,7 +124,7 @@ class RunConfig:
         """Every adapter dir a finished run exports (the merged model aside): the final weights, the
         EMA ones when it keeps any, and, tracked only with a validation set, the best raw (and EMA)."""
         names = [layout.ADAPTER_FINAL] + ([layout.ADAPTER_EMA] if self.has_ema else [])
-        if self.dataset("val"):
+        if self.has_val:
             names += [layout.ADAPTER_BEST] + ([layout.ADAPTER_BEST_EMA] if self.has_ema else [])
         return [tree.export(name) for name in names]
 
@@ -187,6 +182,7 @@ def load(config: dict, *, command_line: Mapping | None = None, configfiles: list
     run.base = run.variants[run.run] if not run.sweep else _resolve(run, "", [], train_config_dir)
     if any(bool(v.cfg.ema.rates) != run.has_ema for v in run.variants.values()):
         raise UserError("config: in one sweep either every variant keeps EMA weights (ema.rates) or none does")
+    run.benchmarks = _benchmarks(run, main_process)
     if main_process:
         run.changed = _changed_runs(run)
     return run
@@ -218,14 +214,13 @@ def _derive(config: dict, sources: str) -> RunConfig:
     schedule, train = config["schedule"], config["train"]
     stages = plan_stages(schedule["total_updates"], schedule["pilot_fraction"], schedule["num_chunks"])
     model, hub_model, snapshot = _base_model(config["model"], config["run"])
-    train_sets = workflow_config.train_sets(config["data"])
-    for entry in (train_sets or {}).values():
-        entry["path"] = _dataset_path(entry["path"], "train", config["model"])
+    data = RunData(config, layout.RunTree.of(config["run"]),
+                   lambda value, split: _dataset_path(value, split, config["model"]))
     try:
         world = world_size(train["nodes"], train["gpus_per_node"], train["nproc"])
     except UserError as err:
         raise UserError(f"config ({sources}): {err}") from None
-    return RunConfig(config, sources, stages, model, hub_model, snapshot, train_sets, world)
+    return RunConfig(config, sources, stages, model, hub_model, snapshot, data, world)
 
 
 def _base_model(value: str, run: str) -> tuple[str, hub.HubModel | None, hub.Snapshot | None]:
@@ -264,9 +259,14 @@ def _dataset_path(value: str | None, split: str, model: str) -> str | None:
     if value is None:
         return None
     if value in EMBEDDED_KINDS:
-        demo = model if value == EMBEDDED and model in EMBEDDED_KINDS else value
-        return str(layout.RunTree.of(demo).demo_split(split))
+        return str(layout.RunTree.of(_demo(model) if value == EMBEDDED else value).demo_split(split))
     return value
+
+
+def _demo(model: str) -> str:
+    """The embedded demo whose dataset (and benchmark) `embedded` means: the embedded model's own,
+    else the text demo's."""
+    return model if model in EMBEDDED_KINDS else EMBEDDED
 
 
 def _variants(config: dict, stages: list[str]) -> tuple[dict[str, tuple[str, list[str]]], list[str], int | None]:
@@ -299,6 +299,23 @@ def _resolve(run: RunConfig, name: str, overrides: list[str], config_dir: str | 
     return Variant(name, list(overrides), cfg, text, train_config.config_id(text))
 
 
+def _benchmarks(run: RunConfig, main_process: bool) -> benchmarks.Benchmarks:
+    """evaluate.benchmarks, checked against the run (its weights, a validation set, the base), and in
+    the main process every task's data in the local caches (one line each that is not)."""
+    model = run.config["model"]
+    bench = benchmarks.Benchmarks(run.config["evaluate"][benchmarks.SECTION], run=run.run, variants=list(run.variants),
+                                  demo=_demo(model))
+    problems = bench.problems(has_ema=run.has_ema, has_val=run.has_val,
+                              model_dir=None if model in EMBEDDED_KINDS else Path(run.model),
+                              embedded_kind=EMBEDDED_KINDS.get(model))
+    if problems:
+        raise UserError("config: " + "\n  ".join([f"problems in the workflow config ({run.sources}):", *problems]))
+    missing = benchmarks.data_problems(bench.unscored()) if main_process else []
+    if missing:
+        raise UserError("\n".join(missing))
+    return bench
+
+
 def _changed_runs(run: RunConfig) -> list[tuple[guard.ChangedRun, str]]:
     """Runs (sweep variants) that trained with another trainer config or schedule than they would
     now, each with the name of its archive dir. `on_config_change: stop` refuses to run, naming
@@ -313,18 +330,3 @@ def _changed_runs(run: RunConfig) -> list[tuple[guard.ChangedRun, str]]:
     if changed and run.config["on_config_change"] == "stop":
         raise UserError(f"config ({run.sources}): {guard.stop_message(changed)}")
     return [(c, guard.archive_name(c)) for c in changed]
-
-
-def hydra_str(text) -> str:
-    """`text` as a quoted Hydra string (backslashes and quotes escaped)."""
-    escaped = str(text).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
-
-
-def mix_override(tree: layout.RunTree, train_sets: dict[str, dict]) -> str:
-    """`tokens.mix=[{name:..,cache:..,weight:..}, ...]`: the datasets the trainer mixes (pipeline/data/mix.py)."""
-    entries = []
-    for name, entry in train_sets.items():
-        share = "".join(f",{key}:{entry[key]}" for key in ("weight", "records") if entry[key] is not None)
-        entries.append(f"{{name:{hydra_str(name)},cache:{hydra_str(tree.train_set_cache(name))}{share}}}")
-    return f"tokens.mix=[{','.join(entries)}]"

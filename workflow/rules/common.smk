@@ -5,8 +5,8 @@
 # one call below; what is here only hands its results to the rules.
 
 import json
+import os
 import re
-import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
@@ -67,16 +67,10 @@ def plan_params(variant_of, *, base=False):
 
 # --- data: the dataset files and the training datasets -------------------------------------------
 
-# Several training datasets (data.train a list; pipeline/workflow_config.py train_sets): name -> its
-# path, weight / records, columns / roles. Each is validated and tokenized by jobs of its own
-# (wildcard `dataset`), into R.train_set(name); None for one training file (the rules `validate_dataset`
-# and `tokenize`).
-TRAIN_SETS = RUN_CONFIG.train_sets
-
-
-def data_file(split):
-    """Path of a dataset split (of a run with one training file), or None when the config says null."""
-    return RUN_CONFIG.dataset(split)
+# The run's datasets (pipeline/data/datasets.py): every training dataset (one file is a mix of one) with its
+# shards, the data flags every data command takes, the rules' inputs, the trainer's cache overrides.
+DATA = RUN_CONFIG.data
+data_file, train_caches, field_flags = DATA.split_path, DATA.train_caches, DATA.field_flags
 
 
 def model_inputs():
@@ -87,31 +81,6 @@ def model_inputs():
 def base_model(wildcards, input):
     """The base model argument: the dir or a hub model's model.json (read from the HF cache)."""
     return input.model
-
-
-def data_inputs():
-    return {split: data_file(split) for split in ("train", "val", "test") if data_file(split)}
-
-
-def train_set_inputs(wildcards):
-    """One training dataset of several, and the val / test files it is validated with (their overlaps)."""
-    return {"train": TRAIN_SETS[wildcards.dataset]["path"], **data_inputs()}
-
-
-def train_caches():
-    """The training token cache(s) the stages read: one, or one per dataset of several."""
-    if TRAIN_SETS is None:
-        return [R.cache("train")]
-    return [R.train_set_cache(name) for name in TRAIN_SETS]
-
-
-def field_flags(fields=None):
-    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles, or a training
-    dataset's own (`fields`: a TRAIN_SETS entry); nothing when empty. For every command that reads the dataset files."""
-    fields = fields or config["data"]
-    pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
-    return " ".join(f"{flag} {shlex.quote(pairs(fields[key]))}" for flag, key in
-                    (("--columns", "columns"), ("--roles", "roles")) if fields[key])
 
 
 # --- training, evaluation and export -------------------------------------------------------------
@@ -235,5 +204,6 @@ def optional(flag, value):
 
 wildcard_constraints:
     stage="|".join(STAGES),
-    dataset="|".join(re.escape(name) for name in TRAIN_SETS or ["(?!)"]),
+    dataset=DATA.wildcard(),
+    shard=r"\d+",
     vrun="|".join(re.escape(v) for v in VARIANTS),
