@@ -44,7 +44,7 @@ def test_the_shipped_config_is_one_run_whose_id_is_the_sha256_of_the_text_the_pl
     assert variant.cfg.optim.lr == 2e-3 and "lr: 0.002" in variant.text
     assert variant.cfg.model.path == "results/embedded/model" and variant.cfg.model.tokenizer == "results/demo/tokenizer"
     assert variant.cfg.tokens.train_cache == "results/demo/data/train/train/train.safetensors"  # one file: a mix of one
-    assert rc.dataset("val") == "results/embedded/data/val.jsonl" and rc.has_ema and rc.world is None
+    assert rc.data.split_path("val") == "results/embedded/data/val.jsonl" and rc.has_ema and rc.world is None
     assert rc.config["slurm"]["train"] == {"partition": None, "account": None, "extra": None}  # schema defaults
 
 
