@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainkit import resolved_config
+from kits.train import resolved_config
 
 from pipeline import distributed
 from pipeline.errors import UserError

@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tokenkit import make_base
-from trainkit import make_run, pipeline_env
+from kits.token import make_base
+from kits.train import make_run, pipeline_env
 
 from pipeline.demo import benchmark as demo_bench
 from pipeline.planning.benchmarks import OFFLINE_ENV

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from trainkit import checkpoint_digests, make_run, pipeline_env, stage_names, step_losses
+from kits.train import checkpoint_digests, make_run, pipeline_env, stage_names, step_losses
 
 pytestmark = pytest.mark.distributed
 

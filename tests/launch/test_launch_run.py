@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainkit import make_run, pipeline_env, resolved_config
+from kits.train import make_run, pipeline_env, resolved_config
 
 from pipeline import layout
 

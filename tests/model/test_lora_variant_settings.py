@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainkit import resolved_config
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.errors import UserError

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainkit import resolved_config
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
@@ -187,7 +187,7 @@ def test_a_quantized_base_keeps_no_page_of_its_float_files(tiny):
     import subprocess
     import sys
 
-    from trainkit import pipeline_env
+    from kits.train import pipeline_env
 
     proc = subprocess.run([sys.executable, "-c", _MAPPED, str(tiny["model"])], capture_output=True, text=True,
                           env=pipeline_env(), timeout=300)

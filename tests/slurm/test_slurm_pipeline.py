@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
+from kits.run import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
 
 pytestmark = pytest.mark.slurm
 

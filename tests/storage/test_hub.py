@@ -1,5 +1,5 @@
 """A model given by hub id (`pipeline.storage.hub`): what counts as one, its lookup in a Hugging Face
-cache laid out as `hf download` leaves it (tests/hubkit.py), the commit a model.json pins, and the
+cache laid out as `hf download` leaves it (tests/kits/hub.py), the commit a model.json pins, and the
 one line that says how to fetch a model that is not cached."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import huggingface_hub.constants
 import huggingface_hub.errors
 import pytest
 import yaml
-from hubkit import add_to_cache
-from trainkit import resolved_config
+from kits.hub import add_to_cache
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.planning import plan

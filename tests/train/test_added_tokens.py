@@ -3,7 +3,7 @@ lacks are added and their embedding / head rows trained (peft trainable tokens),
 resumable; the exports carry the run's tokenizer and load with stock transformers / peft.
 
 `chatml` on the demo vocabulary adds <|im_start|> and <|im_end|>; `llama3` on a vocabulary that
-has its markers adds nothing (tests/tokenkit.py builds both bases).
+has its markers adds nothing (tests/kits/token.py builds both bases).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from tokenkit import make_base
-from trainkit import chain_and_compare, make_run
+from kits.token import make_base
+from kits.train import chain_and_compare, make_run
 
 from pipeline.errors import UserError
 from pipeline.export.consolidate import consolidate

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainkit import make_run, resolved_config
+from kits.train import make_run, resolved_config
 
 from pipeline.planning import plan
 from pipeline.errors import UserError

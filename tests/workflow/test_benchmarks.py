@@ -9,7 +9,7 @@ import json
 
 import pandas as pd
 import pytest
-from runkit import copy_workflow, jobs_with_wildcards
+from kits.run import copy_workflow, jobs_with_wildcards
 
 pytestmark = pytest.mark.workflow
 RUN = "results/demo"

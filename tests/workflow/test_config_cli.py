@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import REPO, copy_workflow, jobs_in_log, snakemake
+from kits.run import REPO, copy_workflow, jobs_in_log, snakemake
 
 from pipeline.workflow_config import EMBEDDED_KINDS
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from runkit import copy_run, jobs_in_log, sha256
+from kits.run import copy_run, jobs_in_log, sha256
 
 pytestmark = pytest.mark.workflow
 

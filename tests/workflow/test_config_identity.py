@@ -5,7 +5,7 @@ layers disagree stops before any job."""
 from __future__ import annotations
 
 import pytest
-from runkit import copy_run, jobs_in_log
+from kits.run import copy_run, jobs_in_log
 
 pytestmark = pytest.mark.workflow
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from runkit import copy_workflow
+from kits.run import copy_workflow
 
 pytestmark = pytest.mark.workflow
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from runkit import copy_run, jobs_in_log, jobs_with_wildcards
+from kits.run import copy_run, jobs_in_log, jobs_with_wildcards
 
 pytestmark = pytest.mark.workflow
 

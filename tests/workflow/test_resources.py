@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from runkit import copy_workflow, snakemake
+from kits.run import copy_workflow, snakemake
 from snakemake.utils import validate
 
 from pipeline.planning.resources import job_resources

@@ -19,7 +19,7 @@ from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.planning import run_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = yaml.safe_load((REPO / "config/config.yaml").read_text())
 
 

@@ -13,7 +13,7 @@ from pipeline import config as train_config
 from pipeline.planning import guard
 from pipeline.planning.schedule import plan_stages
 
-CONF = Path(__file__).resolve().parents[1] / "config" / "train"
+CONF = Path(__file__).resolve().parents[2] / "config" / "train"
 BASE = ["model.path=results/embedded/model", "tokens.train_cache=results/demo/data/train.safetensors",
         "ema.rates=[0.9,0.98]", "optim.lr=2e-3"]
 STAGES = plan_stages(300, 0.05, 2)

@@ -13,7 +13,7 @@ from snakemake.utils import validate
 from pipeline.planning.resources import (BENCHMARK, CPU, EVALUATE, MERGE, SMOKE, TRAIN, TRAIN_SIGNAL, VERIFY,
                                          job_resources, training_threads, weights_bytes)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KINDS = (TRAIN, EVALUATE, VERIFY, SMOKE, BENCHMARK, MERGE, CPU)
 GIB = 2**30
 

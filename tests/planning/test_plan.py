@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from trainkit import resolved_config
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.planning import checks, plan
 
-CONF = Path(__file__).resolve().parents[1] / "config" / "train"
+CONF = Path(__file__).resolve().parents[2] / "config" / "train"
 BASE = ["model.path=/m", "tokens.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
 
 
