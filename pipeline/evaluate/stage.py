@@ -76,7 +76,7 @@ def evaluate(args) -> dict:
                                   compute_dtype=precision.dtype or torch.float32)  # quantized as the stages train it
         # Rows for the special tokens the run's template added (the validation data holds them), as
         # every stage starts from: the base before training is the same grown model.
-        loading.grow_vocabulary(model, cfg)
+        loading.grow_vocabulary(model, cfg.model.tokenizer)
         row = _evaluate_current(model, prompts, val, examples, cfg, device, precision, args.max_new_tokens, samples)
         result["rows"].append({"weights": "base", **row})
     else:

@@ -35,6 +35,13 @@ What is merged, and how (mirroring peft's LoRA layers):
   Rows beyond the base's (a grown vocabulary) must all be listed: the output
   then has the grown shape, and the merged config's `vocab_size` follows.
 
+* a weight adapted through peft's `target_parameters` (`ParamWrapper`: fused
+  expert weights, a router's weight) has keys like a Linear's
+  (`<module>.lora_A.weight`), told apart by `fused`: the wrappers the adapter
+  config makes in the base's architecture, and where the base stores each
+  weight (`pipeline.model.expert_keys`); its delta is added per expert, in the
+  layout peft uses (`pipeline.export.expert_math`, `ExpertTarget`).
+
 Base keys: the adapter names modules as the live model does; `stored_key`
 (default: the name itself) maps such a name to the key the base stores it
 under, where the two differ (`pipeline.model.base_keys`).
@@ -55,6 +62,8 @@ from typing import Callable, Mapping
 import torch
 
 from pipeline.errors import UserError
+from pipeline.export import expert_math
+from pipeline.export.expert_math import ExpertTarget, FusedWeight
 from pipeline.storage import dtypes
 
 ADAPTER_PREFIX = "base_model.model."
@@ -72,7 +81,6 @@ _UNSUPPORTED = {
     "alora_invocation_tokens": "activated LoRA acts only after its invocation tokens and cannot be merged",
     "use_qalora": "QALoRA targets quantized layers",
     "layer_replication": "layer replication changes the model's layer list",
-    "target_parameters": "LoRA on raw parameters (e.g. fused MoE experts) is not supported",
     "megatron_config": "Megatron-parallel LoRA layers are not supported",
     "use_bdlora": "block-diagonal LoRA is not supported",
     "arrow_config": "Arrow routing mixes several adapters at run time",
@@ -100,6 +108,7 @@ class LoraSettings:
     modules_to_save: tuple[str, ...] = ()
     # peft trainable_token_indices: {module name (or a dotted suffix) or "": row ids}; "" = the list form
     token_indices: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    target_parameters: tuple[str, ...] = ()  # weights adapted by peft's ParamWrapper (fused experts)
 
     def rows_for(self, module: str) -> tuple[int, ...] | None:
         """The trained rows of `module` (peft's rule: a key names the module or a dotted suffix of it)."""
@@ -176,6 +185,7 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
             use_dora=bool(config.get("use_dora", False)),
             modules_to_save=tuple(config.get("modules_to_save") or ()),
             token_indices=_token_indices(config.get("trainable_token_indices")),
+            target_parameters=tuple(config.get("target_parameters") or ()),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"adapter config lacks a valid r / lora_alpha: {err}") from None
@@ -226,16 +236,23 @@ def plan_targets(
     base_shapes: Mapping[str, tuple[int, ...]],
     settings: LoraSettings,
     stored_key: Callable[[str], str] = lambda name: name,
-) -> dict[str, LoraTarget | Replacement | TokenRows]:
+    fused: Mapping[str, FusedWeight] | None = None,
+) -> dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget]:
     """Map every adapter tensor to the base tensor it modifies (keyed by base key).
 
     Checks, each a UserError naming the keys: every adapter key is a LoRA
     A/B tensor or a tensor of a `modules_to_save` module, each module has both
     halves, the base stores `<module>.weight` (a tied, unstored weight such as
     `lm_head.weight` counts as missing), the shapes fit, and the rank agrees
-    with the config. `stored_key`: live name -> the base's key for it.
+    with the config. `stored_key`: live name -> the base's key for it. `fused`: the adapter's
+    ParamWrapper modules (adapter module name -> `FusedWeight`), which an adapter config with
+    `target_parameters` needs (`pipeline.model.expert_keys`).
     """
-    plan: dict[str, LoraTarget | Replacement | TokenRows] = {}
+    fused = dict(fused or {})
+    if settings.target_parameters and not fused:
+        raise UserError(f"adapter adapts target_parameters {list(settings.target_parameters)} (fused expert "
+                        "weights): merging it needs the base's architecture (pipeline.export.merge.merge_dirs)")
+    plan: dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget] = {}
     halves: dict[tuple[str, str], dict[str, str]] = {}
     base_layers: dict[str, str] = {}
     magnitudes: dict[str, str] = {}
@@ -274,6 +291,13 @@ def plan_targets(
     for (module, kind), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:
             raise UserError(f"adapter module {module} has only its lora_{''.join(pair)} tensor")
+        if module in fused:  # a ParamWrapper: the stored tensors holding its weight
+            for target in expert_math.targets(module, pair, fused.pop(module), adapter_shapes,
+                                              *scaling_for(settings, module)):
+                if target.base_key in plan:
+                    raise UserError(f"base tensor {target.base_key} is targeted twice")
+                plan[target.base_key] = target
+            continue
         base_key = stored_key(f"{module}.weight")
         if base_key not in base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
@@ -294,6 +318,9 @@ def plan_targets(
         raise UserError(f"adapter saves full base layers of non-LoRA modules: {', '.join(sorted(base_layers))}")
     if magnitudes:
         raise UserError(f"adapter has DoRA magnitudes of modules without a LoRA pair: {', '.join(sorted(magnitudes))}")
+    if fused:
+        raise UserError(f"adapter config's target_parameters adapt {', '.join(f.param for f in fused.values())}, "
+                        "but the adapter has no LoRA pair for them")
     return plan
 
 
@@ -343,10 +370,14 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
 
-def merged(target: LoraTarget | Replacement | TokenRows, base_weight: torch.Tensor,
-           adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, or the base
-    with the trained token rows put in (grown when the vocabulary grew); cast, checked finite."""
+def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget, base_weight: torch.Tensor,
+           adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None,
+           pieces: expert_math.Pieces | None = None) -> torch.Tensor:
+    """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, the base
+    with the trained token rows put in (grown when the vocabulary grew), or a fused weight's stored
+    tensor with its experts' deltas (`pieces`: `expert_math.merged`); cast, checked finite."""
+    if isinstance(target, ExpertTarget):
+        return expert_math.merged(target, base_weight, adapter, out_dtype, pieces)
     if isinstance(target, TokenRows):
         return token_rows_merged(target, base_weight, adapter[target.adapter_key], out_dtype)
     if isinstance(target, Replacement):

@@ -254,7 +254,7 @@ def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
     from pipeline import config as trainer_config
 
     cfg = trainer_config.to_typed(OmegaConf.load(train_config))  # only its model.* settings are read
-    quantization = quantization_config(cfg, compute)
+    quantization = quantization_config(cfg.model, compute)
     if quantization is None:
         return None
     model = cfg.model

@@ -45,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import ImageText, config_is_vision_language
+from pipeline.model import router
 
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
@@ -209,6 +210,10 @@ class TokenLoss(torch.nn.Module):
             raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
         self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
+        # A mixture-of-experts model's load-balancing loss, added in training (`pipeline.model.router`);
+        # `router_sum` collects its weighted values (detached) until the update takes them.
+        self.router = router.defined(hf_model(lm))
+        self.router_sum: torch.Tensor | None = None
         if check:
             self.check_head()
 
@@ -220,9 +225,21 @@ class TokenLoss(torch.nn.Module):
         if self.mask_free and "attention_mask" in inputs:  # right padding only (`_padded`), see MASK_FREE_FAMILIES
             inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
         # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache.
-        hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
-        picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
-        return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
+        balance = self.router is not None and self.training
+        extra = {"output_router_logits": balance} if self.router is not None else {}
+        out = hf.base_model(**inputs, use_cache=False, **extra)
+        picked = out.last_hidden_state.flatten(0, 1).index_select(0, batch.loss_index)
+        loss = linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
+        if balance:  # + coef * load-balancing loss * supervised tokens (`pipeline.model.router`)
+            added, weighted = self.router.term(out.router_logits, inputs.get("attention_mask"), batch.supervised)
+            loss = loss + added
+            self.router_sum = weighted if self.router_sum is None else self.router_sum + weighted
+        return loss
+
+    def take_router_sum(self) -> torch.Tensor | None:
+        """The weighted load-balancing losses added since the last call (None: none added), and reset."""
+        taken, self.router_sum = self.router_sum, None
+        return taken
 
     @torch.no_grad()
     def check_head(self) -> None:

@@ -23,7 +23,7 @@ Per GPU, in bytes:
                   and the rest (embeddings, norms, head) in the weights dtype;
                   a forward or backward dequantizes one layer's weight at a time
                   (the largest: one projection in the compute dtype)
-  LoRA weights    r x (in + out) per targeted projection, fp32
+  LoRA weights    r x (in + out) per targeted projection (x E for a layer's fused experts), fp32
   gradients       one fp32 value per trained parameter
   optimizer       AdamW: two fp32 moments per trained parameter
   EMA shadows     one fp32 copy of the trained parameters per rate
@@ -34,7 +34,9 @@ Per GPU, in bytes:
                     attention   a(3q + 2kv) + 4 heads   q,k,v after RoPE, output,
                                 o_proj input, logsumexp (SDPA/flash; eager adds
                                 (4 + a) x heads x T for its probabilities)
-                    MLP         4aI             gate, up, act(gate), product
+                    MLP         4aI             gate, up, act(gate), product (mixture of
+                                                experts: 4a(kI_e + I_s), the k experts a token
+                                                runs through and a shared expert)
                     LoRA        (a + 1) x in    per target when lora.dropout > 0
                                                 (the dropped input and its mask)
                   (a = bytes of the compute dtype, H hidden, I intermediate,
@@ -47,6 +49,11 @@ Per GPU, in bytes:
                   only after the backward has freed the later layers'.
   loss            one chunk of logits (`pipeline.model.loss`): rows x vocab x
                   (2a + 12) bytes
+  MoE, LoRA on    peft's ParamWrapper computes each MoE layer's expert weights
+  fused experts   plus their LoRA delta (all E experts, compute dtype) in the
+                  forward, and autograd keeps that copy until the layer's
+                  backward: one per layer not checkpointed (one in flight for
+                  the checkpointed ones)
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
                   the unsharded root (embeddings, head) and two layers in flight
 The budget it must fit (`budget`) is each GPU's memory less what PyTorch's
@@ -55,6 +62,15 @@ when there is more than one process (`NCCL_BYTES`), and a fragmentation margin
 (`FRAGMENTATION`, a fraction of the GPU; launched training jobs set
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps fragmentation
 small: `pipeline.launch.__main__.allocator_env`).
+
+Parameter counts: the Llama-shaped formula of `Shapes` from config.json, or,
+where the architecture can be built on the meta device (`model_shapes`: nothing
+read, nothing allocated), the model's own counts (`Counts`): every parameter,
+the experts' (all E of them: the memory estimate holds every expert), the
+parameters a token runs through (the active ones: top-k of E experts, for
+throughput and MFU), and the LoRA parameters of the resolved targets
+(`pipeline.model.targets`). Activations keep the formula (hybrids' Mamba and
+linear-attention layers are counted as attention layers).
 
 It is an estimate of the steady state, not a measurement: it ignores the
 evaluation forward (smaller than a training step). Checked against a measured
@@ -94,6 +110,19 @@ _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
+class Counts:
+    """Parameter counts of the model as its class builds it (`counts_of`), where the formula would guess."""
+
+    total: int  # every parameter
+    lora: int  # LoRA parameters of the resolved targets (0: full fine-tuning)
+    experts: int  # parameters of the experts' weights, all of them
+    active: int  # parameters one token runs through: the experts' top-k of E, the rest whole
+    expert_layer: int  # one MoE layer's expert weights (the largest)
+    moe_layers: int
+    fused_adapted: bool  # LoRA on fused expert weights (peft ParamWrapper: see the module docstring)
+
+
+@dataclass(frozen=True)
 class Shapes:
     """The sizes of a decoder-only transformer that memory depends on."""
 
@@ -105,16 +134,28 @@ class Shapes:
     intermediate: int
     vocab: int
     tied: bool
+    experts: int = 0  # experts per MoE layer (0: dense)
+    top_k: int = 0  # experts per token
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0  # a shared expert's (or several's) intermediate size
+    counts: Counts | None = None
 
     @classmethod
     def from_config(cls, config: dict) -> Shapes:
         """From a Hugging Face config dict (a vision-language model's `text_config`)."""
         c = config.get("text_config") or config
         hidden, heads = c["hidden_size"], c["num_attention_heads"]
+        experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
+        intermediate = c.get("intermediate_size") or c.get("moe_intermediate_size") or 4 * hidden
+        shared = (c.get("shared_expert_intermediate_size") or 0) + (
+            (c.get("moe_shared_expert_intermediate_size") or 0) * (c.get("n_shared_experts") or 1))
         return cls(hidden=hidden, layers=c["num_hidden_layers"], heads=heads,
                    kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or hidden // heads,
-                   intermediate=c["intermediate_size"], vocab=c["vocab_size"],
-                   tied=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))))
+                   intermediate=intermediate, vocab=c["vocab_size"],
+                   tied=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))),
+                   experts=experts, top_k=int(c.get("num_experts_per_tok") or 0) if experts else 0,
+                   expert_intermediate=int(c.get("moe_intermediate_size") or intermediate) if experts else 0,
+                   shared_intermediate=int(shared) if experts else 0)
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(in, out) features of each Llama-style projection of a layer (the LoRA targets)."""
@@ -124,16 +165,91 @@ class Shapes:
 
     @property
     def layer_params(self) -> int:
+        if self.counts is not None:
+            return (self.counts.total - self._root_formula) // max(self.layers, 1)
+        if self.experts:  # attention, E gated experts and their router, a shared expert
+            attention = sum(a * b for k, (a, b) in self.projections().items() if k.endswith(("q_proj", "k_proj",
+                                                                                          "v_proj", "o_proj")))
+            return (attention + 3 * self.hidden * (self.experts * self.expert_intermediate + self.shared_intermediate)
+                    + self.experts * self.hidden + 2 * self.hidden)
         return sum(a * b for a, b in self.projections().values()) + 2 * self.hidden
 
     @property
     def root_params(self) -> int:
         """Outside the decoder layers: embeddings, final norm, an untied head."""
+        return self._root_formula
+
+    @property
+    def _root_formula(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
 
     @property
     def params(self) -> int:
+        if self.counts is not None:
+            return self.counts.total
         return self.layers * self.layer_params + self.root_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token runs through (throughput, MFU): of a mixture of experts, top-k of E."""
+        if self.counts is not None:
+            return self.counts.active
+        if not self.experts:
+            return self.params
+        idle = 3 * self.hidden * self.expert_intermediate * (self.experts - self.top_k)
+        return self.params - self.layers * idle
+
+
+def counts_of(model, lora_params: int, fused_adapted: bool) -> Counts:
+    """`Counts` of a model (a meta-device skeleton will do): every parameter, the experts' (3-D fused
+    weights, or Linear layers in an `experts` list), the active ones per token (top-k of E)."""
+    import torch
+
+    config = model.config.get_text_config()
+    experts = int(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+                  or getattr(config, "n_routed_experts", None) or 0)
+    top_k = int(getattr(config, "num_experts_per_tok", None) or 0)
+    from pipeline.model.targets import fused_expert_weights
+
+    per_layer: dict[str, int] = {}
+    for name, param in fused_expert_weights(model):
+        layer = name.rsplit(".", 1)[0]
+        per_layer[layer] = per_layer.get(layer, 0) + param.numel()
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "experts" and isinstance(module, torch.nn.ModuleList):
+            per_layer[name] = sum(p.numel() for p in module.parameters())
+    total = sum(p.numel() for p in model.parameters())
+    in_experts = sum(per_layer.values())
+    active = total - (in_experts * (experts - top_k) // experts if experts and top_k else 0)
+    return Counts(total=total, lora=lora_params, experts=in_experts, active=active,
+                  expert_layer=max(per_layer.values(), default=0), moe_layers=len(per_layer),
+                  fused_adapted=fused_adapted)
+
+
+def model_shapes(cfg: TrainConfig) -> Shapes | None:
+    """`read_shapes` with the model's own `Counts` (its skeleton on the meta device, the LoRA targets
+    resolved on it); the formula's shapes alone where the skeleton cannot be built. The plan and
+    every stage estimate from this one function."""
+    shapes = read_shapes(cfg.model.path, cfg.model.trust_remote_code)
+    if shapes is None:
+        return None
+    from pipeline.errors import UserError
+    from pipeline.model import base, targets
+
+    try:
+        skeleton = base.meta_model(cfg.model)
+    except Exception as err:  # remote code, an architecture this transformers lacks: the formula stands
+        log.warning("memory estimate from config.json's shapes only (%s cannot be built on the meta device: %s)",
+                    cfg.model.path, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        return shapes
+    lora, fused = 0, False
+    if cfg.lora.enabled:
+        try:
+            resolved = targets.resolve(skeleton, cfg.lora, cfg.moe, tower=cfg.vision.train_tower)
+            lora, fused = resolved.lora_params, bool(resolved.parameters)
+        except UserError:  # the plan reports it (`pipeline.model.loading.plan_model`)
+            return shapes
+    return replace(shapes, counts=counts_of(skeleton, lora, fused))
 
 
 def read_shapes(model_path: str, trust_remote_code: bool = False) -> Shapes | None:
@@ -159,6 +275,12 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
+    attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
+
+    def attention_kernel(self, cfg: TrainConfig) -> str:
+        if self.attention is not None:
+            return self.attention
+        return "sdpa" if cfg.model.attn_implementation == "auto" else str(cfg.model.attn_implementation)
 
     def describe(self, layers: int) -> str:
         return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
@@ -210,6 +332,11 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
         parts["FSDP unsharded root + 2 layers"] = (shapes.root_params + 2 * shapes.layer_params) * w
     tokens = run.micro_batch * run.length
     parts["activations"] = tokens * _activation_bytes_per_token(cfg, shapes, run, a, residual=w)
+    if lora and shapes.counts is not None and shapes.counts.fused_adapted:
+        layers = shapes.counts.moe_layers
+        k = min(run.checkpointed, layers)
+        kept = layers - k + (1 if k else 0)
+        parts["expert weights + LoRA delta (ParamWrapper)"] = kept * shapes.counts.expert_layer * a // shard
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
     return Estimate(run, shapes.layers, parts)
 
@@ -265,14 +392,18 @@ def _targets(cfg: TrainConfig, shapes: Shapes) -> list[tuple[int, int]]:
 
 
 def _lora_params(cfg: TrainConfig, shapes: Shapes) -> int:
+    if shapes.counts is not None:
+        return shapes.counts.lora
     return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg, shapes))
 
 
 def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: int, residual: int) -> int:
     h, i = shapes.hidden, shapes.intermediate
+    if shapes.experts:  # a token runs through its top-k experts and the shared one
+        i = shapes.top_k * shapes.expert_intermediate + shapes.shared_intermediate
     q, kv = shapes.heads * shapes.head_dim, shapes.kv_heads * shapes.head_dim
     layer = 2 * (4 * h + a * h) + a * (3 * q + 2 * kv) + 4 * shapes.heads + 4 * a * i
-    if cfg.model.attn_implementation == "eager":
+    if run.attention_kernel(cfg) == "eager":
         layer += (4 + a) * shapes.heads * run.length
     if cfg.lora.enabled:
         targets = _targets(cfg, shapes)
@@ -317,12 +448,12 @@ def checkpointed_layers(cfg: TrainConfig, shapes: Shapes | None, run: Run, limit
 
 
 def decide(cfg: TrainConfig, shapes: Shapes | None, *, world: int, sharded: bool, precision: str, length: int,
-           limit: int | None) -> Run:
+           limit: int | None, attention: str | None = None) -> Run:
     """The run a stage trains, activation checkpointing decided: the one function the plan and the
     stage both call, so they estimate the same micro-batch (the derived one, `batch_split`) and
-    choose the same layers."""
+    choose the same layers. `attention`: the resolved `model.attn_implementation`."""
     run = Run(micro_batch=batch_split(cfg, world)[0], length=length, world=world, sharded=sharded,
-              checkpointed=0, precision=precision)
+              checkpointed=0, precision=precision, attention=attention)
     return replace(run, checkpointed=checkpointed_layers(cfg, shapes, run, limit))
 
 
@@ -434,6 +565,19 @@ def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision:
     found = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     limit = gpu_budget(cfg, found, world)
     needs_shapes = limit is not None or cfg.model.activation_checkpointing != "auto"
-    shapes = read_shapes(cfg.model.path, cfg.model.trust_remote_code) if needs_shapes else None
-    run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit)
+    shapes = model_shapes(cfg) if needs_shapes else None
+    run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit,
+                 attention=resolved_attention(cfg, device) if needs_shapes else None)
     return run.checkpointed, (estimate(cfg, shapes, run) if shapes is not None else None)
+
+
+def resolved_attention(cfg: TrainConfig, device=None) -> str | None:
+    """`model.attn_implementation` resolved on `device` (`pipeline.model.attention`); None when the
+    model's config cannot be read."""
+    from pipeline.errors import UserError
+    from pipeline.model import base
+
+    try:
+        return base.attention_choice(cfg.model.attn_implementation, base.hf_config(cfg.model), device)[0]
+    except (OSError, ValueError, UserError):
+        return None

@@ -288,7 +288,8 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     """
     images = loading.image_text(cfg)
     pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
-    packed = loading.packing(cfg, vision_language=images is not None)
+    packed = loading.packing(cfg.tokens, memory.resolved_attention(cfg, d.device) or "sdpa",
+                             vision_language=images is not None, where=cfg.model.path)
     train = Collator(train_cache, pad_id, packed=packed, images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
     if images is not None and d.enabled:

@@ -1,0 +1,105 @@
+"""Special tokens the run's tokenizer added to the base vocabulary: their rows, grown and trained.
+
+A built-in chat template on a vocabulary without its turn markers adds them as
+special tokens (`pipeline.data.prepare`). The base then needs an embedding row
+(and an untied output head row) for each, which the adapter trains as peft
+`trainable_token_indices` (saved as `...token_adapter.trainable_tokens_delta`:
+the rows' values). Every function takes the run's tokenizer dir
+(`model.tokenizer`), or the `model` config group that names it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pipeline.config import ModelConfig
+from pipeline.data.prepare import added_token_ids, read_chat
+from pipeline.errors import UserError
+
+FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={template!r} on a vocabulary "
+                     "without them), whose embedding rows must be trained; distributed.strategy=fsdp does not "
+                     "support that yet: use distributed.strategy=ddp, or a chat template whose turn markers "
+                     "the vocabulary has")
+
+
+def added_tokens(tokenizer: str | None) -> list[int]:
+    """Ids of the special tokens the run's tokenizer (`model.tokenizer`) added to the base vocabulary."""
+    return added_token_ids(tokenizer) if tokenizer else []
+
+
+def refuse_added_tokens_sharded(model: ModelConfig) -> None:
+    """UserError when the run adds tokens and shards the model (FSDP trains no token rows)."""
+    if added_tokens(model.tokenizer):
+        chat = read_chat(model.tokenizer)
+        raise UserError(FSDP_TOKENS_ERROR.format(where=f"the run's tokenizer {model.tokenizer}",
+                                                 tokens=", ".join(chat.get("added_tokens", {})),
+                                                 template=chat.get("template", "?").removeprefix("builtin:")))
+
+
+def module_name(model, module) -> str:
+    """The qualified name of `module` in `model`."""
+    return next(n for n, m in model.named_modules() if m is module)
+
+
+def _grown(weight: torch.Tensor, rows: int) -> torch.nn.Parameter:
+    """`weight` with rows appended up to `rows`, each the mean of the existing rows.
+
+    No RNG: every stage and every process grows the same rows bit for bit, so
+    the run's random stream and its exact resume do not depend on it. The mean
+    (summed in fp32) keeps a new token's first logits and inputs typical of the
+    vocabulary (a zero or random row would not); training replaces the rows anyway.
+    """
+    with torch.no_grad():
+        new = weight.new_empty((rows, weight.shape[1]))
+        new[: weight.shape[0]] = weight
+        new[weight.shape[0]:] = weight.float().mean(dim=0).to(weight.dtype)
+    return torch.nn.Parameter(new, requires_grad=weight.requires_grad)
+
+
+def grow_vocabulary(model, tokenizer: str | None) -> list[int]:
+    """Give the base model rows for the tokens the run's tokenizer dir added; returns their ids.
+
+    A vocabulary that already has spare rows (padded to a multiple) keeps its
+    shape; otherwise the input embeddings, and an untied output head, grow to
+    the tokenizer's size (`_grown`), and the config's `vocab_size` follows.
+    """
+    ids = added_tokens(tokenizer)
+    if not ids:
+        return []
+    rows = max(int(read_chat(tokenizer).get("vocab_size") or 0), max(ids) + 1)
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embedding.weight.shape[0] < rows:
+        tied = head is not None and head.weight is embedding.weight
+        embedding.weight = _grown(embedding.weight, rows)
+        embedding.num_embeddings = rows
+        if tied:
+            head.weight = embedding.weight
+        elif head is not None:
+            head.weight = _grown(head.weight, rows)
+        if head is not None:
+            head.out_features = rows
+        model.config.get_text_config().vocab_size = rows
+    return ids
+
+
+def token_rows(model, ids: list[int]) -> dict[str, list[int]] | None:
+    """peft `trainable_token_indices`: the added rows of the input embeddings, and of an untied head
+    (a tied head shares the embedding's trained rows; peft ties them itself)."""
+    if not ids:
+        return None
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    rows = {module_name(model, embedding): list(ids)}
+    if head is not None and head.weight is not embedding.weight:
+        rows[module_name(model, head)] = list(ids)
+    return rows
+
+
+def fp32_token_rows(model) -> None:
+    """The trained token rows in fp32, as the LoRA weights: peft copies them in the base's dtype,
+    and AdamW updates on bf16 weights lose the small steps (the forward casts them back)."""
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+    for module in model.modules():
+        if isinstance(module, TrainableTokensLayer) and not module.tied_adapter:
+            for param in module.trainable_tokens_delta.values():
+                param.data = param.data.float()
