@@ -28,7 +28,7 @@ def _meta_model(base: Path):
     """The base's architecture on the meta device."""
     from transformers import AutoConfig
 
-    from pipeline.model.loading import auto_class
+    from pipeline.model.base import auto_class
 
     try:
         config = AutoConfig.from_pretrained(base)

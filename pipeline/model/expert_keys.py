@@ -147,3 +147,13 @@ def _expert_key(piece: str, expert: int, experts: int, full: dict) -> str:
         raise UserError(f"cannot tell which field of {piece} is the expert index ({len(fields)} candidates)")
     i = fields[0]
     return ".".join([*parts[:i], str(expert), *parts[i + 1:]])
+
+
+def stored_apart(base: Path, names: list[str]) -> list[str]:
+    """The fused weights among `names` that the base dir does not store under their own key (but one
+    tensor per expert)."""
+    from pipeline.storage import hf_dir
+
+    stored = set(hf_dir.find_weights(Path(base), "the base").all_specs)
+    keys = BaseKeys(base, stored)
+    return [n for n in names if keys(n) not in stored]

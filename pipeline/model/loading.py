@@ -24,6 +24,7 @@ from pipeline.errors import UserError
 from pipeline.model import base, router, targets, vision
 from pipeline.model.adapter import attach_lora, no_input_casts
 from pipeline.model.base import auto_class, decoder_layers, is_vision_language  # noqa: F401  (re-exported)
+from pipeline.model.expert_keys import stored_apart
 from pipeline.model.precision import Precision, weights_dtype
 from pipeline.model.trained import (  # noqa: F401  (re-exported)
     is_peft, load_trained, named_to_param_names, saved_key_map, to_saved_keys, trainable, trained_state,
@@ -72,6 +73,11 @@ def plan_model(cfg: TrainConfig, *, world: int | None) -> targets.Targets | None
     if line:
         print(line)
     experts = [n for n, _ in targets.fused_expert_weights(skeleton)]
+    if experts and not cfg.lora.enabled and (apart := stored_apart(cfg.model.path, experts)):
+        raise UserError(f"lora.enabled=false (full fine-tuning) on {cfg.model.path}: its experts' weights are fused "
+                        f"in the model ({apart[0]}, ...) but stored one tensor per expert in its files, and the "
+                        "export writes a fully fine-tuned model in the base's layout tensor by tensor: not supported; "
+                        "train LoRA adapters (lora.enabled=true), whose merge writes that layout")
     if experts and cfg.distributed.strategy == "fsdp" and world != 1:
         adapted = f"adapts their fused weights ({', '.join(resolved.parameters)})" if resolved and resolved.parameters \
             else "does not adapt them"

@@ -149,7 +149,8 @@ class Shapes:
         intermediate = c.get("intermediate_size") or c.get("moe_intermediate_size") or 4 * hidden
         shared = (c.get("shared_expert_intermediate_size") or 0) + (
             (c.get("moe_shared_expert_intermediate_size") or 0) * (c.get("n_shared_experts") or 1))
-        return cls(hidden=hidden, layers=c["num_hidden_layers"], heads=heads,
+        layers = c.get("num_hidden_layers") or len(c.get("layers_block_type") or c.get("layer_types") or [])
+        return cls(hidden=hidden, layers=layers, heads=heads,
                    kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or hidden // heads,
                    intermediate=intermediate, vocab=c["vocab_size"],
                    tied=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))),

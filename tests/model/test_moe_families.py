@@ -149,6 +149,7 @@ def test_gpt_oss_with_sdpa_set_fails_at_plan_naming_the_setting(bases, tmp_path)
     (["lora.dropout=0", "lora.target_modules=[gate]"], "names the router(s) gate"),
     (["lora.dropout=0", "lora.target_modules=[w1,w2]"], "lora.target_modules=['w1', 'w2'] match no layer"),
     (["lora.dropout=0", "distributed=fsdp"], "distributed.strategy=fsdp on"),
+    (["lora=full"], "lora.enabled=false (full fine-tuning) on"),
 ])
 def test_what_peft_or_the_trainer_would_refuse_fails_at_plan_naming_the_setting(bases, tmp_path, overrides, words):
     from pipeline.planning import plan
