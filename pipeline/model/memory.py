@@ -164,6 +164,17 @@ class Shapes:
         return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
                 "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
 
+    def linear_projections(self) -> dict[str, tuple[int, int]]:
+        """The projections of a layer that are Linear layers (what bitsandbytes quantizes): all of a dense
+        model's; of a mixture of experts the attention and a shared expert, not the fused experts."""
+        proj = self.projections()
+        if not self.experts:
+            return proj
+        h, s = self.hidden, self.shared_intermediate
+        attention = {k: v for k, v in proj.items() if k in ("q_proj", "k_proj", "v_proj", "o_proj")}
+        shared = {"shared gate_proj": (h, s), "shared up_proj": (h, s), "shared down_proj": (s, h)} if s else {}
+        return {**attention, **shared}
+
     @property
     def layer_params(self) -> int:
         if self.counts is not None:
@@ -369,13 +380,14 @@ def _weights(cfg: TrainConfig, shapes: Shapes, weight_name: str, precision: str,
     kind = cfg.model.quantization
     if kind == "none":
         return {f"weights ({weight_name})": shapes.params * w // shard}
-    proj = shapes.projections().values()
+    proj = shapes.linear_projections().values()
     linear = shapes.layers * sum(i * o for i, o in proj)
     stored = shapes.layers * sum(quantized_bytes(kind, o, i, cfg.model.quant_double) for i, o in proj)
     double = " + double quant" if cfg.model.quant_double and kind != "int8" else ""
     compute = precision if cfg.model.quant_compute_dtype == "auto" or kind == "int8" else cfg.model.quant_compute_dtype
+    rest = "embeddings, norms, head" + (", fused experts" if shapes.experts else "")
     return {f"weights ({kind}{double}: linear layers)": stored // shard,
-            f"weights ({weight_name}: embeddings, norms, head)": (shapes.params - linear) * w // shard,
+            f"weights ({weight_name}: {rest})": (shapes.params - linear) * w // shard,
             f"dequantized projection in flight ({compute})": max(i * o for i, o in proj) * _DTYPE_BYTES[compute]}
 
 
