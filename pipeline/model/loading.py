@@ -32,11 +32,6 @@ from pipeline.model.trained import (  # noqa: F401  (re-exported)
 from pipeline.model.vocabulary import _grown, grow_vocabulary, refuse_added_tokens_sharded  # noqa: F401
 
 
-def image_text(cfg: TrainConfig):
-    """The processor's `ImageText` of a vision-language base (None for a text model)."""
-    return base.image_text(cfg.model)
-
-
 def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointed: int = 0,
               compute_dtype: torch.dtype | None = None):
     """`pipeline.model.base.load_base` of the run's `model` group."""

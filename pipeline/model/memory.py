@@ -83,7 +83,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import ALL_LINEAR, Quantization, TrainConfig, batch_split
+from pipeline.config import ALL_LINEAR, LoraConfig, ModelConfig, Quantization, TrainConfig, batch_split
 from pipeline.model.loss import chunk_tokens
 
 log = logging.getLogger(__name__)
@@ -289,10 +289,10 @@ class Run:
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
     attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
 
-    def attention_kernel(self, cfg: TrainConfig) -> str:
+    def attention_kernel(self, model: ModelConfig) -> str:
         if self.attention is not None:
             return self.attention
-        return "sdpa" if cfg.model.attn_implementation == "auto" else str(cfg.model.attn_implementation)
+        return "sdpa" if model.attn_implementation == "auto" else str(model.attn_implementation)
 
     def describe(self, layers: int) -> str:
         return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
@@ -333,7 +333,7 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     w = _DTYPE_BYTES[weight_name]
     trained = _lora_params(cfg, shapes) if lora else shapes.params
     shard = run.world if run.sharded else 1
-    parts = _weights(cfg, shapes, weight_name, run.precision, shard)
+    parts = _weights(cfg.model, shapes, weight_name, run.precision, shard)
     if lora:
         parts["LoRA weights (fp32)"] = trained * 4 // shard
     parts["gradients (fp32)"] = trained * 4 // shard
@@ -373,18 +373,18 @@ def quantized_bytes(kind: str, rows: int, cols: int, double: bool = True) -> int
     return -(-n // 2) + constants
 
 
-def _weights(cfg: TrainConfig, shapes: Shapes, weight_name: str, precision: str, shard: int) -> dict[str, int]:
+def _weights(model: ModelConfig, shapes: Shapes, weight_name: str, precision: str, shard: int) -> dict[str, int]:
     """The base weights' parts: one in `weight_name`, or with `model.quantization` the decoder layers'
     linear weights quantized, the rest in `weight_name`, and one dequantized projection in flight."""
     w = _DTYPE_BYTES[weight_name]
-    kind = cfg.model.quantization
+    kind = model.quantization
     if kind == "none":
         return {f"weights ({weight_name})": shapes.params * w // shard}
     proj = shapes.linear_projections().values()
     linear = shapes.layers * sum(i * o for i, o in proj)
-    stored = shapes.layers * sum(quantized_bytes(kind, o, i, cfg.model.quant_double) for i, o in proj)
-    double = " + double quant" if cfg.model.quant_double and kind != "int8" else ""
-    compute = precision if cfg.model.quant_compute_dtype == "auto" or kind == "int8" else cfg.model.quant_compute_dtype
+    stored = shapes.layers * sum(quantized_bytes(kind, o, i, model.quant_double) for i, o in proj)
+    double = " + double quant" if model.quant_double and kind != "int8" else ""
+    compute = precision if model.quant_compute_dtype == "auto" or kind == "int8" else model.quant_compute_dtype
     rest = "embeddings, norms, head" + (", fused experts" if shapes.experts else "")
     return {f"weights ({kind}{double}: linear layers)": stored // shard,
             f"weights ({weight_name}: {rest})": (shapes.params - linear) * w // shard,
@@ -397,17 +397,17 @@ def _weights_dtype(cfg: TrainConfig, precision: str) -> str:
     return precision if cfg.model.dtype == "auto" else cfg.model.dtype
 
 
-def _targets(cfg: TrainConfig, shapes: Shapes) -> list[tuple[int, int]]:
+def _targets(lora: LoraConfig, shapes: Shapes) -> list[tuple[int, int]]:
     """(in, out) of each targeted projection of a layer; `[all-linear]` targets every one."""
     proj = shapes.projections()
-    names = list(proj) if list(cfg.lora.target_modules) == [ALL_LINEAR] else cfg.lora.target_modules
+    names = list(proj) if list(lora.target_modules) == [ALL_LINEAR] else lora.target_modules
     return [proj[t] for t in names if t in proj]
 
 
 def _lora_params(cfg: TrainConfig, shapes: Shapes) -> int:
     if shapes.counts is not None:
         return shapes.counts.lora
-    return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg, shapes))
+    return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg.lora, shapes))
 
 
 def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: int, residual: int) -> int:
@@ -416,10 +416,10 @@ def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: i
         i = shapes.top_k * shapes.expert_intermediate + shapes.shared_intermediate
     q, kv = shapes.heads * shapes.head_dim, shapes.kv_heads * shapes.head_dim
     layer = 2 * (4 * h + a * h) + a * (3 * q + 2 * kv) + 4 * shapes.heads + 4 * a * i
-    if run.attention_kernel(cfg) == "eager":
+    if run.attention_kernel(cfg.model) == "eager":
         layer += (4 + a) * shapes.heads * run.length
     if cfg.lora.enabled:
-        targets = _targets(cfg, shapes)
+        targets = _targets(cfg.lora, shapes)
         layer += sum(cfg.lora.r * a for _ in targets)
         if cfg.lora.dropout > 0:
             layer += sum((a + 1) * fan_in for fan_in, _ in targets)
@@ -558,11 +558,11 @@ def longest_record(cache_path: str | None) -> int | None:
     return int(lengths.max()) if lengths.size else None
 
 
-def gpu_budget(cfg: TrainConfig, gpu_bytes: int | None, world: int) -> int | None:
+def gpu_budget(model: ModelConfig, gpu_bytes: int | None, world: int) -> int | None:
     """The allocator's budget per GPU (`budget`) of a GPU of `model.gpu_memory_gb`, else of `gpu_bytes`
     (the GPU found); None with neither (a CPU)."""
-    if cfg.model.gpu_memory_gb is not None:
-        gpu_bytes = int(cfg.model.gpu_memory_gb * GiB)
+    if model.gpu_memory_gb is not None:
+        gpu_bytes = int(model.gpu_memory_gb * GiB)
     return None if gpu_bytes is None else budget(gpu_bytes, world)
 
 
@@ -576,21 +576,21 @@ def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision:
     import torch
 
     found = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    limit = gpu_budget(cfg, found, world)
+    limit = gpu_budget(cfg.model, found, world)
     needs_shapes = limit is not None or cfg.model.activation_checkpointing != "auto"
     shapes = model_shapes(cfg) if needs_shapes else None
     run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit,
-                 attention=resolved_attention(cfg, device) if needs_shapes else None)
+                 attention=resolved_attention(cfg.model, device) if needs_shapes else None)
     return run.checkpointed, (estimate(cfg, shapes, run) if shapes is not None else None)
 
 
-def resolved_attention(cfg: TrainConfig, device=None) -> str | None:
+def resolved_attention(model: ModelConfig, device=None) -> str | None:
     """`model.attn_implementation` resolved on `device` (`pipeline.model.attention`); None when the
     model's config cannot be read."""
     from pipeline.errors import UserError
     from pipeline.model import base
 
     try:
-        return base.attention_choice(cfg.model.attn_implementation, base.hf_config(cfg.model), device)[0]
+        return base.attention_choice(model.attn_implementation, base.hf_config(model), device)[0]
     except (OSError, ValueError, UserError):
         return None

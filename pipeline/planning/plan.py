@@ -174,10 +174,10 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         return None
     count, found = memory.gpus_found()
     world = world or max(count, 1)
-    limit = memory.gpu_budget(cfg, found, world)
+    limit = memory.gpu_budget(cfg.model, found, world)
     run = memory.decide(cfg, shapes, world=world, sharded=cfg.distributed.strategy == "fsdp" and world > 1,
                         precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit,
-                        attention=memory.resolved_attention(cfg))
+                        attention=memory.resolved_attention(cfg.model))
     if shapes.experts:
         print(f"parameters: {shapes.params:,} in all (the memory estimate holds every expert), "
               f"{shapes.active_params:,} active per token ({shapes.top_k} of {shapes.experts} experts: throughput "
