@@ -32,3 +32,16 @@ def test_supervised_count_is_the_targets_the_cache_holds(tmp_path):
     targets = sum(int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache)))
     tokens = sum(n for n, _ in shape)
     assert bench_gpu.flops_per_token(INFO, 0, shape)["supervised_fraction"] == pytest.approx(targets / tokens)
+
+
+def test_a_mixture_of_experts_counts_the_active_experts_per_token(tmp_path):
+    """FLOPs per token (and so MFU) count top_k of the E experts' weights, as the tokens run through them."""
+    preset = {"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+              "num_experts": 8, "num_experts_per_tok": 2}
+    info = bench_gpu.build_model_dir(tmp_path / "m", preset, seq_len=64)
+    attention = 2 * (32 * 32 + 2 * 16 * 32 + 32 * 32)  # q, k, v, o of two layers
+    router = 2 * 8 * 32  # not a Linear: a token's router matmul is left out, as the norms are
+    experts = 2 * 8 * 3 * 32 * 16  # gate, up and down of 8 experts in two layers
+    assert info["params_layers_matmul"] == attention + experts * 2 // 8
+    assert info["params_total"] > attention + experts + router
