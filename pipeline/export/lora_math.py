@@ -63,7 +63,9 @@ import torch
 
 from pipeline.errors import UserError
 from pipeline.export import expert_math
+from pipeline.export.dora_math import check_magnitude, dora_rescale
 from pipeline.export.expert_math import ExpertTarget, FusedWeight
+from pipeline.export.token_math import TokenRows, token_indices, token_rows, token_rows_merged
 from pipeline.storage import dtypes
 
 ADAPTER_PREFIX = "base_model.model."
@@ -127,17 +129,6 @@ class Replacement:
 
 
 @dataclass(frozen=True)
-class TokenRows:
-    """A base embedding / head tensor whose `indices` rows the adapter's trained values replace;
-    `rows`: the output's row count (more than the base's when the vocabulary grew)."""
-
-    base_key: str
-    adapter_key: str
-    indices: tuple[int, ...]
-    rows: int
-
-
-@dataclass(frozen=True)
 class LoraTarget:
     """One base tensor and the LoRA pair that modifies it."""
 
@@ -184,19 +175,11 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
             fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
             use_dora=bool(config.get("use_dora", False)),
             modules_to_save=tuple(config.get("modules_to_save") or ()),
-            token_indices=_token_indices(config.get("trainable_token_indices")),
+            token_indices=token_indices(config.get("trainable_token_indices")),
             target_parameters=tuple(config.get("target_parameters") or ()),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"adapter config lacks a valid r / lora_alpha: {err}") from None
-
-
-def _token_indices(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    if not value:
-        return ()
-    if isinstance(value, Mapping):
-        return tuple((str(k), tuple(int(i) for i in v)) for k, v in value.items())
-    return (("", tuple(int(i) for i in value)),)
 
 
 def output_shape(target, base_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -274,7 +257,8 @@ def plan_targets(
             magnitudes[match["module"]] = key
             continue
         if match := _TOKENS_KEY.fullmatch(key):
-            target = _token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes, settings, stored_key)
+            target = token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes,
+                                settings.rows_for(match["module"]), stored_key)
             plan[target.base_key] = target
             continue
         match = _LINEAR_KEY.fullmatch(key)
@@ -309,7 +293,7 @@ def plan_targets(
                             settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None),
                             magnitudes.pop(module, None))
         _check_shapes(target, adapter_shapes[target.a_key], adapter_shapes[target.b_key], base_shapes[base_key])
-        _check_magnitude(target, settings.use_dora, adapter_shapes)
+        check_magnitude(target, settings.use_dora, adapter_shapes)
         if target.base_layer_key and tuple(adapter_shapes[target.base_layer_key]) != tuple(base_shapes[base_key]):
             raise UserError(f"adapter's saved {module} is {tuple(adapter_shapes[target.base_layer_key])}, the base's "
                             f"{tuple(base_shapes[base_key])}: a resized vocabulary is not supported")
@@ -322,40 +306,6 @@ def plan_targets(
         raise UserError(f"adapter config's target_parameters adapt {', '.join(f.param for f in fused.values())}, "
                         "but the adapter has no LoRA pair for them")
     return plan
-
-
-def _check_magnitude(target: LoraTarget, use_dora: bool, adapter_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Under DoRA every LoRA module has its magnitude, one value per output feature (rows of B);
-    without DoRA none has one (peft would ignore it: merging it would change the model)."""
-    if use_dora and target.magnitude_key is None:
-        raise UserError(f"adapter config sets use_dora, but module {target.module} has no lora_magnitude_vector")
-    if not use_dora and target.magnitude_key is not None:
-        raise UserError(f"adapter has {target.magnitude_key}, but its config does not set use_dora")
-    if target.magnitude_key is not None:
-        features = adapter_shapes[target.b_key][0]
-        if tuple(adapter_shapes[target.magnitude_key]) != (features,):
-            raise UserError(f"adapter's {target.magnitude_key} is {tuple(adapter_shapes[target.magnitude_key])}; "
-                            f"({features},) expected (one per output feature of {target.module})")
-
-
-def _token_rows(key: str, module: str, shape: tuple, base_shapes: Mapping[str, tuple[int, ...]],
-                settings: LoraSettings, stored_key: Callable[[str], str]) -> TokenRows:
-    indices = settings.rows_for(module)
-    if indices is None:
-        raise UserError(f"adapter has {key}, but its config's trainable_token_indices lists no rows for {module}")
-    base_key = stored_key(f"{module}.weight")
-    if base_key not in base_shapes:
-        raise UserError(f"adapter trains token rows of {module}, but the base stores no tensor {base_key!r}")
-    base_shape = tuple(base_shapes[base_key])
-    if len(base_shape) != 2 or shape != (len(indices), base_shape[1]):
-        raise UserError(f"adapter's {key} is {shape}; {len(indices)} rows of the base's {base_key} {base_shape} "
-                        "expected")
-    rows = max(base_shape[0], max(indices) + 1)
-    untrained = sorted(set(range(base_shape[0], rows)) - set(indices))
-    if untrained:
-        raise UserError(f"adapter grows {base_key} to {rows} rows but trains none of rows {untrained[:5]}: their "
-                        "values are not in the adapter")
-    return TokenRows(base_key, key, tuple(indices), rows)
 
 
 def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
@@ -391,21 +341,6 @@ def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget, base_wei
                         target, out_dtype, magnitude)
 
 
-def token_rows_merged(target: TokenRows, base_weight: torch.Tensor, values: torch.Tensor,
-                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`base_weight` (its rows unchanged) grown to `target.rows`, the trained rows set to `values`,
-    as peft's forward computes it (`index_copy` of the values; every grown row is among them)."""
-    out_dtype = out_dtype or base_weight.dtype
-    if not dtypes.fits(values.to(torch.float32), out_dtype):
-        raise UserError(f"{target.adapter_key} has values that are not finite in {out_dtype}")
-    if base_weight.dtype != out_dtype and not dtypes.fits(base_weight, out_dtype):
-        raise UserError(f"{target.base_key}: values that are not finite in {out_dtype}")
-    out = torch.empty((target.rows, *base_weight.shape[1:]), dtype=out_dtype)
-    out[: base_weight.shape[0]] = base_weight
-    out.index_copy_(0, torch.tensor(target.indices), values.to(out_dtype))
-    return out
-
-
 def source_weight(target: LoraTarget, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor]):
     """The weight the delta is added to: the adapter's saved copy of the layer if any, else the base's."""
     return adapter[target.base_layer_key] if target.base_layer_key else base_weight
@@ -420,7 +355,7 @@ def merge_weight(
     magnitude: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """W + s * B @ A, summed in fp32, cast to `out_dtype` (default: W's dtype); with a DoRA
-    `magnitude` m, that sum V rescaled per output feature to m / ||V|| * V (`_dora_rescale`).
+    `magnitude` m, that sum V rescaled per output feature to m / ||V|| * V (`dora_math.dora_rescale`).
 
     Raises UserError if the result holds inf/nan (an overflowing cast or a
     broken adapter): writing such a model would fail much later and obscurely.
@@ -434,27 +369,11 @@ def merge_weight(
     else:
         merged.addmm_(b32, a32, alpha=target.scaling)
     if magnitude is not None:
-        _dora_rescale(merged, magnitude, target)
+        dora_rescale(merged, magnitude, target)
     out_dtype = out_dtype or weight.dtype
     if not dtypes.fits(merged, out_dtype):
         raise UserError(f"merging {target.module} gives values that are not finite in {out_dtype}")
     return merged.to(out_dtype)
-
-
-def _dora_rescale(merged: torch.Tensor, magnitude: torch.Tensor, target: LoraTarget) -> None:
-    """In place: V (fp32, = W + s*B@A) times m / ||V|| per output feature, as peft's DoRA merge.
-
-    peft (`DoraLinearLayer.get_weight_norm`, `DoraLinearVariant.merge_*`) takes
-    the L2 norm of each output feature's weights over the inputs, of the base
-    weight plus the scaled delta (the base as loaded, before any merge): dim 1
-    of a Linear weight (out, in); a fan_in_fan_out weight (in, out) and an
-    Embedding (vocab, dim) hold their output features along dim 1, so the norm
-    runs over dim 0 and the factor scales columns. The norm is a constant to
-    peft (detached in training); here there is no graph anyway.
-    """
-    dim = 0 if target.transposed else 1
-    factor = magnitude.to(torch.float32) / torch.linalg.norm(merged, dim=dim)
-    merged.mul_(factor.unsqueeze(dim))
 
 
 def merge_state_dict(

@@ -29,7 +29,7 @@ from pipeline.model.precision import Precision, weights_dtype
 from pipeline.model.trained import (  # noqa: F401  (re-exported)
     is_peft, load_trained, named_to_param_names, saved_key_map, to_saved_keys, trainable, trained_state,
 )
-from pipeline.model.vocabulary import _grown, grow_vocabulary, refuse_added_tokens_sharded  # noqa: F401
+from pipeline.model.vocabulary import grow_vocabulary, refuse_added_tokens_sharded  # noqa: F401  (re-exported)
 
 
 def load_base(cfg: TrainConfig, dtype: torch.dtype, device: torch.device, *, checkpointed: int = 0,

@@ -3,7 +3,7 @@
     targets = resolve(model, cfg.lora, cfg.moe, tower=cfg.vision.train_tower, where=cfg.model.path)
 
 `resolve` runs on the model as the stage builds it and, at plan time, on its
-skeleton on the meta device (`check_lora_targets`: nothing read, nothing
+skeleton on the meta device (`pipeline.model.loading.plan_model`: nothing read, nothing
 allocated), so a run whose targets peft would refuse fails at plan, naming the
 setting. It gives peft two lists:
 
@@ -122,15 +122,6 @@ def _linear_kinds() -> tuple[type, ...]:
     from transformers.pytorch_utils import Conv1D
 
     return torch.nn.Linear, Conv1D
-
-
-def adaptable_layers(model, modules: list[tuple[str, torch.nn.Module]] | None = None) -> list[str]:
-    """Name suffixes of the layers LoRA can adapt: Linear and GPT-2-style Conv1D, not the output head
-    (among `modules`, default all of the model's)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    names = {name.rsplit(".", 1)[-1] for name, m in (model.named_modules() if modules is None else modules)
-             if isinstance(m, _linear_kinds()) and m is not head}
-    return sorted(names)
 
 
 def _leaf(name: str) -> str:
