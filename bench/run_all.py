@@ -38,6 +38,7 @@ BENCHES = {  # name -> script (default arguments)
     "eval_ranks": "bench_eval_ranks.py",
     "quant": "bench_quant.py",
     "step": "bench_step.py",
+    "kernels": "bench_kernels.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -244,6 +245,13 @@ def build_results(results: Path = C.RESULTS) -> str:
                   ("mask-free vs masked step: max abs diff of the mean loss / of the gradients",
                    f"{f['loss_diff']:.2g} / {f['grad_diff']:.2g}",
                    "<= 1e-6: " + ("met" if max(f["loss_diff"], f["grad_diff"]) <= 1e-6 else "NOT met"), s)]
+    kernels = _load(results, "kernels")
+    if kernels:
+        s = src("kernels", kernels)
+        arms = {a["arm"]: a for a in kernels["arms"]}
+        table += [("fused settings, LoRA fp32 step on a CPU: tokens/s / peak RSS of " + ", ".join(arms),
+                   "; ".join(f"{a['tokens_per_s']:,.0f} / {a['peak_rss_mb']:,.0f} MB" for a in arms.values()),
+                   "", s)]
     if gpu:
         s = src("gpu", gpu)
         if gpu.get("status") == "measured" and "mfu_6n" in gpu["figures"]:

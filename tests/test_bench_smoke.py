@@ -42,6 +42,7 @@ SCRIPTS = {
     "bench_eval_ranks": ("--out-dir", ["eval_ranks.json", "eval_ranks.md"]),
     "bench_quant": ("--out-dir", ["quant.json", "quant.md"]),
     "bench_step": ("--out-dir", ["step.json", "step.md"]),
+    "bench_kernels": ("--out-dir", ["kernels.json", "kernels.md"]),
     "run_all": ("--out", ["RESULTS.md"]),
 }
 

@@ -562,11 +562,13 @@ def _reasoning_fix(template: str) -> str:
     """How to train the reasoning a template drops: the built-in template of its family that renders it."""
     if "<｜Assistant｜>" in template:
         fit = "deepseek-r1"
+    elif "<|channel|>" in template:
+        fit = "gpt-oss"
     elif "<think>" in template or "<|im_start|>" in template:
         fit = "qwen3-thinking"
     else:
-        return (f"set {SETTING} to a built-in template that renders it (qwen3-thinking, deepseek-r1) or a .jinja "
-                "file that does, to train it")
+        return (f"set {SETTING} to a built-in template that renders it (qwen3-thinking, deepseek-r1, gpt-oss) or "
+                "a .jinja file that does, to train it")
     return f"set {SETTING}: {fit} to train it"
 
 
@@ -588,7 +590,8 @@ def _chat_warnings(pf: ParsedFile, split: str, hits: dict[str, list], template: 
          f"{_reasoning_fix(template)}, or {REASONING_SETTING}: drop to silence this"),
         (EOT_NOT_TRAINED,
          "{n} record(s) of {split} have an assistant turn whose end-of-turn marker is not trained (the chat "
-         "template writes no special token right after the content), so the model is not taught to stop: "
+         "template writes no token generation stops on right after the content), so the model is not taught "
+         "to stop: "
          f"{suggest_builtin(template)}"),
     ):
         if reason in hits:

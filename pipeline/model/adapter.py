@@ -8,11 +8,15 @@ model are adapted through peft's `target_parameters` (`ParamWrapper`).
 
 from __future__ import annotations
 
+import logging
+
 from pipeline.config import LORA_INITS, TrainConfig
 from pipeline.errors import UserError
-from pipeline.model import targets as lora_targets, vision
+from pipeline.model import kernels, targets as lora_targets, vision
 from pipeline.model.base import is_vision_language
 from pipeline.model.vocabulary import fp32_token_rows, module_name, token_rows
+
+log = logging.getLogger(__name__)
 
 
 def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
@@ -55,6 +59,8 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
     model = get_peft_model(model, lora)
     if rows:
         fp32_token_rows(model)
+    if cfg.lora.fused:
+        log.info("lora.fused: %d LoRA linear layers run as one addmm each", kernels.fuse_lora(model))
     return model
 
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import torch
 
+from pipeline import compat
 from pipeline.config import ModelConfig
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
@@ -195,7 +196,7 @@ def for_training(model, checkpointed: int) -> None:
         return
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    compat.enable_activation_checkpointing(model, use_reentrant=False)
     # transformers turns it on in every GradientCheckpointingLayer; module order is the forward's.
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     language = vision.find_parts(model).language + "." if is_vision_language(model) else ""

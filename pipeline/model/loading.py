@@ -21,7 +21,7 @@ import torch
 
 from pipeline.config import TokensConfig, TrainConfig
 from pipeline.errors import UserError
-from pipeline.model import base, router, targets, vision
+from pipeline.model import base, kernels, router, targets, vision
 from pipeline.model.adapter import attach_lora, no_input_casts
 from pipeline.model.base import auto_class, decoder_layers, is_vision_language  # noqa: F401  (re-exported)
 from pipeline.model.expert_keys import stored_apart
@@ -118,6 +118,8 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
              else base.load_base(cfg.model, dtype, device, checkpointed=checkpointed,
                                  compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
+    if cfg.model.liger_kernels:
+        kernels.apply_liger(model)
     router.enable_router_loss(model, cfg.moe)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.
     token_ids = grow_vocabulary(model, cfg.model.tokenizer)

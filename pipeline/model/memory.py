@@ -54,6 +54,8 @@ Per GPU, in bytes:
                   forward, and autograd keeps that copy until the layer's
                   backward: one per layer not checkpointed (one in flight for
                   the checkpointed ones)
+  packed mask     a packed micro-batch under SDPA / eager: the (tokens x tokens)
+                  block-diagonal mask, (1 + a) bytes per element
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
                   the unsharded root (embeddings, head) and two layers in flight
 The budget it must fit (`budget`) is each GPU's memory less what PyTorch's
@@ -287,6 +289,7 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
+    packed: bool = False  # each micro-batch one row of micro_batch x length tokens (tokens.packing)
     attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
 
     def attention_kernel(self, model: ModelConfig) -> str:
@@ -350,6 +353,11 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
         kept = layers - k + (1 if k else 0)
         parts["expert weights + LoRA delta (ParamWrapper)"] = kept * shapes.counts.expert_layer * a // shard
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
+    if run.packed and not run.attention_kernel(cfg.model).startswith("flash_attention"):
+        # SDPA and eager keep packed sequences apart with a block-diagonal (row x row) mask that
+        # transformers builds as booleans; the kernels take it as an additive bias in the compute
+        # dtype. Flash-attention's varlen kernel needs none.
+        parts["attention mask (packed row, tokens^2)"] = tokens * tokens * (1 + a)
     return Estimate(run, shapes.layers, parts)
 
 
