@@ -7,9 +7,10 @@ peft adapts a fused weight of E experts with one LoRA pair for all of them:
 
     delta_e = s * B[:, :, e] @ A[e]       (out, in)
 
-laid into the weight as (E, out, in), or transposed for experts stored (E, in,
-out) (GPT-OSS: transformers' `is_transposed`), or as a plain (out, in) weight
-when E == 1 (a router's 2-D weight). `expert_delta` computes exactly peft's
+laid into the weight as (E, out, in), or transposed where the wrapper reads the
+weight as (E, in, out) (GPT-OSS's experts, transformers' `is_transposed`; every
+fused weight under peft 0.18, which reads them all so), or as a plain (out, in)
+weight when E == 1 (a router's 2-D weight). `expert_delta` computes exactly peft's
 `ParamWrapper.get_delta_weight` for one expert (tested against it); getting
 the two layouts of A and B wrong is the known way to merge grouped experts
 wrongly, and it still runs.

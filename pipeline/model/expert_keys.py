@@ -68,11 +68,9 @@ def param_wrappers(base: Path, adapter_config: dict) -> dict[str, Wrapped]:
         owner = ".".join(part for part in name.split(".") if part != "base_layer")
         if param.ndim == 2:
             layout = "2d"
-        else:  # peft's rule (ParamWrapper.update_layer): (E, out, in) unless the experts say they are transposed
-            swapped = getattr(module, "_did_swap_in_out_features", None)
-            if swapped is None:
-                swapped = not getattr(module.get_base_layer(), "is_transposed", False)
-            layout = "out_in" if swapped else "in_out"
+        else:  # as the wrapper reads the weight: peft 0.19+ takes (E, out, in) unless the experts say they are
+            # transposed (it swaps its in/out features and says so); 0.18 always takes (E, in, out)
+            layout = "out_in" if getattr(module, "_did_swap_in_out_features", False) else "in_out"
         found[name] = Wrapped(f"{owner}.{module.parameter_name}", int(getattr(module, "num_experts", 1)), layout,
                               tuple(param.shape))
     return found

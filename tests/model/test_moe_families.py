@@ -71,8 +71,10 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
         experts_line = next(line for line in plan.splitlines() if line.strip().startswith("experts "))
         assert "adapted by" in experts_line and all(name in experts_line for name in fused), plan
         assert "router" in plan and "moe.train_router=true adapts them" in plan, plan
-    if family in ("nemotron_h", "falcon_h1"):
-        assert f"left out: out_proj (mamba): peft refuses it for {family}" in plan, plan
+    if family in ("nemotron_h", "falcon_h1"):  # peft 0.19+ refuses Mamba's out_proj there (0.18 takes it)
+        refused = _peft_refuses_out_proj(base)
+        assert (f"left out: out_proj (mamba): peft refuses it for {family}" in plan) == refused, plan
+        layers = layers if refused else layers | {"out_proj"}
 
     out = run.stage_dir("all")
     assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
@@ -105,7 +107,8 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
     changed = {k for k in merged_t if not torch.equal(merged_t[k], base_t[k])}
     if fused:
         assert stored in changed, sorted(changed)
-    assert not any("out_proj" in k and "mixer" in k or "mamba.out_proj" in k for k in changed)
+    if family in ("nemotron_h", "falcon_h1") and "out_proj" not in layers:
+        assert not any("out_proj" in k and "mixer" in k or "mamba.out_proj" in k for k in changed)
 
     report = verify(base, adapter, export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report  # fp32 merge: rounding only
@@ -117,6 +120,17 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
     with torch.no_grad():
         moved = (merged(ids).logits - original(ids).logits).abs().max().item()
     assert moved > 100 * max(report["max_abs_diff"], 1e-7), (moved, report["max_abs_diff"])
+
+
+def _peft_refuses_out_proj(base) -> bool:
+    """Does the peft at hand refuse Mamba's out_proj on this model (its own check, on the meta skeleton)?"""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pipeline.compat import peft_refuses_target
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base))
+    return peft_refuses_target(model, "out_proj") is not None
 
 
 def _plan_args(tmp_path, model, *overrides) -> list[str]:
