@@ -234,7 +234,15 @@ def peft_remapped_targets(model, names: list[str]) -> set[str]:
         )
     except ImportError:
         return set()
-    config = LoraConfig(target_modules=list(names))
-    convert_peft_config_for_transformers(config, model=model, conversions=get_model_conversion_mapping(model))
-    kept = set(config.target_modules or ())
-    return {n for n in names if n not in kept}
+    conversions = get_model_conversion_mapping(model)
+    moved = set()
+    for name in names:  # one at a time: a name fused with another (gate_proj with up_proj) alone makes peft raise
+        config = LoraConfig(target_modules=[name])
+        try:
+            convert_peft_config_for_transformers(config, model=model, conversions=conversions)
+        except ValueError:  # "cannot convert gate_proj without also targeting up_proj": an expert name too
+            moved.add(name)
+            continue
+        if name not in set(config.target_modules or ()):
+            moved.add(name)
+    return moved

@@ -185,3 +185,25 @@ def test_a_named_list_adapts_the_fused_weights_it_names_and_the_router_on_reques
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "[experts.down_proj]" in lines["experts"] and "[q_proj]" in lines["attention"], out
     assert "[gate.weight]" in lines["router"] and "adapted by" in lines["router"], out
+
+
+def test_a_shared_experts_layers_are_adapted_whatever_peft_does_with_their_names(bases):
+    """peft 0.19+ moves the transformers-4 expert names (gate_proj, up_proj, down_proj) of Qwen2-MoE-pattern
+    families onto the fused experts (alone, gate_proj even fails there); Qwen3-Next's shared expert has
+    Linear layers of those names, which must still be what a list naming them adapts, and nothing else."""
+    from trainkit import REPO
+
+    from pipeline import config as train_config
+    from pipeline.model import loading, targets
+    from pipeline.model.base import meta_model
+    from pipeline.model.precision import Precision
+
+    cfg = train_config.resolve(REPO / "config/train", "config", [
+        f"model.path={bases['qwen3_next']}", "tokens.train_cache=/t", "lora.target_modules=[q_proj,gate_proj]"])
+    planned = targets.resolve(meta_model(cfg.model), cfg.lora, cfg.moe)
+    model = loading.build(cfg, Precision("fp32", "cpu"), torch.device("cpu"))
+    trained = [n for n, _ in loading.trainable(model)]
+    assert sum(p.numel() for _, p in loading.trainable(model)) == planned.lora_params
+    assert {n.split(".lora_")[0].split("layers.0.")[-1] for n in trained if "layers.0." in n} == {
+        "mlp.shared_expert.gate_proj"}  # layer 0 is linear attention: no q_proj there
+    assert not any("experts." in n and "shared_expert" not in n for n in trained)
