@@ -114,9 +114,9 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
     dtype = weights_dtype(cfg.model.dtype, precision) if evaluation else train_dtype(cfg, precision)
     if empty:  # the sharded load reads the base's shapes: it has no rows for added tokens
         refuse_added_tokens_sharded(cfg.model)
-    model = (base.empty_base(cfg.model, dtype, checkpointed=checkpointed) if empty
-             else base.load_base(cfg.model, dtype, device, checkpointed=checkpointed,
-                                 compute_dtype=precision.dtype or torch.float32))
+    # Through this module's own names (bench/bench_quant.py probes `loading.load_base`).
+    model = (empty_base(cfg, dtype, checkpointed=checkpointed) if empty
+             else load_base(cfg, dtype, device, checkpointed=checkpointed, compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
     if cfg.model.liger_kernels:
         kernels.apply_liger(model)

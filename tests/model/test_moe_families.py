@@ -55,6 +55,7 @@ def bases(tmp_path_factory):
 def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
+    from pipeline.export.card import build_card
     from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import probe_ids, verify
@@ -98,6 +99,8 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
                  for half in "AB"}
         assert pairs <= set(saved), sorted(saved)
         assert all(saved[k].abs().sum() > 0 for k in pairs if ".lora_B." in k)  # trained, not the zero init
+        card = build_card(adapter, run="t", plan={}, stats={}, config={"lora": {"r": 4}}, evals=[])
+        assert f"fused weights {', '.join(sorted(config['target_parameters']))} (experts" in card, card  # the card says so
     adapted = {k.split(".lora_")[0].rsplit(".", 1)[-1] for k in saved if "experts" not in k}
     assert adapted == {name for name in layers}, sorted(adapted)
 
