@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 from pipeline import compat  # noqa: E402
 from pipeline import config as train_config  # noqa: E402
@@ -43,12 +44,7 @@ def record(name: str, ok: bool, **figures) -> None:
 def model(*overrides, liger=False):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    raw = {"model": {"path": "check"}, "tokens": {"train_cache": "t"}, "lora": {}}
-    for item in overrides:
-        key, value = item.split("=")
-        group, name = key.split(".")
-        raw[group][name] = {"true": True}.get(value, value)
-    cfg = train_config.to_typed(raw)
+    cfg = train_config.to_typed(OmegaConf.from_dotlist(["model.path=check", "tokens.train_cache=t", *overrides]))
     torch.manual_seed(0)
     base = LlamaForCausalLM(LlamaConfig(**SHAPE, attn_implementation="sdpa")).to(DEV)
     if liger:

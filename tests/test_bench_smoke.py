@@ -37,6 +37,7 @@ SCRIPTS = {
     "bench_gpu": ("--out-dir", ["gpu.json", "gpu.md"]),
     "bench_memory": ("--out-dir", ["memory.json", "memory.md"]),
     "bench_data": ("--out", ["data.md"]),
+    "bench_stage_start": ("--out", ["stage_start.md"]),
     "bench_merge": ("--out", ["merge.md"]),
     "bench_fsdp_memory": ("--out-dir", ["fsdp_memory.json", "fsdp_memory.md"]),
     "bench_eval_ranks": ("--out-dir", ["eval_ranks.json", "eval_ranks.md"]),
