@@ -12,6 +12,7 @@
 * `loss`        -- batches of the token cache (with pixels for a vision-language model), the next-token
                    loss (`TokenLoss`), validation loss
 * `memory`      -- the GPU memory a run needs, from config.json alone (plan, activation checkpointing)
+* `shapes`      -- the sizes and parameter counts of a model (config.json; its meta skeleton)
 * `quantization`-- a bitsandbytes-quantized base (QLoRA)
 * `vision`      -- a vision-language model's parts (language model, tower, projector) and which train
 * `prompts`     -- held-out prompts (and their images) as generation inputs
