@@ -13,14 +13,15 @@ from pipeline.errors import UserError
 from pipeline.export import expert_math, lora_math
 
 
-def _adapted(base, r=4, seed=1):
-    """Base + a peft adapter on the experts' fused weights and the attention, B randomized (not the zero init)."""
+def _adapted(base, r=4, seed=1, router=False):
+    """Base + a peft adapter on the experts' fused weights and the attention (and the routers' weights:
+    2-D ParamWrappers, `moe.train_router`), B randomized (not the zero init)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules=["q_proj", "o_proj"],
-                        target_parameters=["experts.gate_up_proj", "experts.down_proj"])
+                        target_parameters=["experts.gate_up_proj", "experts.down_proj", *(["gate.weight"] * router)])
     peft = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -59,7 +60,7 @@ def test_streaming_merge_equals_pefts_merge_and_unload_saved_by_transformers(fam
     from pipeline.export.merge import merge_dirs
 
     save_family(family, tmp_path / "base")
-    peft = _adapted(tmp_path / "base")
+    peft = _adapted(tmp_path / "base", router=family != "gpt_oss")  # (GPT-OSS's router module is `router`)
     peft.save_pretrained(tmp_path / "adapter")
     merge_dirs(tmp_path / "base", tmp_path / "adapter", tmp_path / "merged")
     peft.merge_and_unload().save_pretrained(tmp_path / "reference")
@@ -70,6 +71,7 @@ def test_streaming_merge_equals_pefts_merge_and_unload_saved_by_transformers(fam
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
     changed = [k for k in ours if not torch.equal(ours[k], base[k])]
     assert any("experts" in k for k in changed) and any("q_proj" in k for k in changed), changed
+    assert family == "gpt_oss" or any(k.endswith("gate.weight") for k in changed), changed  # the routers too
 
 
 def test_a_fused_adapter_that_does_not_fit_the_base_is_refused_before_writing(tmp_path):
