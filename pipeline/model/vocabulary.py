@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.config import ModelConfig
-from pipeline.data.prepare import added_token_ids, read_chat
+from pipeline.data.prepare import added_token_ids, read_chat, vocab_rows
 from pipeline.errors import UserError
 
 FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={template!r} on a vocabulary "
@@ -61,25 +61,30 @@ def grow_vocabulary(model, tokenizer: str | None) -> list[int]:
 
     A vocabulary that already has spare rows (padded to a multiple) keeps its
     shape; otherwise the input embeddings, and an untied output head, grow to
-    the tokenizer's size (`_grown`), and the config's `vocab_size` follows.
+    the tokenizer's size (`grow_rows`), and the config's `vocab_size` follows.
     """
     ids = added_tokens(tokenizer)
-    if not ids:
-        return []
-    rows = max(int(read_chat(tokenizer).get("vocab_size") or 0), max(ids) + 1)
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if embedding.weight.shape[0] < rows:
-        tied = head is not None and head.weight is embedding.weight
-        embedding.weight = _grown(embedding.weight, rows)
-        embedding.num_embeddings = rows
-        if tied:
-            head.weight = embedding.weight
-        elif head is not None:
-            head.weight = _grown(head.weight, rows)
-        if head is not None:
-            head.out_features = rows
-        model.config.get_text_config().vocab_size = rows
+    if ids:
+        grow_rows(model, vocab_rows(tokenizer))
     return ids
+
+
+def grow_rows(model, rows: int) -> None:
+    """Grow the input embeddings, and an untied output head, to `rows` rows (`_grown`: each new row
+    the mean of the existing ones); a model that has as many rows already is left as it is."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embedding.weight.shape[0] >= rows:
+        return
+    tied = head is not None and head.weight is embedding.weight
+    embedding.weight = _grown(embedding.weight, rows)
+    embedding.num_embeddings = rows
+    if tied:
+        head.weight = embedding.weight
+    elif head is not None:
+        head.weight = _grown(head.weight, rows)
+    if head is not None:
+        head.out_features = rows
+    model.config.get_text_config().vocab_size = rows
 
 
 def token_rows(model, ids: list[int]) -> dict[str, list[int]] | None:
