@@ -183,6 +183,10 @@ def build_card(dst: Path, *, run: str | None, plan: dict, stats: dict, config: d
         lines += _table(["setting", "value"], [[label, _get(config, key)] for label, key in _HYPERPARAMETERS
                                                if _get(config, key) is not None])
         lines.append("")
+        adapted = _read_json(dst / "adapter_config.json")
+        if adapted.get("target_parameters"):  # a mixture of experts: say that the experts are adapted too
+            lines += [f"LoRA adapts the layers {', '.join(sorted(adapted.get('target_modules') or []))} and the fused "
+                      f"weights {', '.join(sorted(adapted['target_parameters']))} (experts; peft target_parameters).", ""]
 
     if plan.get("stages"):
         lines += ["## Schedule", "", f"{plan.get('total_updates')} optimizer updates in {len(plan['stages'])} stages "

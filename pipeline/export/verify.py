@@ -59,7 +59,7 @@ import torch
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.model.loading import auto_class
+from pipeline.model.base import auto_class
 from pipeline.model.quantization import one_cpu_kernel, quantization_config
 from pipeline.storage import dtypes, hf_dir
 from pipeline.storage.hub import model_dir
@@ -271,7 +271,7 @@ def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
     from pipeline import config as trainer_config
 
     cfg = trainer_config.to_typed(OmegaConf.load(train_config))  # only its model.* settings are read
-    quantization = quantization_config(cfg, compute)
+    quantization = quantization_config(cfg.model, compute)
     if quantization is None:
         return None
     model = cfg.model

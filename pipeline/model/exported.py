@@ -7,7 +7,7 @@ head) to the run's vocabulary when the run added tokens (the adapter holds those
 trainable tokens, and replaces them), then applies the adapter with `PeftModel.from_pretrained`:
 so base + adapter computes what the merged dir computes. The base alone with the run's
 tokenizer (`tokenizer=`) is grown the same way, with the rows every stage starts from
-(`pipeline.model.loading.grow_rows`: the mean row), so prompts rendered with the run's chat
+(`pipeline.model.vocabulary.grow_rows`: the mean row), so prompts rendered with the run's chat
 template (its added markers included) run on it. Used by `chat` and the benchmark jobs.
 """
 
@@ -53,7 +53,7 @@ def load(source: Path | str, *, base: Path | str | None = None, tokenizer: Path 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.data.vision import config_is_vision_language
-    from pipeline.model.loading import grow_rows
+    from pipeline.model.vocabulary import grow_rows
 
     source = Path(source)
     if not source.is_dir():

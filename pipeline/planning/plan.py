@@ -16,9 +16,15 @@ A base model given by hub id is recorded as `model: {repo_id, revision}`, the
 commit the `fetch_model` job pinned (model.path is then its model.json), and
 read from the Hugging Face cache like a local dir.
 
-With the base model at hand (a local dir), `plan` also resolves the LoRA
-targets against the model's layers, so a `lora.target_modules` that matches
-nothing fails here, listing the layers it could adapt, not in the pilot.
+With the base model at hand (a local dir), `plan` also builds its skeleton on
+the meta device (`pipeline.model.loading.plan_model`: no weight read) and
+prints the attention kernel `model.attn_implementation` resolves to and why,
+what LoRA adapts per module kind with the parameter counts (attention, experts,
+router, ...; `pipeline.model.targets`) and the router loss of a mixture of
+experts. A `lora.target_modules` that matches nothing, a target peft would
+refuse, a `lora.dropout` its fused-expert wrapper cannot take, an attention
+kernel the model does not support, FSDP on a mixture of experts: each fails
+here, naming the setting, not in the pilot.
 
 Memory: from the model's config.json alone (`pipeline.model.memory`), the
 plan estimates what one GPU holds during training (weights, gradients,
@@ -80,7 +86,7 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
     GPUs: `world` of them (None: as many as this process sees), each with
     `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
     """
-    shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
+    shapes = memory.model_shapes(cfg)
     caches = [m.cache for m in cfg.tokens.mix] or [cfg.tokens.train_cache]
     length = max_length or max((memory.longest_record(c) or 0 for c in caches), default=0) or None
     if shapes is None or length is None:
@@ -88,9 +94,14 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         return None
     count, found = memory.gpus_found()
     world = world or max(count, 1)
-    limit = memory.gpu_budget(cfg, found, world)
+    limit = memory.gpu_budget(cfg.model, found, world)
     run = memory.decide(cfg, shapes, world=world, sharded=cfg.distributed.strategy == "fsdp" and world > 1,
-                        precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit)
+                        precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit,
+                        attention=memory.resolved_attention(cfg.model))
+    if shapes.experts:
+        print(f"parameters: {shapes.params:,} in all (the memory estimate holds every expert), "
+              f"{shapes.active_params:,} active per token ({shapes.top_k} of {shapes.experts} experts: throughput "
+              "and MFU count these)")
     if limit is None:
         print(memory.estimate(cfg, shapes, run).table())
         print("memory: no GPU found and no model.gpu_memory_gb: not checked")
@@ -174,12 +185,13 @@ def main(argv: list[str]) -> int:
     # id and commit. train_config.yaml keeps model.path as given: the config's identity.
     hub_model = hub.describe(cfg.model.path)
     local = replace(cfg, model=replace(cfg.model, path=str(hub.model_dir(cfg.model.path))))
-    if local.lora.enabled and Path(local.model.path).is_dir():  # else checked when the pilot loads it
-        from pipeline.model.loading import check_lora_targets
+    if Path(local.model.path).is_dir():  # else checked when the pilot loads it
+        from pipeline.model.loading import plan_model
         from pipeline.model.quantization import check_quantization
 
-        check_quantization(local)
-        check_lora_targets(local)
+        if local.lora.enabled:
+            check_quantization(local.model)
+        plan_model(local, world=args.world_size)
     too_big = memory_check(local, world=args.world_size, max_length=args.max_length)
     if too_big:
         raise UserError(too_big)

@@ -50,7 +50,7 @@ from pipeline.data.cache import TokenCache
 from pipeline.data import run_tokenizer
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
-from pipeline.model import loading, memory, precision as prec
+from pipeline.model import base, loading, memory, precision as prec
 from pipeline.model.loss import Collator
 from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.parts import TrainingParts
@@ -325,9 +325,10 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     projector; validation batches are spread over the ranks too): the records of
     a distributed vision-language run must each have an image.
     """
-    images = loading.image_text(cfg)
+    images = base.image_text(cfg.model)
     pad_id = loading.pad_token_id(run_tokenizer.path(cfg.model))
-    packed = loading.packing(cfg, vision_language=images is not None)
+    packed = loading.packing(cfg.tokens, memory.resolved_attention(cfg.model, d.device) or "sdpa",
+                             vision_language=images is not None, where=cfg.model.path)
     train = Collator(train_cache, pad_id, packed=packed, images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
     if images is not None and d.enabled:

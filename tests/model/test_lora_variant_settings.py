@@ -61,7 +61,11 @@ def test_dora_on_a_layer_kind_it_does_not_support_fails_at_plan_naming_the_keys(
     assert "lora.use_dora=true" in message and "lora.target_modules=['in_proj', 'conv1d']" in message
     assert "conv1d (Conv1d)" in message and "in_proj" not in message.split("here:")[1]
     assert not (tmp_path / "plan.json").exists()
-    # plain LoRA on the same layers passes the check
+    # plain LoRA: peft itself refuses conv1d on a Mamba model, at plan too
+    with pytest.raises(UserError, match=r"peft refuses conv1d .* it may take: dt_proj, in_proj, x_proj"):
+        plan.main(args + resolved_config([*overrides, "lora.use_dora=false"]))
+    # what peft takes passes the check
+    overrides[-1] = "lora.target_modules=[in_proj]"
     assert plan.main(args + resolved_config([*overrides, "lora.use_dora=false"])) == 0
 
 

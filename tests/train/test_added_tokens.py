@@ -82,7 +82,7 @@ def test_chatml_adds_tokens_trains_their_rows_chunked_equals_one_run_and_exports
     assert config["trainable_token_indices"] == {"model.embed_tokens": [50, 51], "lm_head": [50, 51]}
     base = load_file(chatml["model"] / "model.safetensors")
     for key, weight in ((EMBED, "model.embed_tokens.weight"), (HEAD, "lm_head.weight")):
-        start = base[weight].mean(dim=0)  # the grown rows' initial value (`loading._grown`)
+        start = base[weight].mean(dim=0)  # the grown rows' initial value (`vocabulary._grown`)
         assert adapter[key].shape == (2, 32) and adapter[key].dtype == torch.float32
         assert not torch.equal(adapter[key][0], start) and not torch.equal(adapter[key][1], start)
         for rate in ("0.9", "0.99"):
