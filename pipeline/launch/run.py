@@ -34,6 +34,10 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 _PREEMPTED = "preempted at update"
 _MAX_LINES = 40
+# srun's word on a task of a multi-node stage that ended badly, and the ranks' per-node start lines
+# (pipeline.distributed.node_line), which say which node rank and address that host had.
+_SRUN_TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
+_NODE_LINE = re.compile(r"node rank (\d+) of \d+: host (\S+), address (\S+),")
 
 
 def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> int:
@@ -85,6 +89,7 @@ def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preempti
         reasons = [line for line in text.splitlines() if _PREEMPTED in line][-1:]
     else:
         reasons = _messages(errors) or _reasons_from_log(text, code)
+        reasons += _first_node_ended(text)
     shown = [line for reason in reasons for line in reason.splitlines()][:_MAX_LINES]
     block = "\n".join([f"pipeline: {_name(cmd)} failed (exit {code}):", *(f"  {line}" for line in shown),
                        f"  full log: {log}"])
@@ -103,6 +108,16 @@ def _messages(errors: Path) -> list[str]:
         if message.strip() and message.strip() not in seen:
             seen.append(message.strip())
     return seen
+
+
+def _first_node_ended(text: str) -> list[str]:
+    """The node whose task srun saw end first (a multi-node stage), with its node rank and address."""
+    m = _SRUN_TASK_ENDED.search(text)
+    if not m:
+        return []
+    host, task, how = m.groups()
+    known = {h: f" (node rank {rank}, address {address})" for rank, h, address in _NODE_LINE.findall(text)}
+    return [f"srun: the first task to end was task {task} on node {host}{known.get(host, '')}: {how}"]
 
 
 def _reasons_from_log(text: str, code: int) -> list[str]:

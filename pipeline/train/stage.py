@@ -70,14 +70,12 @@ def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
     if cfg.deterministic:
         _deterministic()
-    d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
-    try:
-        return run(args, cfg, d)
-    except InjectedFailure as err:
-        log.error("[%s] %s", args.stage, err)
-        return 1
-    finally:
-        distributed.teardown()
+    with distributed.session(cfg.distributed.backend, cfg.distributed.timeout_s) as d:
+        try:
+            return run(args, cfg, d)
+        except InjectedFailure as err:
+            log.error("[%s] %s", args.stage, err)
+            return 1
 
 
 def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:

@@ -341,6 +341,10 @@ def launch(*, gpus=0, train=False):
     or as one torchrun per node.
     """
     extra = f" --train --nodes {TRAIN_NODES} --nproc {config['train']['nproc']}" if train else ""
+    if train:
+        extra += f" --rdzv-timeout {config['train']['rdzv_timeout_s']}"
+        extra += f" --rdzv-port {config['train']['rdzv_port']}" if config["train"]["rdzv_port"] else ""
+        extra += f" --socket-ifname {config['train']['socket_ifname']}" if config["train"]["socket_ifname"] else ""
     return tracker_exports() + f"exec python -m pipeline.launch --log {{log}} --gpus {gpus}{extra} -- "
 
 
