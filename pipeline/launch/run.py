@@ -25,6 +25,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pipeline.errors import ERROR_FILE_ENV
@@ -34,6 +35,7 @@ _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 _PREEMPTED = "preempted at update"
 _MAX_LINES = 40
+KILL_GRACE_S = 30.0  # after a sibling failed, as SLURM's default KillWait
 # srun's word on a task of a multi-node stage that ended badly, and the ranks' per-node start lines
 # (pipeline.distributed.node_line), which say which node rank and address that host had.
 _SRUN_TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
@@ -43,8 +45,9 @@ _NODE_LINE = re.compile(r"node rank (\d+) of \d+: host (\S+), address (\S+),")
 def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> int:
     """Run the commands side by side (output appended to `log`); returns the first non-zero exit code.
 
-    Several commands: the agents of one job on this machine (`pipeline.launch.torchrun`).
-    A command killed by signal N counts as exit code 128 + N.
+    Several commands: the agents of one job on this machine (`pipeline.launch.torchrun`); when
+    one fails, the others are ended (`_wait`). A command killed by signal N counts as exit code
+    128 + N.
     """
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -69,7 +72,7 @@ def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> in
 
         previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
         try:
-            codes = [proc.wait() for proc in procs]
+            codes = _wait(procs)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -79,6 +82,31 @@ def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> in
         code = _report_failure(cmds[0], log, errors, code, preemptible)
     errors.unlink(missing_ok=True)
     return code
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float = KILL_GRACE_S) -> list[int]:
+    """Every process's exit code. Once one has failed, the others get SIGTERM (and SIGCONT, should
+    they be stopped), and SIGKILL `grace_s` later: the agents of a job on this machine end as
+    `srun --kill-on-bad-exit` ends them across nodes, instead of waiting on ranks that are gone."""
+    failed_at, ended = None, []
+    while None in (codes := [proc.poll() for proc in procs]):
+        if failed_at is None and any(codes):
+            failed_at = time.monotonic()
+            for proc, code in zip(procs, codes):
+                if code is None:
+                    ended += [proc.pid, *_descendants(proc.pid)]
+                    _signal_tree(proc.pid, signal.SIGTERM)
+                    _signal_tree(proc.pid, signal.SIGCONT)
+        elif failed_at is not None and time.monotonic() - failed_at > grace_s:
+            for proc in procs:
+                _signal_tree(proc.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    for pid in ended:  # a rank its agent left behind (torchrun starts them in sessions of their own)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return codes
 
 
 def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preemptible: bool) -> int:
