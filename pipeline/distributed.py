@@ -10,17 +10,12 @@ import datetime
 import logging
 import os
 import signal
-import socket
-import threading
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
-from pipeline.layout import RDZV_ENDPOINT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +41,7 @@ def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
 
     `timeout_s` bounds every collective (gloo: each operation; NCCL: its watchdog aborts the
     process group): a rank whose peer stopped answering fails after it instead of waiting forever.
-    Each node's first rank logs its node line (`node_line`) before it joins the group, so a
-    node that cannot join still says where it ran.
     """
-    line = node_line()
-    if line:
-        log.info(line)
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
@@ -69,146 +59,6 @@ def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
             device_id=device if device.type == "cuda" else None,
         )
     return Dist(rank, local_rank, world, device)
-
-
-@contextmanager
-def session(backend: str = "auto", timeout_s: int = 1800):
-    """`setup()`, a `Heartbeat` while the body runs, `teardown()` after it. An exception that
-    leaves the body on one of several ranks is raised again as `RanksLost` when ranks of other
-    nodes stopped answering meanwhile (their node named), else as it is."""
-    d = setup(backend, timeout_s)
-    beat = Heartbeat.start(d)
-    try:
-        yield d
-    except UserError:
-        raise
-    except Exception as err:
-        lost = beat.lost() if beat else None
-        if lost:
-            first = (str(err).strip().splitlines() or [""])[0]
-            raise RanksLost(f"{lost}; on this rank: {type(err).__name__}: {first}") from err
-        raise
-    finally:
-        if beat:
-            beat.stop()
-        teardown()
-
-
-def node_line(env: dict[str, str] | None = None) -> str | None:
-    """`node rank 1 of 2: host sft-n2, address 10.77.77.12, local ranks 0-1 (ranks 2-3), rendezvous
-    sft-n1:29400`, for the first rank of each node under torchrun with more than one rank; None
-    elsewhere. The address is the one this node reaches the rendezvous from (no packet is sent).
-    Torchrun numbers a node's ranks consecutively, from the node's first rank (`RANK` here)."""
-    env = os.environ if env is None else env
-    if int(env.get("WORLD_SIZE", 1)) <= 1 or int(env.get("LOCAL_RANK", 0)) != 0 or "GROUP_RANK" not in env:
-        return None
-    first, local = int(env["RANK"]), int(env.get("LOCAL_WORLD_SIZE", 1))
-    endpoint = env.get(RDZV_ENDPOINT_ENV) or f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
-    return (f"node rank {env['GROUP_RANK']} of {env.get('GROUP_WORLD_SIZE', '?')}: host {socket.gethostname()}, "
-            f"address {_address_towards(endpoint.rpartition(':')[0])}, local ranks 0-{local - 1} "
-            f"(ranks {first}-{first + local - 1}), rendezvous {endpoint}")
-
-
-class RanksLost(RuntimeError):
-    """A collective failed while other ranks had stopped answering: the message names them."""
-
-
-class Heartbeat:
-    """Every rank's liveness in the rendezvous store, so that a rank whose collective failed can
-    name the rank (and node) it was waiting for.
-
-    A daemon thread adds 1 to the rank's counter every `HEARTBEAT_S`. A rank blocked in a
-    collective still beats (the wait releases the GIL); one that is stopped, dead, or cut off
-    from the store does not. `lost()` reads every counter twice, `LOST_AFTER_S` apart: no clock
-    is compared across nodes. The store is torchrun's (MASTER_ADDR:MASTER_PORT), on node rank 0.
-    """
-
-    HEARTBEAT_S = 1.0
-    LOST_AFTER_S = 5.0
-    PREFIX = "sft/heartbeat"
-
-    def __init__(self, d: Dist, store):
-        self.d, self.store = d, store
-        self.frozen_s = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="sft-heartbeat", daemon=True)
-
-    @classmethod
-    def start(cls, d: Dist) -> Heartbeat | None:
-        """None with one rank, or without torchrun's store."""
-        if not d.enabled or "MASTER_ADDR" not in os.environ:
-            return None
-        try:
-            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                  timeout=datetime.timedelta(seconds=cls.LOST_AFTER_S))
-            where = _address_towards(os.environ["MASTER_ADDR"])
-            store.set(f"{cls.PREFIX}/where/{d.rank}",
-                      f"{socket.gethostname()} {where} {os.environ.get('GROUP_RANK', '?')}")
-        except Exception as err:  # a diagnosis aid: training goes on without it
-            log.warning("no heartbeat (rendezvous store %s:%s: %s)", os.environ["MASTER_ADDR"],
-                        os.environ.get("MASTER_PORT"), err)
-            return None
-        beat = cls(d, store)
-        beat._thread.start()
-        return beat
-
-    def _beat(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(self.HEARTBEAT_S):
-            # A long gap between two wake-ups: this process itself did not run (stopped, or starved).
-            now = time.monotonic()
-            self.frozen_s, last = max(self.frozen_s, now - last - self.HEARTBEAT_S), now
-            try:
-                self.store.add(f"{self.PREFIX}/{self.d.rank}", 1)
-            except Exception:  # the store is gone (its node failed): nothing left to tell
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def lost(self) -> str | None:
-        """Which other ranks stopped beating, grouped by node: `node sft-n2 (node rank 1, address
-        10.77.77.12): rank 1 stopped answering (no heartbeat for 5 s)`; None when all beat. Said
-        first when this rank itself did not run for a while (it was the one that stopped)."""
-        said = []
-        if self.frozen_s > self.LOST_AFTER_S:
-            said.append(f"this rank (rank {self.d.rank}, host {socket.gethostname()}) itself did not run for "
-                        f"{self.frozen_s:.0f} s (stopped, or starved of CPU)")
-        others = [r for r in range(self.d.world_size) if r != self.d.rank]
-        try:
-            before = [self.store.add(f"{self.PREFIX}/{r}", 0) for r in others]
-            time.sleep(self.LOST_AFTER_S)
-            after = [self.store.add(f"{self.PREFIX}/{r}", 0) for r in others]
-            quiet = [r for r, a, b in zip(others, before, after) if a == b]
-            where = {r: self._where(r) for r in quiet}
-        except Exception:
-            host = os.environ.get("MASTER_ADDR")
-            said.append(f"the rendezvous store on {host} (node rank 0) does not answer: node {host} stopped or "
-                        "is cut off from this one")
-            return "; ".join(said)
-        nodes: dict[str, list[int]] = {}
-        for r in quiet:
-            nodes.setdefault(where[r], []).append(r)
-        said += [f"{node}: rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} stopped answering "
-                 f"(no heartbeat for {self.LOST_AFTER_S:.0f} s)" for node, ranks in nodes.items()]
-        return "; ".join(said) or None
-
-    def _where(self, rank: int) -> str:
-        key = f"{self.PREFIX}/where/{rank}"
-        if not self.store.check([key]):
-            return "a node that never joined"
-        host, address, node_rank = self.store.get(key).decode().split()
-        return f"node {host} (node rank {node_rank}, address {address})"
-
-
-def _address_towards(host: str) -> str:
-    """This machine's address on the route to `host` (a UDP socket's connect sends nothing)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return "unknown"
 
 
 def _check_gpu_count(local_rank: int) -> None:

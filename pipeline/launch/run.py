@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import ERROR_FILE_ENV
-from pipeline.layout import EXIT_PREEMPTED
+from pipeline.layout import EXIT_PREEMPTED, RANK_QUIET
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
@@ -37,7 +37,7 @@ _PREEMPTED = "preempted at update"
 _MAX_LINES = 40
 KILL_GRACE_S = 30.0  # after a sibling failed, as SLURM's default KillWait
 # srun's word on a task of a multi-node stage that ended badly, and the ranks' per-node start lines
-# (pipeline.distributed.node_line), which say which node rank and address that host had.
+# (pipeline.watch.node_line), which say which node rank and address that host had.
 _SRUN_TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
 _NODE_LINE = re.compile(r"node rank (\d+) of \d+: host (\S+), address (\S+),")
 
@@ -117,7 +117,7 @@ def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preempti
         reasons = [line for line in text.splitlines() if _PREEMPTED in line][-1:]
     else:
         reasons = _messages(errors) or _reasons_from_log(text, code)
-        reasons += _first_node_ended(text)
+        reasons += _quiet_ranks(text) + _first_node_ended(text)
     shown = [line for reason in reasons for line in reason.splitlines()][:_MAX_LINES]
     block = "\n".join([f"pipeline: {_name(cmd)} failed (exit {code}):", *(f"  {line}" for line in shown),
                        f"  full log: {log}"])
@@ -136,6 +136,14 @@ def _messages(errors: Path) -> list[str]:
         if message.strip() and message.strip() not in seen:
             seen.append(message.strip())
     return seen
+
+
+def _quiet_ranks(text: str) -> list[str]:
+    """What rank 0 logged of ranks that went quiet before the failure (`pipeline.watch`): on GPUs
+    NCCL's watchdog ends a stuck rank without an error message of its own, this is then the word."""
+    found = [line.split("pipeline.distributed: ", 1)[1] for line in text.splitlines()
+             if RANK_QUIET in line and "WARNING pipeline.distributed: " in line]
+    return list(dict.fromkeys(found))[:4]
 
 
 def _first_node_ended(text: str) -> list[str]:

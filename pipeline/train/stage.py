@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from pipeline import config as train_config
-from pipeline import distributed, layout
+from pipeline import distributed, layout, watch
 from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
@@ -70,7 +70,7 @@ def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
     if cfg.deterministic:
         _deterministic()
-    with distributed.session(cfg.distributed.backend, cfg.distributed.timeout_s) as d:
+    with watch.session(cfg.distributed.backend, cfg.distributed.timeout_s) as d:
         try:
             return run(args, cfg, d)
         except InjectedFailure as err:

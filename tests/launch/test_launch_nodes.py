@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from trainkit import checkpoint_digests, make_run, pipeline_env, stage_names, step_losses
 
-from pipeline.distributed import node_line
-from pipeline.launch.run import _first_node_ended
+from pipeline.launch import torchrun
+from pipeline.launch.run import _first_node_ended, _quiet_ranks
+from pipeline.watch import node_line
 
 pytestmark = pytest.mark.distributed
 
@@ -116,6 +117,10 @@ def test_a_rank_that_stops_answering_fails_the_stage_within_the_collective_timeo
     assert took < timeout_s + 45, (took, stderr)
     assert "rank 1 stopped answering" in stderr and "(node rank 1, address " in stderr, stderr
     assert f"Timed out waiting {timeout_s * 1000}ms" in stderr, stderr
+    # Rank 0 saw it go quiet before the timeout (half of it): on GPUs, where NCCL's watchdog ends
+    # the waiting rank without a Python error, this line is what names it.
+    log = (run.root / "logs" / "all.log").read_text()
+    assert "WARNING pipeline.distributed: node " in log and ": rank 1 stopped answering (no heartbeat for" in log
     assert _rank_pid(run.root, 1) is None  # the frozen rank was ended too
 
 
@@ -143,10 +148,23 @@ def test_the_node_line_names_host_address_node_rank_ranks_and_rendezvous():
     assert node_line({"WORLD_SIZE": "1"}) is None  # one process: nothing to say
 
 
-def test_the_first_node_srun_saw_end_is_named_with_its_node_rank_and_address():
+def test_the_failure_names_the_quiet_rank_and_the_first_node_srun_saw_end():
     log = ("INFO pipeline.distributed: node rank 1 of 2: host sft-n2, address 10.77.77.12, local ranks 0-0 ...\n"
            "INFO pipeline.distributed: node rank 0 of 2: host sft-n1, address 10.77.77.11, local ranks 0-0 ...\n"
-           "srun: error: sft-n2: task 1: Killed\nsrun: error: sft-n1: task 0: Exited with exit code 1\n")
+           "2026-01-01 12:00:00,000 WARNING pipeline.distributed: node sft-n2 (node rank 1, address 10.77.77.12): "
+           "rank 1 stopped answering (no heartbeat for 60 s)\n"
+           "srun: error: sft-n1: task 0: Aborted\nsrun: error: sft-n2: task 1: Killed\n")
+    assert _quiet_ranks(log) == [
+        "node sft-n2 (node rank 1, address 10.77.77.12): rank 1 stopped answering (no heartbeat for 60 s)"]
     assert _first_node_ended(log) == [
-        "srun: the first task to end was task 1 on node sft-n2 (node rank 1, address 10.77.77.12): Killed"]
-    assert _first_node_ended("no srun here") == []
+        "srun: the first task to end was task 0 on node sft-n1 (node rank 0, address 10.77.77.11): Aborted"]
+    assert _first_node_ended("no srun here") == [] and _quiet_ranks("nor here") == []
+
+
+def test_the_ranks_get_the_rendezvous_endpoint_and_the_socket_interface_unless_the_user_set_it():
+    topo = torchrun.Topology(nodes=2, nproc=8, endpoint="node1:29400")
+    assert torchrun.network_env(topo, "ib0", {}) == {
+        "SFT_RDZV_ENDPOINT": "node1:29400", "NCCL_SOCKET_IFNAME": "ib0", "GLOO_SOCKET_IFNAME": "ib0"}
+    assert torchrun.network_env(topo, "ib0", {"NCCL_SOCKET_IFNAME": "^lo"}) == {
+        "SFT_RDZV_ENDPOINT": "node1:29400", "GLOO_SOCKET_IFNAME": "ib0"}
+    assert torchrun.network_env(topo, None, {}) == {"SFT_RDZV_ENDPOINT": "node1:29400"}

@@ -74,14 +74,18 @@ need_root() {
 
 # ---------------------------------------------------------------- install
 install_packages() {
-    local missing=()
+    local missing=() packages=()
     command -v slurmctld >/dev/null 2>&1 || missing+=(slurmctld)
     command -v slurmd >/dev/null 2>&1 || missing+=(slurmd)
     command -v sbatch >/dev/null 2>&1 || missing+=(slurm-client)
     command -v munged >/dev/null 2>&1 || missing+=(munge)
+    [ "${#missing[@]}" -eq 0 ] || packages+=(slurm-wlm munge)
+    # The nodes' namespaces: ip (iproute2), nsenter and unshare (util-linux).
+    command -v ip >/dev/null 2>&1 || { missing+=(ip); packages+=(iproute2); }
+    command -v nsenter >/dev/null 2>&1 || { missing+=(nsenter); packages+=(util-linux); }
     [ "${#missing[@]}" -eq 0 ] && return 0
-    command -v apt-get >/dev/null 2>&1 || die "apt-get not available; install slurm-wlm and munge yourself"
-    log "installing slurm-wlm munge (missing: ${missing[*]})"
+    command -v apt-get >/dev/null 2>&1 || die "apt-get not available; install ${packages[*]} yourself"
+    log "installing ${packages[*]} (missing: ${missing[*]})"
     # Keep the packages' init scripts from starting daemons during install:
     # this script starts (and stops) them itself.
     local created_policy=0
@@ -96,14 +100,14 @@ install_packages() {
     {
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -q &&
-            apt-get install -y -q --no-install-recommends slurm-wlm munge
+            apt-get install -y -q --no-install-recommends "${packages[@]}"
     } >"$apt_log" 2>&1 || rc=$?
     if [ "$created_policy" -eq 1 ]; then
         rm -f /usr/sbin/policy-rc.d
     fi
     if [ "$rc" -ne 0 ]; then
         tail -n 30 "$apt_log" >&2 || true
-        die "apt-get install slurm-wlm munge failed (rc=$rc, full log: $apt_log)"
+        die "apt-get install ${packages[*]} failed (rc=$rc, full log: $apt_log)"
     fi
 }
 
