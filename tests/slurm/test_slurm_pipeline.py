@@ -297,8 +297,9 @@ def test_a_node_killed_mid_chunk_fails_the_job_in_bounded_time_and_the_retry_res
                                                                                     local_default_run, tmp_path):
     """The second node's training processes (its torchrun agent and rank) are killed 60 updates into
     chunk02. The job fails within the collective timeout plus a margin instead of hanging; the
-    terminal names that node; the retry resumes from the last intra-stage checkpoint (update 50 of
-    the stage) and the run ends with the 1-process run's adapter, EMA shadows and optimizer state."""
+    terminal names that node; the retry resumes from the last intra-stage checkpoint (every 50
+    updates of the run) and the run ends with the 1-process run's adapter, EMA shadows and
+    optimizer state."""
     _, lost = list(slurm_cluster.nodes)
 
     def kill_node(workdir, job_id):
@@ -315,7 +316,7 @@ def test_a_node_killed_mid_chunk_fails_the_job_in_bounded_time_and_the_retry_res
     failed = _stage_logs(workdir, "chunk02")[0].read_text()
     assert f"on node {lost} (node rank " in failed, failed[-4000:]
     assert f"on node {lost} (node rank " in out, out[-6000:]  # on the terminal (show-failed-logs)
-    assert saved and _resumed_at(workdir) == saved[-1] >= chunk["start"] + 50, saved  # the last checkpoint
+    assert saved and _resumed_at(workdir) == saved[-1] > chunk["start"], saved  # the last checkpoint
     for stage in ("chunk02", "tail"):
         assert _stage_digests(workdir, stage) == _stage_digests(local_default_run, stage), stage
 
