@@ -230,6 +230,7 @@ net_down() {
         iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT 2>/dev/null || true
     fi
     ip link del "$BRIDGE" 2>/dev/null || true
+    rmdir /etc/netns 2>/dev/null || true  # when nothing else is left there
 }
 
 in_node() {  # in_node I CMD...: run CMD as node I: its network namespace, its hostname, its /etc/hosts
