@@ -31,7 +31,6 @@ import os
 import numpy as np
 import torch
 
-from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.mix import Mix
 from pipeline.model.loss import Batch, Collator
 
@@ -96,8 +95,8 @@ class RunSampler:
 
 
 def supervised_counts(cache) -> np.ndarray:
-    """Per sample: tokens that carry a loss (label of the *next* position is set)."""
-    return np.array([int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache))], dtype=np.int64)
+    """Per sample: tokens that carry a loss (label of the *next* position is set); from the cache's arrays."""
+    return cache.supervised_counts()
 
 
 def padding_fraction(sampler: RunSampler, lengths: np.ndarray, steps: range, *, micro: int, world: int = 1) -> float:
