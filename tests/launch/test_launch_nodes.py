@@ -41,18 +41,19 @@ def _train_two_nodes(run, stage: str, init: str | None) -> None:
 
 
 def test_two_agents_with_c10d_equal_one_process_and_one_process_with_two_ranks(tiny, tmp_path):
-    """LoRA dropout is on (lora.dropout 0.05): each micro-batch's forward is seeded by its place in the
-    update, not by the rank that runs it, so 1 and 2 ranks draw the same masks."""
-    nodes = make_run(tmp_path / "nodes", tiny, total=9, fraction=0.25, chunks=2)
+    """With LoRA dropout on, each micro-batch's forward is seeded by its place in the update, not by
+    the rank that runs it, so 1 and 2 ranks draw the same masks."""
+    dropout = ["lora.dropout=0.05"]
+    nodes = make_run(tmp_path / "nodes", tiny, total=9, fraction=0.25, chunks=2, overrides=dropout)
     names = stage_names(nodes)
     assert names == ["pilot", "chunk01", "chunk02", "tail"]
     prev = None
     for name in names:
         _train_two_nodes(nodes, name, prev)
         prev = name
-    two = make_run(tmp_path / "two", tiny, total=9, fraction=0.25, chunks=2, single_stage=True)
+    two = make_run(tmp_path / "two", tiny, total=9, fraction=0.25, chunks=2, single_stage=True, overrides=dropout)
     two.train("all", nproc=2)
-    one = make_run(tmp_path / "one", tiny, total=9, fraction=0.25, chunks=2, single_stage=True)
+    one = make_run(tmp_path / "one", tiny, total=9, fraction=0.25, chunks=2, single_stage=True, overrides=dropout)
     one.train("all")
     assert "dropout: 0.05" in one.config.read_text()
     final = checkpoint_digests(nodes.stage_dir(names[-1]) / "checkpoint")
