@@ -14,6 +14,7 @@ from pipeline.errors import ERROR_FILE_ENV, UserError
 
 COMMANDS = {
     "prepare-base": ("pipeline.demo.cli", "embedded default: tiny base model, tokenizer, demo dataset"),
+    "demo-benchmark": ("pipeline.demo.benchmark", "embedded default: its lm-eval task over the held-out words"),
     "fetch-model": ("pipeline.storage.hub", "download a hub model into the Hugging Face cache, pin its commit"),
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
@@ -35,6 +36,10 @@ COMMANDS = {
     "merge": ("pipeline.export.merge", "streaming LoRA merge, shard by shard"),
     "verify-merge": ("pipeline.export.verify", "merged logits vs base + adapter"),
     "smoke-test": ("pipeline.evaluate.smoke", "merged model answers held-out prompts"),
+    "benchmark": ("pipeline.evaluate.benchmarks", "score one set of weights on one lm-eval task (offline, cached by content)"),
+    "benchmark-report": ("pipeline.evaluate.bench_report", "lm-eval scores of base vs the trained weights: table, plot, page"),
+    "benchmark-card": ("pipeline.export.card:main_benchmarks", "the benchmark scores into the export dirs' model cards"),
+    "fetch-benchmarks": ("pipeline.evaluate.bench_data", "the data of lm-eval tasks into the local caches (--check: offline)"),
     "chat": ("pipeline.export.chat", "answer a prompt with an export dir (merged or adapter), its chat template"),
     "sweep-prune": ("pipeline.evaluate.compare:main_prune", "a sweep's prune point: which variants go on"),
     "sweep-compare": ("pipeline.evaluate.compare:main_compare", "a sweep's comparison table, plot, best variant"),

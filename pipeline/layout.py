@@ -141,6 +141,18 @@ BASE_EVAL = "base"
 SUMMARY_CSV = "summary.csv"
 LOSS_PLOT = "loss.png"
 VAL_LOSS_PLOT = "val_loss.png"
+# eval/bench/<weights>/<task>.json: one lm-eval benchmark job's scores (`python -m pipeline benchmark`);
+# the base model's in the run dir (shared by a sweep's variants), the trained weights' in each variant's.
+BENCH_DIR = "bench"
+BENCH_SUFFIX = ".json"
+BENCH_CACHE_DIR = "cache"  # eval/bench/cache/<key>.json (run dir): scores by weights content + task + settings
+BENCH_BASE = "base"  # the weights name of the base model (evaluate.benchmarks.weights)
+BENCHMARKS_CSV = "benchmarks.csv"  # task, metric, base, final, delta and their standard errors
+BENCHMARKS_PLOT = "benchmarks.png"
+BENCHMARK_CARDS = "benchmarks.md"  # export/: the benchmark sections `benchmark-card` put into the model cards
+# The embedded demo's own benchmark (`demo-benchmark`): a multiple-choice lm-eval task over local JSONL,
+# data/bench/<DEMO_BENCH_TASK>.yaml and .jsonl in the demo's dir (`evaluate.benchmarks.tasks: [embedded]`).
+DEMO_BENCH_TASK = "repeat_choice"
 
 # report/: the pages of `snakemake --report`
 OVERVIEW_PAGE = "overview.html"  # the report's landing page
@@ -150,6 +162,7 @@ PLAN_PAGE = "plan.html"
 PILOT_GATE_PAGE = "pilot_gate.html"
 LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
 DATA_PAGE = "data.html"  # the training datasets: files, records, shards and each shard's time
+BENCHMARKS_PAGE = "benchmarks.html"  # the lm-eval benchmarks: base vs the trained weights
 
 # export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
 ADAPTER_FINAL = "adapter_final"
@@ -211,6 +224,11 @@ class RunTree:
 
     def cache(self, split: str) -> Path:
         return self.root / DATA_DIR / f"{split}{CACHE_SUFFIX}"
+
+    def demo_bench_task(self, suffix: str = ".yaml") -> Path:
+        """data/bench/<DEMO_BENCH_TASK>.yaml (the lm-eval task) and .jsonl (its documents) of a demo
+        (`demo-benchmark`, pipeline.demo.benchmark, writes them into the demo's data dir)."""
+        return self.root / DATA_DIR / BENCH_DIR / f"{DEMO_BENCH_TASK}{suffix}"
 
     @property
     def stats(self) -> Path:
@@ -307,6 +325,24 @@ class RunTree:
     def val_loss_plot(self) -> Path:
         return self.root / EVAL_DIR / VAL_LOSS_PLOT
 
+    def benchmark(self, weights: str, task: str) -> Path:
+        """eval/bench/<weights>/<task>.json: one (weights, lm-eval task) benchmark job's scores."""
+        return self.root / EVAL_DIR / BENCH_DIR / weights / f"{task}{BENCH_SUFFIX}"
+
+    @property
+    def benchmark_cache(self) -> Path:
+        """eval/bench/cache/: benchmark scores by content key (undeclared: Snakemake deletes a job's
+        outputs before it runs; a rerun on the same weights, task and settings copies them from here)."""
+        return self.root / EVAL_DIR / BENCH_DIR / BENCH_CACHE_DIR
+
+    @property
+    def benchmarks_csv(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_CSV
+
+    @property
+    def benchmarks_plot(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_PLOT
+
     # report/: the pages of `snakemake --report` (summarize writes all but labels.html)
     @property
     def overview_html(self) -> Path:
@@ -337,6 +373,10 @@ class RunTree:
         return self.root / REPORT_DIR / DATA_PAGE
 
     @property
+    def benchmarks_html(self) -> Path:
+        return self.root / REPORT_DIR / BENCHMARKS_PAGE
+
+    @property
     def exports(self) -> Path:
         return self.root / EXPORT_DIR
 
@@ -351,6 +391,10 @@ class RunTree:
     @property
     def smoke_test(self) -> Path:
         return self.exports / SMOKE_TEST_FILE
+
+    @property
+    def benchmark_cards(self) -> Path:
+        return self.exports / BENCHMARK_CARDS
 
     @property
     def tracker(self) -> Path:

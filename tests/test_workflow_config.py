@@ -21,8 +21,9 @@ def test_the_shipped_config_has_no_problem():
 
 
 # Keys the shipped config sets apart from the schema's defaults, on purpose: the tiny demo model's
-# trainer overrides, and the EMA rate it exports (one of those overrides' ema.rates).
-DELIBERATE = {"train.overrides", "export.ema_rate"}
+# trainer overrides, the EMA rate it exports (one of those overrides' ema.rates), and the demo's own
+# benchmark task (a config without evaluate.benchmarks scores nothing: no new jobs for its runs).
+DELIBERATE = {"train.overrides", "export.ema_rate", "evaluate.benchmarks.tasks"}
 
 
 def test_the_shipped_config_states_the_schema_defaults():
@@ -115,7 +116,7 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
 
     config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
     assert schema_problems(config, SCHEMA, command_line) == [
-        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, "
+        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, shard_mb, "
         "test, too_long, train, val) (from --config)",
         "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
     assert sources([], command_line) == "config/config.yaml, --config data schedule"

@@ -39,6 +39,17 @@ def read_chat(tokenizer_dir: str | Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+def vocab_rows(tokenizer_dir: Path | str | None) -> int | None:
+    """Rows the embeddings need for the run's tokenizer when it added tokens; None when it added none."""
+    if tokenizer_dir is None:
+        return None
+    chat = read_chat(tokenizer_dir)
+    added = chat.get("added_tokens") or {}
+    if not added:
+        return None
+    return max(int(chat.get("vocab_size") or 0), max(added.values()) + 1)
+
+
 def added_token_ids(tokenizer_dir: str | Path) -> list[int]:
     """Ids of the special tokens the run added to the base vocabulary (their rows must be trained)."""
     return sorted(read_chat(tokenizer_dir).get("added_tokens", {}).values())

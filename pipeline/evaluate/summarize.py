@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import layout
+from pipeline.evaluate import bench_table
 from pipeline.evaluate.skipped import GATE_BASIS, NO_TEST, NO_VAL, skipped_in
 
 COLUMNS = ["stage", "step", "weights", "loss", "perplexity", "exact_match", "n_test"]
@@ -662,6 +663,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out-samples-html", type=Path, default=None)
     ap.add_argument("--out-overview-html", type=Path, default=None,
                     help="the report's landing page: loss curves, stages with durations, exports, samples")
+    ap.add_argument("--bench-csv", type=Path, default=None,
+                    help="eval/benchmarks.csv (benchmark-report): its scores as summary.csv rows and a summary.html table")
     args = ap.parse_args(argv)
     if args.out_plan_html is not None and args.plan is None:
         ap.error("--out-plan-html needs --plan")
@@ -670,7 +673,8 @@ def main(argv: list[str]) -> int:
 
     table = summary_table(args.eval, args.smoke)
     args.out_csv.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out_csv, index=False)
+    bench_rows = bench_table.summary_rows(args.bench_csv, int(table["step"].max())) if args.bench_csv else None
+    pd.concat([table, bench_rows], ignore_index=True).to_csv(args.out_csv, index=False)
     curve, bounds = training_curve(args.metrics)
     if args.plan is not None:
         bounds = plan_bounds(args.plan)
@@ -684,7 +688,7 @@ def main(argv: list[str]) -> int:
     phrases = skipped(gate, args.smoke)
     plot_eval(table, args.out_eval_plot, title=f"{run}evaluation after each stage" if run else "", skipped=phrases)
 
-    pages = [(args.out_summary_html, lambda: summary_html(table, args.run, phrases)),
+    pages = [(args.out_summary_html, lambda: bench_table.into_page(summary_html(table, args.run, phrases), args.bench_csv)),
              (args.out_plan_html, lambda: plan_html(plan, gate, args.run)),
              (args.out_gate_html, lambda: gate_html(gate, args.run)),
              (args.out_samples_html, lambda: samples_html(args.eval, args.run)),

@@ -24,7 +24,7 @@ import torch
 
 from pipeline import compat
 from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
-from pipeline.data.prepare import added_token_ids, read_chat
+from pipeline.data.prepare import added_token_ids, read_chat, vocab_rows
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model import kernels, quantization, vision
@@ -340,22 +340,27 @@ def grow_vocabulary(model, cfg: TrainConfig) -> list[int]:
     the tokenizer's size (`_grown`), and the config's `vocab_size` follows.
     """
     ids = added_tokens(cfg)
-    if not ids:
-        return []
-    rows = max(int(read_chat(cfg.model.tokenizer).get("vocab_size") or 0), max(ids) + 1)
-    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if embedding.weight.shape[0] < rows:
-        tied = head is not None and head.weight is embedding.weight
-        embedding.weight = _grown(embedding.weight, rows)
-        embedding.num_embeddings = rows
-        if tied:
-            head.weight = embedding.weight
-        elif head is not None:
-            head.weight = _grown(head.weight, rows)
-        if head is not None:
-            head.out_features = rows
-        model.config.get_text_config().vocab_size = rows
+    if ids:
+        grow_rows(model, vocab_rows(cfg.model.tokenizer))
     return ids
+
+
+def grow_rows(model, rows: int) -> None:
+    """Grow the input embeddings, and an untied output head, to `rows` rows (`_grown`: each new row
+    the mean of the existing ones); a model that has as many rows already is left as it is."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embedding.weight.shape[0] >= rows:
+        return
+    tied = head is not None and head.weight is embedding.weight
+    embedding.weight = _grown(embedding.weight, rows)
+    embedding.num_embeddings = rows
+    if tied:
+        head.weight = embedding.weight
+    elif head is not None:
+        head.weight = _grown(head.weight, rows)
+    if head is not None:
+        head.out_features = rows
+    model.config.get_text_config().vocab_size = rows
 
 
 def _token_rows(model, ids: list[int]) -> dict[str, list[int]] | None:

@@ -19,8 +19,9 @@ derived from the old config (plan, train_config.yaml, stages, evaluations,
 exports, reports, tracker state, scratch checkpoints) into
 `results/<vrun>/archive/<when>-<old config id>/` before any job runs, and the
 run retrains. Shared work stays in place: the validated and tokenized data, the
-run's tokenizer, the base model's evaluation, a hub model's pin, the label page,
-a sweep's variants and comparison, earlier archives.
+run's tokenizer, the base model's evaluation and benchmark scores (and the
+benchmark scores by content key), a hub model's pin, the label page, a sweep's
+variants and comparison, earlier archives.
 
 Torch-free: the Snakefile imports it at every start.
 """
@@ -45,7 +46,9 @@ CONFIG_FILE = "train_config.yaml"
 # Under results/<vrun>/: made from the data and the base model, not from the trainer config (or
 # holding other runs: a sweep's variants and its comparison, earlier archives). Never archived.
 SHARED = {"data", "tokenizer", "model.json", ARCHIVE_DIR, "variants", "sweep"}
-SHARED_FILES = {"eval/base.json", "report/labels.html"}
+# Deeper down (paths of files or dirs): the base model's evaluation and benchmark scores, and the
+# benchmark scores by content key (pipeline/evaluate/benchmarks.py: valid for whatever config scored them).
+SHARED_FILES = {"eval/base.json", "report/labels.html", "eval/bench/base", "eval/bench/cache"}
 ABSENT = "(not set)"
 
 
@@ -177,14 +180,16 @@ def archive_name(run: ChangedRun, now: float | None = None) -> str:
     return f"{stamp}-{run.old_id[:8]}"
 
 
-def to_archive(vdir: Path) -> list[Path]:
-    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED)."""
+def to_archive(vdir: Path, under: Path | None = None) -> list[Path]:
+    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED, SHARED_FILES);
+    a dir that holds shared work is gone into (`under`: the dir being gone through)."""
     moved = []
-    for path in sorted(vdir.iterdir()):
-        if path.name in SHARED:
+    for path in sorted((under or vdir).iterdir()):
+        rel = path.relative_to(vdir).as_posix()
+        if rel in SHARED or rel in SHARED_FILES:
             continue
-        if path.is_dir() and any(f.startswith(f"{path.name}/") for f in SHARED_FILES):
-            moved += [p for p in sorted(path.iterdir()) if p.relative_to(vdir).as_posix() not in SHARED_FILES]
+        if path.is_dir() and any(f.startswith(f"{rel}/") for f in SHARED_FILES):
+            moved += to_archive(vdir, path)
         else:
             moved.append(path)
     return moved
