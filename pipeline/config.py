@@ -301,7 +301,9 @@ class DistributedConfig:
     strategy: Strategy = setting(Strategy.ddp, "ddp: a full replica per rank; fsdp: FSDP2 (fully_shard per "
                                                "decoder layer + root) for models that do not fit one device; its "
                                                "checkpoints hold dcp/ shards instead of adapter/ + ema/")
-    timeout_s: int = setting(1800, "collective timeout (seconds)")
+    timeout_s: int = setting(1800, "collective timeout (seconds): how long a rank waits for the others in one "
+                                   "collective (gloo: each operation; NCCL: its watchdog) before the stage fails, "
+                                   "so a node that stops answering ends the job instead of hanging it")
     hsdp: bool = setting(False, "fsdp: replicate across nodes, shard within a node (collectives stay in a node)")
     meta_init: bool = setting(True, "fsdp: build empty, shard, read each rank's shards of the base (false: "
                                     "each rank loads it all)")

@@ -66,6 +66,8 @@ PROFILE_SUMMARY = "summary.json"  # seconds and shares of the time per category
 # --- the training stage's progress line (`pipeline.train.monitor.Progress`) ---
 PROGRESS_ENV = "SFT_PROGRESS"  # "0": no line on the terminal (the log keeps its lines)
 PROGRESS_TTY_ENV = "SFT_PROGRESS_TTY"  # the terminal Snakemake runs in (/dev/pts/N), set by pipeline.launch
+RDZV_ENDPOINT_ENV = "SFT_RDZV_ENDPOINT"  # a multi-rank stage's rendezvous host:port, set by pipeline.launch
+RANK_QUIET = "stopped answering"  # how pipeline.watch says a rank went quiet (the launcher shows those lines)
 
 # --- exit codes the workflow understands ---
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was saved, retry to resume

@@ -81,6 +81,14 @@ class RunSampler:
         mine = idx[rank * per_rank:(rank + 1) * per_rank]
         return [mine[i:i + micro] for i in range(0, len(mine), micro)]
 
+    def micro_batch_places(self, rank: int, world: int, count: int) -> list[int]:
+        """Where each of this rank's `count` micro-batches of an update sits among the update's
+        micro-batches (all ranks, in the order one process would run them), as
+        `rank_micro_batches` deals them."""
+        if self.lengths is not None:
+            return [rank + i * world for i in range(count)]
+        return [rank * count + i for i in range(count)]
+
     def epoch_of(self, step: int) -> float:
         """Epochs done before update `step` (a mixed run's: mixed epochs)."""
         return step * self.global_batch / (self.mix.size if self.mix is not None else self.n)
@@ -125,6 +133,7 @@ class TrainBatches:
         self.lengths = cache.lengths
         self._updates = _Updates(collator, self.sampler, rank=rank, world=world, micro=micro_batch)
         self._ahead = None  # iterator of (step, micro-batches) from the workers
+        self.seed, self.rank, self.world = seed, rank, world
 
     def prefetch(self, start: int, end: int) -> None:
         """Make the batches of updates [start, end) in the worker processes, in order, ahead of use.
@@ -151,6 +160,16 @@ class TrainBatches:
     def make(self, step: int) -> list[Batch]:
         """This rank's share of update `step`, made now in this process."""
         return self._updates[step][1]
+
+    def forward_seeds(self, step: int, count: int) -> list[int]:
+        """A seed for the forward pass of each of this rank's `count` micro-batches of update
+        `step`: a function of the run's seed, the update and the micro-batch's place in the
+        update, not of which rank runs it. Seeded with it, a forward's random draws (LoRA
+        dropout) are those of the same micro-batch on any number of ranks, so a 2-rank run
+        computes what one process computes."""
+        places = self.sampler.micro_batch_places(self.rank, self.world, count)
+        return [int(np.random.SeedSequence([self.seed, step, place]).generate_state(1, np.uint64)[0] >> 1)
+                for place in places]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from pipeline import config as train_config
-from pipeline import distributed, layout
+from pipeline import distributed, layout, watch
 from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
@@ -71,14 +71,12 @@ def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
     if cfg.deterministic:
         _deterministic()
-    d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
-    try:
-        return run(args, cfg, d)
-    except InjectedFailure as err:
-        log.error("[%s] %s", args.stage, err)
-        return 1
-    finally:
-        distributed.teardown()
+    with watch.session(cfg.distributed.backend, cfg.distributed.timeout_s) as d:
+        try:
+            return run(args, cfg, d)
+        except InjectedFailure as err:
+            log.error("[%s] %s", args.stage, err)
+            return 1
 
 
 def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:

@@ -115,7 +115,8 @@ class Updater:
         n_sup = self.data.supervised(step)  # whole global batch: the same on every rank
         weight = d.world_size / max(n_sup, 1)
         loss_sum = torch.zeros((), device=d.device)
-        for i, batch in enumerate(batches):
+        for i, (batch, seed) in enumerate(zip(batches, self.data.forward_seeds(step, len(batches)))):
+            torch.manual_seed(seed)  # dropout draws of this micro-batch, whichever rank runs it
             batch = batch.to(d.device)
             with self.strategy.micro_batch(self.model, last=i == len(batches) - 1):
                 with self.precision.autocast():

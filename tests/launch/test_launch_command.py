@@ -11,6 +11,10 @@ def test_a_plain_job_and_a_training_stage():
     assert shell_prefix({"kind": "none"}) == "exec python -m pipeline.launch --log {log} --gpus 0 -- "
     assert shell_prefix(None, gpus="all", train={"nodes": 2, "nproc": "auto"}) == (
         "exec python -m pipeline.launch --log {log} --gpus all --train --nodes 2 --nproc auto -- ")
+    train = {"nodes": 2, "nproc": 1, "rdzv_timeout_s": 60, "rdzv_port": 29400, "socket_ifname": "ib0", "x": 1}
+    assert shell_prefix(None, gpus=1, train=train) == (
+        "exec python -m pipeline.launch --log {log} --gpus 1 --train --nodes 2 --nproc 1 --rdzv-timeout 60 "
+        "--rdzv-port 29400 --socket-ifname ib0 -- ")
 
 
 def test_the_tracker_settings_reach_the_shell_quoted_and_braces_intact():
