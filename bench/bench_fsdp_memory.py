@@ -46,7 +46,9 @@ def build_model(root: Path, layers: int, hidden: int) -> tuple[Path, int]:
 
 
 def _rank_hwm(marker: str, seen: dict[int, int], stop: threading.Event) -> None:
-    """Poll /proc for the ranks of one run: command line holds `marker`, environment LOCAL_RANK."""
+    """Poll /proc for the ranks of one run: command line holds `marker`, environment LOCAL_RANK, and
+    the parent is the run's torchrun agent (a rank's own children, e.g. compile workers forked with
+    its command line and environment, are not ranks)."""
     while not stop.is_set():
         for proc in Path("/proc").glob("[0-9]*"):
             try:
@@ -54,6 +56,9 @@ def _rank_hwm(marker: str, seen: dict[int, int], stop: threading.Event) -> None:
                 if marker not in cmd or "torch.distributed.run" in cmd:
                     continue
                 if b"LOCAL_RANK=" not in (proc / "environ").read_bytes():
+                    continue
+                parent = (proc / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                if b"torch.distributed.run" not in Path(f"/proc/{parent}/cmdline").read_bytes():
                     continue
                 status = (proc / "status").read_text()
             except OSError:

@@ -98,6 +98,7 @@ def main() -> None:
     global DEV, BF16
     if args.smoke:
         DEV, BF16 = torch.device("cpu"), False
+    results["smoke"] = args.smoke
     results["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
                            "peft": peft.__version__, "gpu": torch.cuda.get_device_name(0) if DEV.type == "cuda" else None,
                            "liger": importlib.util.find_spec("liger_kernel") is not None,
@@ -115,7 +116,7 @@ def main() -> None:
             record(check.__name__, False, error=f"{type(err).__name__}: {str(err)[:300]}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    sys.exit(0 if all(r.get("ok", True) for k, r in results.items() if k != "versions") else 1)
+    sys.exit(0 if all(r.get("ok", True) for k, r in results.items() if k not in ("versions", "smoke")) else 1)
 
 
 def check_syncs() -> None:
