@@ -485,26 +485,6 @@ def _no_input_casts(model) -> None:
             module.cast_input_dtype_enabled = False
 
 
-def packing(cfg: TrainConfig, *, vision_language: bool = False) -> bool:
-    """`tokens.packing` resolved: auto packs where the attention kernel keeps packed sequences
-    apart by itself (flash-attention's varlen path, from the position ids). A vision-language
-    model is never packed (its image inputs and position ids, Qwen2-VL's 3-D ones, are per
-    sequence): auto does not pack it, `on` is refused.
-
-    SDPA and eager also respect packed position ids, through a block-diagonal
-    mask over the whole packed row: correct, but that mask costs (tokens)^2
-    and leaves SDPA's flash kernel, so auto does not pack for them.
-    """
-    if vision_language:
-        if cfg.tokens.packing == "on":
-            raise UserError(f"tokens.packing=on: {cfg.model.path} is a vision-language model, whose micro-batches "
-                            "are not packed; use tokens.packing=auto or off")
-        return False
-    if cfg.tokens.packing == "auto":
-        return cfg.model.attn_implementation.startswith("flash_attention")
-    return cfg.tokens.packing == "on"
-
-
 def pad_token_id(model_path: str) -> int:
     """The tokenizer's padding id (its end-of-sequence id when it has none)."""
     from transformers import AutoTokenizer

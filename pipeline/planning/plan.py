@@ -40,6 +40,11 @@ is only printed.
 A run that fits only because its base is quantized (`model.quantization`) is
 told so, with what a float base would need.
 
+Packing (`pipeline.planning.packing`): the plan prints whether the run's
+micro-batches are packed, by which attention path, and the padding fraction of
+the tokens computed with padded micro-batches and with packed ones, over the
+run's own order (its first `REPORT_UPDATES` updates); plan.json keeps them.
+
 A quantized base is checked here too: bitsandbytes installed, a base stored
 unquantized, and not with FSDP (`cross_check`; each error names the keys).
 
@@ -58,10 +63,14 @@ import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+
 from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.layout import ema_tag
+from pipeline.data.mix import from_config as mix_from_config
 from pipeline.model import memory
+from pipeline.planning import packing
 from pipeline.planning.schedule import plan_stages
 from pipeline.storage import hub
 from pipeline.storage.publish import write_text
@@ -202,6 +211,62 @@ def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:
     return table
 
 
+def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: int | None) -> dict | None:
+    """Print and return how the run's training micro-batches are laid out (`pipeline.planning.packing`):
+    packed or not and why, and the padding fraction before (padded micro-batches) and after (packed)
+    over the run's first updates. None (and a line saying so) while the model config or the token
+    caches are not there yet: the stage decides then."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.vision import config_is_vision_language
+    from pipeline.planning.order import RunSampler
+
+    config = _model_config(cfg)
+    caches = [m.cache for m in cfg.tokens.mix] or [cfg.tokens.train_cache]
+    if config is None or not all(c and Path(c).is_file() for c in caches):
+        print("packing: decided when the stage starts (no model config or token cache here yet)")
+        return None
+    decision = packing.decide(cfg.tokens.packing, implementation=attention_implementation(cfg),
+                              model_type=config.model_type, vision_language=config_is_vision_language(config))
+    world = world or 1
+    micro, _ = train_config.batch_split(cfg, world)
+    counts = [len(TokenCache(c)) for c in caches]
+    lengths = np.concatenate([TokenCache(c).lengths for c in caches])
+    mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
+    sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,
+                         lengths if cfg.tokens.group_by_length else None, mix)
+    capacity = packing.row_capacity(lengths)
+    steps = range(min(total_updates, packing.REPORT_UPDATES))
+    report = packing.padding_report(sampler, lengths, steps, capacity=capacity, world=world, micro=micro,
+                                    layout=decision.layout or "rows")
+    counted = f"over updates 0..{len(steps) - 1} of {total_updates}, {world} rank(s)"
+    if decision.on:
+        print(f"{decision.text()}; rows of up to {capacity} tokens, at most {micro} rows per micro-batch")
+        print(f"padding: {report['before']:.1%} of the tokens computed in padded micro-batches, "
+              f"{report['after']:.1%} packed ({counted})")
+    else:
+        print(decision.text())
+        print(f"padding: {report['before']:.1%} of the tokens computed (padded micro-batches, {counted}); "
+              f"packed it would be {report['after']:.1%}")
+    return {"layout": decision.layout or "padded", "why": decision.why, "row_tokens": capacity,
+            "padding_before": round(report["before"], 6), "padding_after": round(report["after"], 6),
+            "updates_counted": len(steps), "world": world}
+
+
+def attention_implementation(cfg: train_config.TrainConfig) -> str:
+    """The attention implementation the stages will run (packing's path depends on it)."""
+    return str(cfg.model.attn_implementation)
+
+
+def _model_config(cfg: train_config.TrainConfig):
+    """The base model's transformers config, or None where it cannot be read here."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _rate(text: str) -> float | None:
     return None if text in ("", "null", "None") else float(text)
 
@@ -256,6 +321,9 @@ def main(argv: list[str]) -> int:
     if too_big:
         raise UserError(too_big)
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
+    layout = packing_plan(local, args.total_updates, world=args.world_size)
+    if layout is not None:
+        plan["packing"] = layout
     if cfg.tokens.mix:
         plan["mix"] = mix_plan(cfg, args.total_updates)
     if hub_model is not None:

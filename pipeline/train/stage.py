@@ -50,7 +50,9 @@ from pipeline.data.cache import TokenCache
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
 from pipeline.model import loading, memory, precision as prec
-from pipeline.model.loss import Collator
+from pipeline.model.batch import Collator
+from pipeline.model.loss import hf_model
+from pipeline.planning.packing import Packing, decide as decide_packing
 from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.parts import TrainingParts
 from pipeline.train.batches import TrainBatches
@@ -144,10 +146,12 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    train_collator, val = _collators(cfg, d, train_cache)
+    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model).config)
     train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
                          seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
                          workers=cfg.vision.loader_workers if train_collator.images is not None else 0, mix=mix)
+    distributed.print0(d, f"[{stage.name}] {packing.text()}" + (
+        f"; micro-batches of at most {micro} rows of at most {train.capacity} tokens" if packing.on else ""))
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     tracking = _tracking(args, plan, stage, state.step) if d.is_main else None
@@ -277,9 +281,11 @@ def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
     return {s.name: int(c) for s, c in zip(mix.sources, counts)}
 
 
-def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache) -> tuple[Collator,
-                                                                                                    Collator | None]:
-    """Batch makers of the train and (if any) validation caches; a vision-language model's carry images.
+def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache,
+               model_config) -> tuple[Collator, Collator | None, Packing]:
+    """Batch makers of the train and (if any) validation caches, and the training batches' packing
+    (`pipeline.planning.packing.decide`, for the model as loaded: its family and the attention
+    implementation it runs); a vision-language model's carry images. Validation batches are padded.
 
     Several ranks must all run the vision tower in a forward or none may (FSDP
     gathers its shards in the forward, DDP waits for the gradients of a trained
@@ -288,8 +294,9 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     """
     images = loading.image_text(cfg)
     pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
-    packed = loading.packing(cfg, vision_language=images is not None)
-    train = Collator(train_cache, pad_id, packed=packed, images=images)
+    packing = decide_packing(cfg.tokens.packing, implementation=model_config._attn_implementation,
+                             model_type=model_config.model_type, vision_language=images is not None)
+    train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
     if images is not None and d.enabled:
         for split, collator in (("training", train), ("validation", val)):
@@ -297,7 +304,7 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
             if without:
                 raise UserError(f"{collator.cache.path}: {without} {split} record(s) have no image; a vision-language "
                                 f"model trained on {d.world_size} processes needs one in every record")
-    return train, val
+    return train, val, packing
 
 
 def _deterministic() -> None:
