@@ -127,8 +127,8 @@ def _rows(rows, pad_id: int) -> Batch:
             index.append(pos + r * width + offset)
             targets.append(tgt)
             offset += n
-        # The padding restarts its positions too: to the mask builder it is one more record, which
-        # no real token attends to and no loss reads (and its positions stay small: GPT-2's are learned).
+        # The padding restarts its positions too: one more record to the mask builder, after the real
+        # ones (so none of them attends to it), and never a loss position.
         position_ids[r, offset:] = torch.arange(width - offset)
         tokens += offset
     return Batch({"input_ids": input_ids, "position_ids": position_ids}, torch.cat(index), torch.cat(targets),
