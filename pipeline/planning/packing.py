@@ -28,6 +28,9 @@ that fills a row to the micro-batch's width (its own "record", which no loss
 reads); the records must not see each other. The attention path (`PATHS`):
   flat    flash-attention's varlen kernel: the whole micro-batch as one row,
           no padding at all, the records' boundaries given (cu_seq_lens);
+          on a CPU, SDPA's causal kernel record by record over the same flat
+          row (`pipeline.model.packed_attention`), for the models that can run
+          without any mask (`CPU_SDPA`);
   rows    SDPA, eager, flex_attention: transformers builds a block-causal mask
           (flex: a document BlockMask) from the position ids when no attention
           mask is given and no KV cache is used (`masking_utils.
@@ -75,6 +78,12 @@ PATHS = {
     "eager": ("rows", "eager attention with a block-causal mask (transformers builds it from the position ids)"),
 }
 
+# SDPA on a CPU, for a model that can attend without any mask (`pipeline.model.packed_attention`):
+# its causal kernel record by record computes each record's lower triangle only, where the
+# block-causal mask of a row makes the CPU kernel compute every pair of the row.
+CPU_SDPA = ("flat", "SDPA's causal kernel record by record (one flat row per micro-batch, no padding, no mask; "
+                    "pipeline.model.packed_attention)")
+
 # The plan's padding report counts the run's first updates, at most this many.
 REPORT_UPDATES = 1000
 
@@ -83,10 +92,12 @@ REPORT_UPDATES = 1000
 class Packing:
     """How a run's text micro-batches are laid out: `layout` "rows" or "flat" (packed, see the
     module docstring), or None (padded micro-batches of records); `why` says the attention path,
-    or why micro-batches stay padded."""
+    or why micro-batches stay padded; `per_record`: the model must switch to attending record by
+    record for it (`pipeline.model.packed_attention.use`)."""
 
     layout: str | None
     why: str
+    per_record: bool = False
 
     @property
     def on(self) -> bool:
@@ -96,14 +107,18 @@ class Packing:
         return f"packing: {'on, ' if self.on else 'off: '}{self.why}"
 
 
-def decide(setting: str, *, implementation: str, model_type: str | None, vision_language: bool) -> Packing:
+def decide(setting: str, *, implementation: str, model_type: str | None, vision_language: bool,
+           device: str = "cuda", per_record: bool = False) -> Packing:
     """`tokens.packing` resolved for a model (see the module docstring for where packing is exact).
 
     auto: packed where exact, padded elsewhere; on: packed, UserError where it
     cannot keep records apart (a vision-language model, an attention
     implementation transformers builds no mask for), a warning in `why` for a
     family not checked; off: padded. `implementation` is the attention
-    implementation the model runs (the resolved one, not `auto`).
+    implementation the model runs (the resolved one, not `auto`); `device` the
+    type of the training device; `per_record`: the model can attend record by
+    record without a mask (`pipeline.model.packed_attention.runs_per_record`),
+    which SDPA then does on a CPU (`CPU_SDPA`).
     """
     setting, implementation = str(setting), str(implementation)
     if setting == "off":
@@ -125,6 +140,8 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
             return Packing(None, f"model family {model_type!r} is not checked for packing (padded micro-batches; "
                                  "tokens.packing=on packs it anyway)")
         path += f"; model family {model_type!r} not checked for packing (tokens.packing=on)"
+    elif implementation == "sdpa" and device == "cpu" and per_record:
+        return Packing(*CPU_SDPA, per_record=True)
     return Packing(layout, path)
 
 

@@ -218,6 +218,7 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     caches are not there yet: the stage decides then."""
     from pipeline.data.cache import TokenCache
     from pipeline.data.vision import config_is_vision_language
+    from pipeline.model import packed_attention
     from pipeline.planning.order import RunSampler
 
     config = _model_config(cfg)
@@ -225,30 +226,35 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     if config is None or not all(c and Path(c).is_file() for c in caches):
         print("packing: decided when the stage starts (no model config or token cache here yet)")
         return None
-    decision = packing.decide(cfg.tokens.packing, implementation=attention_implementation(cfg),
-                              model_type=config.model_type, vision_language=config_is_vision_language(config))
     world = world or 1
     micro, _ = train_config.batch_split(cfg, world)
     counts = [len(TokenCache(c)) for c in caches]
     lengths = np.concatenate([TokenCache(c).lengths for c in caches])
+    capacity = packing.row_capacity(lengths)
+    longest = max(capacity, memory.longest_record(cfg.tokens.val_cache) or 0)  # validation runs the same attention
+    # The plan does not know which device the stages get (under SLURM it runs without their GPUs):
+    # it says what each would do where they differ (SDPA: record by record on a CPU).
+    gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=attention_implementation(cfg),
+                               model_type=config.model_type, vision_language=config_is_vision_language(config),
+                               device=device, per_record=packed_attention.runs_per_record(config, longest))
+                for device in ("cuda", "cpu"))
     mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
     sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,
                          lengths if cfg.tokens.group_by_length else None, mix)
-    capacity = packing.row_capacity(lengths)
     steps = range(min(total_updates, packing.REPORT_UPDATES))
     report = packing.padding_report(sampler, lengths, steps, capacity=capacity, world=world, micro=micro,
-                                    layout=decision.layout or "rows")
-    counted = f"over updates 0..{len(steps) - 1} of {total_updates}, {world} rank(s)"
-    if decision.on:
-        print(f"{decision.text()}; rows of up to {capacity} tokens, at most {micro} rows per micro-batch")
-        print(f"padding: {report['before']:.1%} of the tokens computed in padded micro-batches, "
-              f"{report['after']:.1%} packed ({counted})")
-    else:
-        print(decision.text())
-        print(f"padding: {report['before']:.1%} of the tokens computed (padded micro-batches, {counted}); "
-              f"packed it would be {report['after']:.1%}")
-    return {"layout": decision.layout or "padded", "why": decision.why, "row_tokens": capacity,
-            "padding_before": round(report["before"], 6), "padding_after": round(report["after"], 6),
+                                    layout="rows")
+    shape = f"; rows of up to {capacity} tokens, at most {micro} rows per micro-batch" if gpu.on else ""
+    print(gpu.text() + shape if gpu == cpu else f"{gpu.text()} (on a GPU); on a CPU: {cpu.why}{shape}")
+    layouts = {gpu.layout, cpu.layout}
+    after = ([f"{report['after']:.1%} in packed rows"] if "rows" in layouts or not gpu.on else []) + (
+        ["none in one flat row per micro-batch"] if "flat" in layouts else [])
+    print(f"padding: {report['before']:.1%} of the tokens computed in padded micro-batches, "
+          + ("packed: " if gpu.on else "would be if packed: ") + ", ".join(after)
+          + f" (over updates 0..{len(steps) - 1} of {total_updates}, {world} rank(s))")
+    return {"layout": {"gpu": gpu.layout or "padded", "cpu": cpu.layout or "padded"},
+            "why": {"gpu": gpu.why, "cpu": cpu.why}, "row_tokens": capacity,
+            "padding_before": round(report["before"], 6), "padding_rows": round(report["after"], 6),
             "updates_counted": len(steps), "world": world}
 
 

@@ -49,7 +49,7 @@ from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
-from pipeline.model import loading, memory, precision as prec
+from pipeline.model import loading, memory, packed_attention, precision as prec
 from pipeline.model.batch import Collator
 from pipeline.model.loss import hf_model
 from pipeline.planning.packing import Packing, decide as decide_packing
@@ -146,7 +146,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
         _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model).config)
+    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model))
     train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
                          seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
                          workers=cfg.vision.loader_workers if train_collator.images is not None else 0, mix=mix)
@@ -282,10 +282,12 @@ def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
 
 
 def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache,
-               model_config) -> tuple[Collator, Collator | None, Packing]:
+               hf) -> tuple[Collator, Collator | None, Packing]:
     """Batch makers of the train and (if any) validation caches, and the training batches' packing
     (`pipeline.planning.packing.decide`, for the model as loaded: its family and the attention
     implementation it runs); a vision-language model's carry images. Validation batches are padded.
+    Where packing runs SDPA record by record (a CPU), switches the transformers model `hf` to it
+    (`pipeline.model.packed_attention`).
 
     Several ranks must all run the vision tower in a forward or none may (FSDP
     gathers its shards in the forward, DDP waits for the gradients of a trained
@@ -294,10 +296,15 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     """
     images = loading.image_text(cfg)
     pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
-    packing = decide_packing(cfg.tokens.packing, implementation=model_config._attn_implementation,
-                             model_type=model_config.model_type, vision_language=images is not None)
-    train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
+    # Validation batches run through the same attention: a sliding window must cover their records too.
+    longest = max([int(train_cache.lengths.max())] + ([int(val.cache.lengths.max())] if val is not None else []))
+    packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,
+                             model_type=hf.config.model_type, vision_language=images is not None,
+                             device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest))
+    if packing.per_record:
+        packed_attention.use(hf)
+    train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)
     if images is not None and d.enabled:
         for split, collator in (("training", train), ("validation", val)):
             without = 0 if collator is None else int((collator.cache.image_counts == 0).sum())

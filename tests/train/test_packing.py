@@ -19,7 +19,8 @@ from trainkit import make_run, step_losses
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.errors import UserError
 from pipeline.model.batch import collate, collate_rows
-from pipeline.model.loss import TokenLoss
+from pipeline.model import packed_attention
+from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
 from pipeline.planning import packing
 from pipeline.planning.order import RunSampler
 from pipeline.planning.packing import PACKABLE_FAMILIES, best_fit_decreasing, decide, pack_update
@@ -72,6 +73,11 @@ def test_packing_halves_the_padding_of_micro_batches_grouped_by_length():
 
 def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
     assert decide("auto", implementation="sdpa", model_type="llama", vision_language=False).layout == "rows"
+    cpu = decide("auto", implementation="sdpa", model_type="llama", vision_language=False, device="cpu",
+                 per_record=True)
+    assert cpu.layout == "flat" and cpu.per_record  # SDPA record by record on a CPU, where the model can
+    assert decide("auto", implementation="eager", model_type="llama", vision_language=False, device="cpu",
+                  per_record=True).layout == "rows"
     assert decide("auto", implementation="flash_attention_2", model_type="qwen3", vision_language=False).layout == "flat"
     vlm = decide("auto", implementation="sdpa", model_type="qwen2_vl", vision_language=True)
     assert not vlm.on and "vision-language" in vlm.why
@@ -122,14 +128,16 @@ def test_packed_rows_restart_positions_per_record_and_for_the_padding(tiny_mixed
 VOCAB = 48
 
 
-def _family(family: str, implementation: str):
+def _family(family: str, implementation: str, window: int = 4):
+    """A tiny random `family` model; `window`: its sliding window, if it has one (4: shorter than the records,
+    so a sliding mask is packed too)."""
     import transformers as tf
 
     shapes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
-    small = dict(head_dim=8, sliding_window=4)  # a window shorter than the records: the sliding mask is packed too
+    small = dict(head_dim=8, sliding_window=window)
     config = {"llama": lambda: tf.LlamaConfig(**shapes),
-              "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=4),
+              "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=window),
               "qwen2": lambda: tf.Qwen2Config(**shapes),
               "qwen3": lambda: tf.Qwen3Config(**shapes, head_dim=8),
               "gemma": lambda: tf.GemmaConfig(**shapes, head_dim=8),
@@ -181,6 +189,33 @@ def test_each_packed_record_has_its_padded_loss(family, implementation):
     assert (packed - padded).abs().max() < 1e-6, (packed - padded).abs().max()
 
 
+@pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & MASK_FREE_FAMILIES))
+def test_each_record_attended_on_its_own_has_its_padded_loss(family):
+    """The CPU path: one flat row, SDPA's causal kernel record by record (`packed_attention`)."""
+    model = _family(family, "sdpa", window=16).eval()  # a window (Mistral's) covering the records
+    cache = _records()
+    assert packed_attention.runs_per_record(model.config, max(len(ids) for ids, _ in cache))
+    rows = [[0, 2], [4], [1, 3, 5]]
+    order = [i for row in rows for i in row]
+    counts = [int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in order]
+    with torch.no_grad():
+        padded = _per_record_losses(model, collate(cache, order, 0), counts)
+        packed_attention.use(model)
+        flat = _per_record_losses(model, collate_rows(cache, rows, 0, "flat"), counts)
+        without_mask = _per_record_losses(model, collate(cache, order, 0), counts)  # validation's padded batches
+    assert (flat - padded).abs().max() < 1e-6, (flat - padded).abs().max()
+    assert (without_mask - padded).abs().max() < 1e-6
+
+
+def test_a_sliding_window_shorter_than_the_records_keeps_its_mask():
+    import transformers as tf
+
+    config = tf.MistralConfig(sliding_window=16)
+    assert packed_attention.runs_per_record(config, 16) and not packed_attention.runs_per_record(config, 17)
+    assert packed_attention.runs_per_record(tf.Qwen2Config(sliding_window=4, use_sliding_window=False), 64)
+    assert not packed_attention.runs_per_record(tf.Gemma3TextConfig(), 8)  # not a mask-free family
+
+
 def test_packed_loss_and_gradients_equal_the_padded_ones_in_fp32():
     """TokenLoss, the training path: the summed loss and every gradient of a packed micro-batch."""
     model = _family("llama", "sdpa")
@@ -207,21 +242,28 @@ def test_packed_loss_and_gradients_equal_the_padded_ones_in_fp32():
 def test_plan_prints_the_path_and_the_padding_before_and_after(tiny_mixed, tmp_path, capsys):
     run = make_run(tmp_path / "on", tiny_mixed, total=6)
     out = capsys.readouterr().out
-    assert "packing: on, SDPA with a block-causal mask" in out and "rows of up to 95 tokens" in out
+    assert "packing: on, SDPA with a block-causal mask" in out and "on a CPU: SDPA's causal kernel record by" in out
+    assert "rows of up to 95 tokens" in out
     report = json.loads(run.plan.read_text())["packing"]
-    assert report["layout"] == "rows" and report["padding_after"] < report["padding_before"]
-    assert f"{report['padding_before']:.1%} of the tokens computed in padded micro-batches" in out
+    assert report["layout"] == {"gpu": "rows", "cpu": "flat"} and report["padding_rows"] < report["padding_before"]
+    assert (f"{report['padding_before']:.1%} of the tokens computed in padded micro-batches, packed: "
+            f"{report['padding_rows']:.1%} in packed rows, none in one flat row") in out
     make_run(tmp_path / "off", tiny_mixed, total=6, overrides=["tokens.packing=off"])
     assert "packing: off: tokens.packing=off" in capsys.readouterr().out
 
 
 def test_packing_changes_only_the_order_of_the_sums(tiny_mixed, tmp_path):
+    """The same run three ways: packed in one flat row attended record by record (SDPA on a CPU, the
+    default here), packed in rows with a block-causal mask (eager attention), padded."""
     base = ["lora.dropout=0.0"]  # dropout masks are drawn per micro-batch layout: compare without them
-    packed = make_run(tmp_path / "packed", tiny_mixed, total=6, single_stage=True, overrides=base)
-    proc = packed.train("all")
-    assert "packing: on, SDPA" in proc.stdout
-    padded = make_run(tmp_path / "padded", tiny_mixed, total=6, single_stage=True, overrides=[*base, "tokens.packing=off"])
-    assert "packing: off" in padded.train("all").stdout
-    a, b = step_losses([packed.stage_dir("all")]), step_losses([padded.stage_dir("all")])
-    assert [s for s, _ in a] == [s for s, _ in b] == list(range(1, 7))
-    assert [x for _, x in a] == pytest.approx([x for _, x in b], rel=1e-5)
+    runs = {"flat": ([], "packing: on, SDPA's causal kernel record by record"),
+            "rows": (["model.attn_implementation=eager"], "packing: on, eager attention with a block-causal mask"),
+            "padded": (["tokens.packing=off"], "packing: off")}
+    losses = {}
+    for name, (overrides, said) in runs.items():
+        run = make_run(tmp_path / name, tiny_mixed, total=6, single_stage=True, overrides=[*base, *overrides])
+        assert said in run.train("all").stdout
+        losses[name] = step_losses([run.stage_dir("all")])
+    assert [s for s, _ in losses["flat"]] == [s for s, _ in losses["padded"]] == list(range(1, 7))
+    for name in ("flat", "rows"):
+        assert [x for _, x in losses[name]] == pytest.approx([x for _, x in losses["padded"]], rel=1e-5)
