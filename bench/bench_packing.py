@@ -14,9 +14,11 @@ settings (`train.overrides` of config/config.yaml: global batch 32, micro-batch
 * ours, padded: `tokens.packing=off`, today's micro-batches of 16 records
   grouped by length, right-padded (`torchrun ... -m pipeline train`, with the
   clock hooks of `_ours.py`);
-* ours, packed: the default (`tokens.packing=auto`: rows of up to the longest
-  record, SDPA with the block-causal mask transformers builds from the
-  position ids; `pipeline.planning.packing`);
+* ours, packed: the default (`tokens.packing=auto`, `pipeline.planning.packing`:
+  each update's records packed by best-fit decreasing into rows of up to the
+  longest record, micro-batches of up to 16 rows; on a CPU one flat row per
+  micro-batch, SDPA's causal kernel run record by record,
+  `pipeline.model.packed_attention`);
 * TRL 1.16 `SFTTrainer` with `packing=True, packing_strategy="bfd"` (best-fit
   decreasing over the whole dataset into rows of `max_length` = the longest
   record, padding-free: each micro-batch's rows flattened into one, with
@@ -195,7 +197,7 @@ def _our_updates(cfg, steps: int, *, packed: bool) -> dict:
         out["tokens"].append(int(lengths[idx].sum()))
         if packed:
             mbs = pack_update(idx, lengths, capacity=row_capacity(lengths), world=1, micro=micro)[0]
-            out["computed"].append(sum(computed_tokens(mb, lengths, "rows") for mb in mbs))
+            out["computed"].append(sum(computed_tokens(mb, lengths, "flat") for mb in mbs))  # a CPU run: flat
             out["rows"].append(sum(len(mb) for mb in mbs))
         else:
             mbs = sampler.rank_micro_batches(s, 0, 1, micro)
@@ -317,7 +319,8 @@ def _report(args, machine, cfg, results, raw, wall, lengths, per_update) -> None
     shapes = {"ours, padded": f"{C.median(raw['ours, padded']['micro_batches']):.0f} micro-batches of "
                               f"{cfg.optim.micro_batch} records per update, grouped by length",
               "ours, packed": f"{C.median(raw['ours, packed']['micro_batches']):.0f} micro-batches of up to "
-                              f"{cfg.optim.micro_batch} rows per update"}
+                              f"{cfg.optim.micro_batch} rows per update, each one flat row attended record by "
+                              "record"}
     for n in trl:
         shapes[n] = (f"{raw[n]['rows_per_micro_batch']} row(s) of {raw[n]['max_length']} tokens per micro-batch x "
                      f"{raw[n]['accumulation']}, flattened to one row")
@@ -357,11 +360,12 @@ def _report(args, machine, cfg, results, raw, wall, lengths, per_update) -> None
         f"| ours, packed / ours, padded | {f['ratio_packed_vs_padded']:.2f} wall (rounds {fmt(vs_padded['wall'])}); "
         f"{f['ratio_packed_vs_padded_cpu']:.2f} CPU time | |",
         "",
-        "Padding: padding tokens / tokens computed over the run's updates (ours from its own micro-batches: "
-        "records padded to the micro-batch's longest, or packed rows padded to its widest row; TRL's padding-free "
-        "rows have none, but each micro-batch is one flat row over which SDPA computes every pair of positions "
-        "before the document mask drops those across records). The tokens/s count only supervised tokens (the "
-        "assistant's answer), the same records on every side.",
+        "Padding: padding tokens / tokens computed over the run's updates (ours, padded: records padded to the "
+        "micro-batch's longest; ours, packed, on a CPU: one flat row per micro-batch, no padding; TRL's "
+        "padding-free rows have none either, but each micro-batch is one flat row over which SDPA computes every "
+        "pair of positions before the document mask drops those across records, where ours computes each "
+        "record's own causal triangle). The tokens/s count only supervised tokens (the assistant's answer), the "
+        "same records on every side.",
     ]
     C.write_results("packing", lines, data, args.out_dir)
 
