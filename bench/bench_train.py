@@ -22,8 +22,9 @@ What makes the comparison fair (both sides):
   (AdamW betas/eps/weight decay, lr, warmup + cosine to the same floor, grad
   clip 1.0), no gradient checkpointing (TRL's default is on: turned off), no
   packing (ours packs by default, but the default data's records are too alike
-  in length to share a row: `_our_order`), right padding to the longest sequence
-  of each micro-batch;
+  in length to share a row: `_our_order`), TRL right-padding each micro-batch to
+  its longest sequence; ours, on a CPU, runs a micro-batch as one flat row
+  attended record by record (`pipeline.model.packed_attention`: no padding);
 * the same samples in the same micro-batches: those our `RunSampler` draws
   for update s, cut into micro-batches as our trainer cuts them (grouped by
   length within the update when `data.group_by_length`, the default), so both
@@ -353,7 +354,8 @@ def _report(args, machine, cfg, results, raw, wall) -> None:
         f"{cfg.optim.global_batch} sequences per update = {cfg.optim.micro_batch} per micro-batch x "
         f"{cfg.optim.global_batch // cfg.optim.micro_batch} accumulation steps, the same micro-batches on both "
         f"sides ({batching}), "
-        f"right-padded per micro-batch, no packing; {med['ours']['tokens_per_step']:.0f} non-pad tokens "
+        f"no records packed together (TRL right-pads each micro-batch; ours runs it as one flat row, record by "
+        f"record); {med['ours']['tokens_per_step']:.0f} non-pad tokens "
         f"per update (median). {args.steps} updates per run, the first {args.warmup} excluded; "
         f"{args.rounds} rounds, configurations interleaved and rotated; figures are medians over rounds.",
         "",

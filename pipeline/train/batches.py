@@ -24,7 +24,7 @@ import torch
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.mix import Mix
 from pipeline.model.batch import Batch, Collator
-from pipeline.planning.order import RunSampler, padding_fraction  # noqa: F401 (padding_fraction: re-exported)
+from pipeline.planning.order import RunSampler
 from pipeline.planning.packing import pack_update, row_capacity
 
 
