@@ -197,7 +197,7 @@ def _our_updates(cfg, steps: int, *, packed: bool) -> dict:
         out["tokens"].append(int(lengths[idx].sum()))
         if packed:
             mbs = pack_update(idx, lengths, capacity=row_capacity(lengths), world=1, micro=micro)[0]
-            out["computed"].append(sum(computed_tokens(mb, lengths, "flat") for mb in mbs))  # a CPU run: flat
+            out["computed"].append(sum(computed_tokens(mb, lengths, "records") for mb in mbs))  # a CPU: one flat row
             out["rows"].append(sum(len(mb) for mb in mbs))
         else:
             mbs = sampler.rank_micro_batches(s, 0, 1, micro)

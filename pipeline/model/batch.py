@@ -5,7 +5,7 @@ image tokens, padding). A `Batch` names, besides the model's inputs, the flat
 positions whose next token carries a loss and those next tokens (computed here
 on the CPU, so the loss picks them without a host sync).
 
-Three layouts (`pipeline.planning.packing` decides which one a run trains with):
+Four layouts (`pipeline.planning.packing` decides which one a run trains with):
   padded  one row per record, right-padded to the longest (an attention mask
           only when there is padding: without one, SDPA can take its causal
           fast path). `TokenLoss` drops that mask for the text decoders of
@@ -21,6 +21,9 @@ Three layouts (`pipeline.planning.packing` decides which one a run trains with):
   flat    every record of the micro-batch back to back in one row, no padding,
           `position_ids` restarting at each record and the boundaries given
           (`cu_seq_lens_q/k`, `max_length_q/k`): flash-attention's varlen kernel.
+  records the same flat row with the boundaries as plain ints (`RECORD_BOUNDS`),
+          for SDPA record by record on a CPU (`pipeline.model.packed_attention`),
+          which then reads no tensor back.
 
 A vision-language model's micro-batch is a padded one whose `inputs` also
 carry the model's image inputs (`pixel_values`, Qwen2-VL's `image_grid_thw`
@@ -31,6 +34,7 @@ with the model's processor, in a DataLoader worker when training
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, replace
 
 import torch
@@ -38,7 +42,9 @@ import torch
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import ImageText
 
-LAYOUTS = ("padded", "rows", "flat")
+LAYOUTS = ("padded", "rows", "flat", "records")
+PACKED = ("rows", "flat", "records")
+RECORD_BOUNDS = "record_bounds"  # the model input: (0, end of record 1, end of record 2, ...) as ints
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,12 @@ def collate(cache, indices: list[int], pad_id: int, *, packed: bool = False) -> 
 
 
 def collate_rows(cache, rows: list[list[int]], pad_id: int, layout: str) -> Batch:
-    """A packed micro-batch (`rows`: record indices of `cache` per row) in `layout` "rows" or "flat"
-    (see the module docstring); rows of one record each are collated padded."""
-    if layout not in ("rows", "flat"):
+    """A packed micro-batch (`rows`: record indices of `cache` per row) in `layout` "rows", "flat" or
+    "records" (see the module docstring); in "rows", rows of one record each are collated padded."""
+    if layout not in PACKED:
         raise ValueError(f"not a packed layout: {layout!r}")
-    if layout == "flat":
-        return _flat([cache[i] for row in rows for i in row])
+    if layout != "rows":
+        return _flat([cache[i] for row in rows for i in row], bounds_as_ints=layout == "records")
     if all(len(row) == 1 for row in rows):
         return _padded([cache[row[0]] for row in rows], pad_id)
     return _rows([[cache[i] for i in row] for row in rows], pad_id)
@@ -135,16 +141,20 @@ def _rows(rows, pad_id: int) -> Batch:
                  tokens=tokens)
 
 
-def _flat(items) -> Batch:
+def _flat(items, *, bounds_as_ints: bool = False) -> Batch:
     input_ids = torch.cat([ids for ids, _ in items]).unsqueeze(0)
     position_ids = torch.cat([torch.arange(len(ids)) for ids, _ in items]).unsqueeze(0)
-    lengths = torch.tensor([len(ids) for ids, _ in items])
-    # Flash-attention's varlen kernel takes the sequence boundaries as given; from position ids alone
-    # transformers would work them out on the device and read them back (a host sync per layer).
-    # Other attention implementations ignore these.
-    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    longest = int(lengths.max())
-    varlen = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+    sizes = [len(ids) for ids, _ in items]
+    edges = (0, *itertools.accumulate(sizes))
+    if bounds_as_ints:
+        varlen = {RECORD_BOUNDS: edges}
+    else:
+        # Flash-attention's varlen kernel takes the sequence boundaries as given; from position ids alone
+        # transformers would work them out on the device and read them back (a host sync per layer).
+        # Other attention implementations ignore these.
+        bounds = torch.tensor(edges, dtype=torch.int32)
+        longest = max(sizes)
+        varlen = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
     index, targets, offset = [], [], 0
     for ids, lab in items:
         pos, tgt = _supervised(lab)  # within one sequence: no target crosses into the next one
@@ -161,8 +171,8 @@ class Collator:
     record) and the inputs the model derives from the tokens (`ImageText`).
 
     `layout` "padded": a micro-batch is a list of record indices (`collate`);
-    "rows" / "flat": a list of rows of record indices (`collate_rows`, the
-    packed micro-batches of `pipeline.planning.packing.pack_update`).
+    "rows" / "flat" / "records": a list of rows of record indices (`collate_rows`,
+    the packed micro-batches of `pipeline.planning.packing.pack_update`).
     Picklable (the cache pickles by path), so DataLoader workers can run it and decode the
     images off the training loop. `cache` is the token cache it reads.
     """

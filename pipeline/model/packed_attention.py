@@ -1,8 +1,8 @@
 """SDPA record by record: how packed micro-batches keep their records apart on a CPU.
 
-A packed micro-batch in one flat row (`pipeline.model.batch`, layout "flat")
-holds several records back to back, their boundaries given as `cu_seq_lens_q`
-(computed on the CPU by the collator). Under SDPA with the block-causal mask
+A packed micro-batch in one flat row (`pipeline.model.batch`, layout "records")
+holds several records back to back, their boundaries given as plain ints
+(`RECORD_BOUNDS`, computed by the collator: nothing is read back from a tensor). Under SDPA with the block-causal mask
 transformers builds from the position ids, the CPU kernel computes every
 (query, key) pair of a row and masks those across records; run record by record
 with its causal kernel, it computes only each record's lower triangle, and the
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.model.batch import RECORD_BOUNDS
 from pipeline.model.loss import MASK_FREE_FAMILIES
 
 NAME = "sft_sdpa_per_record"
-_BOUNDS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def runs_per_record(config, longest: int) -> bool:
@@ -51,12 +51,10 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     query (1, heads, tokens, dim)); as is otherwise. Output as transformers' (batch, tokens, heads, dim)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    bounds = kwargs.get("cu_seq_lens_q")
-    kwargs = {k: v for k, v in kwargs.items() if k not in _BOUNDS}
-    if bounds is None:
+    edges = kwargs.pop(RECORD_BOUNDS, None)
+    if edges is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
-    edges = bounds.tolist()  # a CPU tensor here: no device sync
     parts = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, is_causal=True,
                                     **kwargs)[0] for s, e in zip(edges, edges[1:])]
     return torch.cat(parts, dim=1), None

@@ -28,9 +28,9 @@ that fills a row to the micro-batch's width (its own "record", which no loss
 reads); the records must not see each other. The attention path (`PATHS`):
   flat    flash-attention's varlen kernel: the whole micro-batch as one row,
           no padding at all, the records' boundaries given (cu_seq_lens);
-          on a CPU, SDPA's causal kernel record by record over the same flat
-          row (`pipeline.model.packed_attention`), for the models that can run
-          without any mask (`CPU_SDPA`);
+  records the same flat row for SDPA on a CPU, run record by record with its
+          causal kernel (`pipeline.model.packed_attention`), for the models
+          that can run without any mask (`CPU_SDPA`);
   rows    SDPA, eager, flex_attention: transformers builds a block-causal mask
           (flex: a document BlockMask) from the position ids when no attention
           mask is given and no KV cache is used (`masking_utils.
@@ -81,7 +81,7 @@ PATHS = {
 # SDPA on a CPU, for a model that can attend without any mask (`pipeline.model.packed_attention`):
 # its causal kernel record by record computes each record's lower triangle only, where the
 # block-causal mask of a row makes the CPU kernel compute every pair of the row.
-CPU_SDPA = ("flat", "SDPA's causal kernel record by record (one flat row per micro-batch, no padding, no mask; "
+CPU_SDPA = ("records", "SDPA's causal kernel record by record (one flat row per micro-batch, no padding, no mask; "
                     "pipeline.model.packed_attention)")
 
 # The plan's padding report counts the run's first updates, at most this many.
@@ -90,7 +90,7 @@ REPORT_UPDATES = 1000
 
 @dataclass(frozen=True)
 class Packing:
-    """How a run's text micro-batches are laid out: `layout` "rows" or "flat" (packed, see the
+    """How a run's text micro-batches are laid out: `layout` "rows", "flat" or "records" (packed, see the
     module docstring), or None (padded micro-batches of records); `why` says the attention path,
     or why micro-batches stay padded; `per_record`: the model must switch to attending record by
     record for it (`pipeline.model.packed_attention.use`)."""
@@ -215,9 +215,9 @@ def _cut(rows: list, parts: int) -> list[list]:
 
 def computed_tokens(micro_batch: list[list[int]], lengths: np.ndarray, layout: str) -> int:
     """Tokens a packed micro-batch computes, padding included: its rows padded to the widest
-    ("rows"), or its tokens alone ("flat")."""
+    ("rows"), or its tokens alone (one flat row: "flat", "records")."""
     widths = [int(lengths[row].sum()) for row in micro_batch]
-    return sum(widths) if layout == "flat" else len(widths) * max(widths)
+    return len(widths) * max(widths) if layout == "rows" else sum(widths)
 
 
 def padding_report(sampler, lengths: np.ndarray, steps: range, *, capacity: int, world: int, micro: int,

@@ -248,7 +248,7 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     print(gpu.text() + shape if gpu == cpu else f"{gpu.text()} (on a GPU); on a CPU: {cpu.why}{shape}")
     layouts = {gpu.layout, cpu.layout}
     after = ([f"{report['after']:.1%} in packed rows"] if "rows" in layouts or not gpu.on else []) + (
-        ["none in one flat row per micro-batch"] if "flat" in layouts else [])
+        ["none in one flat row per micro-batch"] if layouts & {"flat", "records"} else [])
     print(f"padding: {report['before']:.1%} of the tokens computed in padded micro-batches, "
           + ("packed: " if gpu.on else "would be if packed: ") + ", ".join(after)
           + f" (over updates 0..{len(steps) - 1} of {total_updates}, {world} rank(s))")

@@ -18,7 +18,7 @@ from trainkit import make_run, step_losses
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.errors import UserError
-from pipeline.model.batch import collate, collate_rows
+from pipeline.model.batch import RECORD_BOUNDS, collate, collate_rows
 from pipeline.model import packed_attention
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
 from pipeline.planning import packing
@@ -75,7 +75,7 @@ def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
     assert decide("auto", implementation="sdpa", model_type="llama", vision_language=False).layout == "rows"
     cpu = decide("auto", implementation="sdpa", model_type="llama", vision_language=False, device="cpu",
                  per_record=True)
-    assert cpu.layout == "flat" and cpu.per_record  # SDPA record by record on a CPU, where the model can
+    assert cpu.layout == "records" and cpu.per_record  # SDPA record by record on a CPU, where the model can
     assert decide("auto", implementation="eager", model_type="llama", vision_language=False, device="cpu",
                   per_record=True).layout == "rows"
     assert decide("auto", implementation="flash_attention_2", model_type="qwen3", vision_language=False).layout == "flat"
@@ -123,6 +123,10 @@ def test_packed_rows_restart_positions_per_record_and_for_the_padding(tiny_mixed
     # flash-attention's layout: one row, no padding, the boundaries given
     flat = collate_rows(cache, rows, pad_id=0, layout="flat")
     assert torch.equal(flat.inputs["input_ids"], collate(cache, [0, 1, 2], pad_id=0, packed=True).inputs["input_ids"])
+    # SDPA record by record (a CPU): the same row, its boundaries as ints (nothing to read back from a tensor)
+    records = collate_rows(cache, rows, pad_id=0, layout="records")
+    assert torch.equal(records.inputs["input_ids"], flat.inputs["input_ids"]) and "cu_seq_lens_q" not in records.inputs
+    assert records.inputs[RECORD_BOUNDS] == tuple(flat.inputs["cu_seq_lens_q"].tolist())
 
 
 VOCAB = 48
@@ -201,7 +205,7 @@ def test_each_record_attended_on_its_own_has_its_padded_loss(family):
     with torch.no_grad():
         padded = _per_record_losses(model, collate(cache, order, 0), counts)
         packed_attention.use(model)
-        flat = _per_record_losses(model, collate_rows(cache, rows, 0, "flat"), counts)
+        flat = _per_record_losses(model, collate_rows(cache, rows, 0, "records"), counts)
         without_mask = _per_record_losses(model, collate(cache, order, 0), counts)  # validation's padded batches
     assert (flat - padded).abs().max() < 1e-6, (flat - padded).abs().max()
     assert (without_mask - padded).abs().max() < 1e-6
@@ -245,7 +249,7 @@ def test_plan_prints_the_path_and_the_padding_before_and_after(tiny_mixed, tmp_p
     assert "packing: on, SDPA with a block-causal mask" in out and "on a CPU: SDPA's causal kernel record by" in out
     assert "rows of up to 95 tokens" in out
     report = json.loads(run.plan.read_text())["packing"]
-    assert report["layout"] == {"gpu": "rows", "cpu": "flat"} and report["padding_rows"] < report["padding_before"]
+    assert report["layout"] == {"gpu": "rows", "cpu": "records"} and report["padding_rows"] < report["padding_before"]
     assert (f"{report['padding_before']:.1%} of the tokens computed in padded micro-batches, packed: "
             f"{report['padding_rows']:.1%} in packed rows, none in one flat row") in out
     make_run(tmp_path / "off", tiny_mixed, total=6, overrides=["tokens.packing=off"])
@@ -256,7 +260,7 @@ def test_packing_changes_only_the_order_of_the_sums(tiny_mixed, tmp_path):
     """The same run three ways: packed in one flat row attended record by record (SDPA on a CPU, the
     default here), packed in rows with a block-causal mask (eager attention), padded."""
     base = ["lora.dropout=0.0"]  # dropout masks are drawn per micro-batch layout: compare without them
-    runs = {"flat": ([], "packing: on, SDPA's causal kernel record by record"),
+    runs = {"records": ([], "packing: on, SDPA's causal kernel record by record"),
             "rows": (["model.attn_implementation=eager"], "packing: on, eager attention with a block-causal mask"),
             "padded": (["tokens.packing=off"], "packing: off")}
     losses = {}
@@ -264,6 +268,6 @@ def test_packing_changes_only_the_order_of_the_sums(tiny_mixed, tmp_path):
         run = make_run(tmp_path / name, tiny_mixed, total=6, single_stage=True, overrides=[*base, *overrides])
         assert said in run.train("all").stdout
         losses[name] = step_losses([run.stage_dir("all")])
-    assert [s for s, _ in losses["flat"]] == [s for s, _ in losses["padded"]] == list(range(1, 7))
-    for name in ("flat", "rows"):
+    assert [s for s, _ in losses["records"]] == [s for s, _ in losses["padded"]] == list(range(1, 7))
+    for name in ("records", "rows"):
         assert [x for _, x in losses[name]] == pytest.approx([x for _, x in losses["padded"]], rel=1e-5)
