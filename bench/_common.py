@@ -65,17 +65,24 @@ def machine() -> dict:
     except (OSError, StopIteration, ValueError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    gpu = None
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            gpu = f"{torch.cuda.device_count()} x {props.name} ({props.total_memory / 2**30:.0f} GiB)"
-    except ImportError:
-        pass
+    gpus = gpus_found()
+    gpu = f"{len(gpus)} x {gpus[0][0]} ({gpus[0][1] / 2**30:.0f} GiB)" if gpus else None
     return {"cores": cores, "cpu": cpu, "memory_gib": mem_gib, "gpu": gpu,
             "os": f"{platform.system()} {platform.release()}", "load_average": load_average()}
+
+
+def gpus_found() -> list[tuple[str, int]]:
+    """(name, memory in bytes) of each CUDA GPU this process may use, asked in a child process: asking
+    torch here would create a CUDA context in the benchmark's own process (half a GiB of GPU memory
+    that a trainer it launches, which plans for the whole GPU, would not have)."""
+    code = ("import json, torch; print(json.dumps([(torch.cuda.get_device_name(i), "
+            "torch.cuda.get_device_properties(i).total_memory) for i in range(torch.cuda.device_count())] "
+            "if torch.cuda.is_available() else []))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        return [tuple(g) for g in json.loads(proc.stdout.strip().splitlines()[-1])] if proc.returncode == 0 else []
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        return []
 
 
 def load_average() -> list[float] | None:

@@ -117,7 +117,30 @@ def peak_tflops(name: str) -> float | None:
     return None
 
 
-def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
+def build_model_dir(path: Path, preset: str, seq_len: int) -> dict:
+    """The model dir of `_build_model_dir`, built in a child process (on the GPU when there is one), so
+    that this process never holds a CUDA context: the trainer it launches plans for the whole GPU."""
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import bench_gpu; "
+            f"print(json.dumps(bench_gpu._build_model_dir(bench_gpu.Path({str(path)!r}), "
+            f"bench_gpu.PRESETS[{preset!r}], {seq_len})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=C.child_env(),
+                          timeout=3600)
+    if proc.returncode != 0:
+        sys.exit(f"building the {preset} model failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def trainer_env() -> dict:
+    """The trainer child's environment: what the workflow's launcher gives a training job (PyTorch's
+    CUDA allocator with expandable segments, `pipeline.launch.__main__.allocator_env`), which the
+    plan's fragmentation margin assumes."""
+    from pipeline.launch.__main__ import allocator_env
+
+    env = C.child_env()
+    return {**env, **allocator_env(env)}
+
+
+def _build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
     """Random-init model saved in bf16 with the demo tokenizer; returns the shape figures for the FLOPs count."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -139,9 +162,6 @@ def build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
                     if isinstance(m, torch.nn.Linear) and ".layers." in n)
     info = {"params_total": sum(p.numel() for p in model.parameters()), "params_layers_matmul": in_layers,
             "layers": config.num_hidden_layers, "hidden": config.hidden_size, "vocab": config.vocab_size}
-    del model
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()  # the training process needs the GPU memory, not this one
     return info
 
 
@@ -213,7 +233,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     """One trainer run (`arm` at `seq_len`) on a fresh cache; returns its metrics rows, the data's shape
     and what the plan and the stage decided."""
     from pipeline import config as train_config
-    from pipeline.model import memory
+    from pipeline.model import loading, memory
 
     records = args.steps * args.global_batch
     shape = build_cache(tmp / "train.safetensors", records=records, seq_len=seq_len, vocab=info["vocab"],
@@ -226,7 +246,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
            "-m", "pipeline", "train", "--plan", str(run["plan"]), "--config", str(run["config"]),
            "--stage", "all", "--scratch", str(tmp / "scratch"), "--out", str(tmp / "out")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=C.child_env(), timeout=3600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=trainer_env(), timeout=3600)
     if proc.returncode != 0:
         sys.exit(f"training failed ({arm}, length {seq_len}: {proc.returncode}):\n{proc.stderr[-4000:]}")
     # The stage's own line: "k of n layers" where it estimated memory, "off" where it had no budget (a CPU).
@@ -235,7 +255,8 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     shapes = memory.read_shapes(str(tmp.parent / "model"))
     estimate = memory.estimate(cfg, shapes, memory.Run(
         micro_batch=train_config.batch_split(cfg, 1)[0], length=max(n for n, _ in shape), world=1, sharded=False,
-        checkpointed=int(chosen.group(1) or 0) if chosen else 0, precision=precision))
+        checkpointed=int(chosen.group(1) or 0) if chosen else 0, precision=precision,
+        packed=loading.packing(cfg)))  # a packed row under SDPA has a (row x row) mask to count
     return {"cfg": cfg, "shape": shape, "rows": [r for r in rows if "loss" in r][args.warmup:],
             "checkpointing": chosen.group(0) if chosen else "activation checkpointing unknown",
             "estimate_mb": estimate.total / 2**20}
@@ -276,15 +297,16 @@ def main() -> None:
     machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
     command = C.command_line(__file__)
 
-    import torch
-
-    cuda = torch.cuda.is_available()
+    # This process never touches CUDA (its context would take GPU memory the trainer plans to have):
+    # the GPUs are asked for, and the model is built, in child processes.
+    gpus = C.gpus_found()
+    cuda = bool(gpus)
     if not C.smoke(args, preset="tiny", seq_len=[64], arms=["padded", "packed"], micro_batch=2, global_batch=4,
                    steps=3, warmup=1) and not cuda:
         return _not_measured(args.out_dir, command, machine)
     preset = PRESETS[args.preset]
     precision = "bf16" if cuda else "fp32"  # a CPU gets here only in a smoke run
-    gpu_name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    gpu_name = gpus[0][0] if cuda else "cpu"
     peak = args.peak_tflops or peak_tflops(gpu_name)
     if peak is None and not args.smoke:
         sys.exit(f"unknown peak FLOP/s for {gpu_name!r}: pass --peak-tflops")
@@ -293,7 +315,7 @@ def main() -> None:
     arms = []
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         tmp = Path(tmp)
-        info = build_model_dir(tmp / "model", preset, max(args.seq_len))
+        info = build_model_dir(tmp / "model", args.preset, max(args.seq_len))
         for seq_len in args.seq_len:
             for arm in args.arms:
                 trained = train_arm(tmp / f"{arm}-{seq_len}", args, seq_len=seq_len, arm=arm, precision=precision,

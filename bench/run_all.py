@@ -40,6 +40,7 @@ BENCHES = {  # name -> script (default arguments)
     "eval_ranks": "bench_eval_ranks.py",
     "quant": "bench_quant.py",
     "step": "bench_step.py",
+    "kernels": "bench_kernels.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -262,6 +263,17 @@ def build_results(results: Path = C.RESULTS) -> str:
                   ("mask-free vs masked step: max abs diff of the mean loss / of the gradients",
                    f"{f['loss_diff']:.2g} / {f['grad_diff']:.2g}",
                    "<= 1e-6: " + ("met" if max(f["loss_diff"], f["grad_diff"]) <= 1e-6 else "NOT met"), s)]
+    kernels = _load(results, "kernels")
+    if kernels:
+        s = src("kernels", kernels)
+        arms = {a["arm"]: a for a in kernels["arms"]}
+        base = kernels["arms"][0]
+        table += [("fused settings, LoRA fp32 step on a CPU, against the default: tokens per CPU s / tokens/s "
+                   "(wall) / RSS rise over the steps of " + ", ".join(arms),
+                   "; ".join(f"{a['tokens_per_cpu_s'] / base['tokens_per_cpu_s']:.2f}x / "
+                             f"{a['tokens_per_s'] / base['tokens_per_s']:.2f}x / "
+                             f"{a['step_rss_rise_mb'] - base['step_rss_rise_mb']:+,.0f} MB" for a in arms.values()),
+                   "", s)]
     if gpu:
         s = src("gpu", gpu)
         if gpu.get("status") == "measured" and "mfu_6n" in gpu["figures"]:
@@ -338,6 +350,10 @@ def build_results(results: Path = C.RESULTS) -> str:
         "Run once through inductor's CPU backend (a one-off check, not a benchmark) it matched the eager chunk "
         "to 1.1e-7 relative in the loss and 6e-8 in the gradients. The mask-free step on a GPU (SDPA's flash "
         "kernel instead of the masked one) is not measured either.",
+        "- [kernels] measures the CPU only (no GPU was lent): its fused-loss arm is the torch fallback of the "
+        "kernels' contract (full logits), not Liger's or cut-cross-entropy's kernels, and it is faster there "
+        "because the default's chunked loss recomputes its chunk's logits in the backward; the ratios are of "
+        "tokens per process CPU second and of wall clock on a shared machine (its table gives the load).",
     ]
     return "\n".join(lines) + "\n"
 

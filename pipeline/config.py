@@ -103,6 +103,15 @@ def init_problem(init: str) -> str | None:
             f"weights unchanged from the base files. Use one of: {', '.join(LORA_INITS)}")
 
 
+class FusedLoss(Choice):
+    """How the LM head and the cross-entropy run (pipeline/model/kernels.py)."""
+
+    auto = "auto"
+    chunked = "chunked"
+    liger = "liger"
+    cce = "cce"
+
+
 class Quantization(Choice):
     """How the frozen base is stored under LoRA (bitsandbytes): none, 4-bit NF4 / FP4, or 8-bit."""
 
@@ -144,6 +153,14 @@ class ModelConfig:
     attn_implementation: Attention = setting(
         Attention.sdpa, "attention kernel (flash_attention_2 needs `pip install flash-attn`)")
     compile: bool = setting(False, "torch.compile each decoder layer (a GPU feature; the first updates compile)")
+    fused_loss: FusedLoss = setting(
+        FusedLoss.auto, "the LM head + cross-entropy: chunked = ours (chunks of logits recomputed in the backward); "
+                        "liger / cce = Liger-Kernel's / cut-cross-entropy's fused kernel, which never writes the "
+                        "logits (CUDA, `pip install -e \".[gpu]\"`; not with LoRA on the head, added tokens or "
+                        "FSDP: chunked there); auto = liger, else cce, where installed on a GPU, else chunked")
+    liger_kernels: bool = setting(False, "Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels in the decoder (CUDA, "
+                                         "`pip install -e \".[gpu]\"`, the families Liger patches: llama, "
+                                         "mistral, qwen2, qwen3, gemma, phi3, ...)")
     gpu_memory_gb: float | None = setting(None, "memory of each GPU (GiB); the run must fit it less the CUDA "
                                                 "context, NCCL buffers and a fragmentation margin "
                                                 "(pipeline.model.memory.budget); null = what the GPUs found have")
@@ -168,9 +185,14 @@ class LoraConfig:
     enabled: bool = setting(True, "false = full fine-tuning (all weights trained, EMA over all of them)")
     r: int = setting(16, "adapter rank")
     alpha: int = setting(32, "scaling numerator: the update is scaled by alpha / r (alpha / sqrt(r) with rsLoRA)")
-    dropout: float = setting(0.05, "dropout on the adapters' input")
+    dropout: float = setting(0.0, "dropout on the adapters' input; 0 (the default) skips the dropout and the "
+                                  "copy of each adapted layer's input it makes (peft then runs lora_B(lora_A(x)) "
+                                  "on the layer's own input), and lets lora.fused take the fused path")
     target_modules: list[str] = setting([ALL_LINEAR], "layer name suffixes (e.g. [q_proj, v_proj]), or "
                                                       "[all-linear]: every Linear / Conv1D layer but the output head")
+    fused: bool = setting(False, "each LoRA linear layer as one addmm: the adapter's B matmul accumulates into "
+                                 "the base layer's output, scaled (pipeline/model/kernels.py); needs "
+                                 "lora.dropout=0; DoRA and quantized layers keep peft's forward")
     use_rslora: bool = setting(False, "rank-stabilized LoRA scaling (alpha / sqrt(r))")
     use_dora: bool = setting(False, "DoRA: each adapted layer also learns a magnitude per output feature "
                                     "(peft lora_magnitude_vector), W' = m * (W + s*B@A) / ||W + s*B@A|| per "
@@ -423,6 +445,9 @@ def _check(cfg: TrainConfig) -> None:
 def _lora_variant_problems(cfg: TrainConfig) -> list[str]:
     """lora.init, lora.use_dora and optim.lora_plus_ratio: what they combine with."""
     problems = []
+    if cfg.lora.enabled and cfg.lora.fused and cfg.lora.dropout > 0:
+        problems.append(f"lora.fused=true fuses the adapter's matmul into the base layer's output, which needs "
+                        f"lora.dropout=0 (it is {cfg.lora.dropout}): set lora.dropout=0 or lora.fused=false")
     if cfg.lora.enabled and (why := init_problem(cfg.lora.init)):
         problems.append(why)
     if cfg.lora.enabled and cfg.lora.use_dora and cfg.distributed.strategy == "fsdp":

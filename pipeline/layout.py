@@ -123,9 +123,14 @@ VALIDATION_JSON = "validation.json"
 VALIDATION_CSV = "validation.csv"
 VALIDATION_FAILED_DIR = "validation_failed"  # undeclared: a failed validation's reports
 STATS_FILE = "stats.json"
-TRAIN_SETS_DIR = "train"  # data/train/<name>/: one training dataset of several (its reports, stats and cache)
+TRAIN_SETS_DIR = "train"  # data/train/<name>/: one training dataset (its reports, stats and cache)
+SINGLE_TRAIN_SET = "train"  # the name of the one training dataset of a run that gives a file, not a list
 TRAIN_SET_CACHE = "train.safetensors"
-VAL_STATS_FILE = "val_stats.json"  # several training datasets: the validation set's own tokenization stats
+TRAIN_SET_DROPPED = "dropped.npy"  # the records duplicates=drop leaves out of the cache (found across shards)
+TRAIN_SET_SHARDS = "shards.json"  # each shard's records and time (validation and tokenization)
+SHARDS_DIR = "shards"  # data/train/<name>/shards/: a large dataset's shard jobs' outputs
+VAL_STATS_FILE = "val_stats.json"  # the validation set's own tokenization stats
+DATA_SHARDS_FILE = "shards.json"  # data/shards.json: every training dataset's shards and their times
 CACHE_SUFFIX = ".safetensors"  # data/<split>.safetensors: a tokenized split
 DEMO_SPLIT_SUFFIX = ".jsonl"  # data/<split>.jsonl: an embedded demo's dataset split
 
@@ -142,6 +147,7 @@ SAMPLES_PAGE = "samples.html"
 PLAN_PAGE = "plan.html"
 PILOT_GATE_PAGE = "pilot_gate.html"
 LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
+DATA_PAGE = "data.html"  # the training datasets: files, records, shards and each shard's time
 
 # export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
 ADAPTER_FINAL = "adapter_final"
@@ -220,7 +226,7 @@ class RunTree:
     def validation_failed(self) -> Path:
         return self.root / DATA_DIR / VALIDATION_FAILED_DIR
 
-    # several training datasets (data.train a list): each in a dir of its own, made by jobs of its own
+    # the training datasets (data.train: one file, or a list): each in a dir of its own, made by jobs of its own
     def train_set(self, name: str) -> Path:
         """data/train/<name>/: one training dataset's validation.json/.csv, stats.json and token cache."""
         return self.root / DATA_DIR / TRAIN_SETS_DIR / name
@@ -239,6 +245,25 @@ class RunTree:
 
     def train_set_validation_failed(self, name: str) -> Path:
         return self.train_set(name) / VALIDATION_FAILED_DIR
+
+    def train_set_dropped(self, name: str) -> Path:
+        return self.train_set(name) / TRAIN_SET_DROPPED
+
+    def train_set_shards(self, name: str, step: str) -> Path:
+        """data/train/<name>/<step>_shards.json: each shard's records and time in validation or tokenization."""
+        return self.train_set(name) / f"{step}_{TRAIN_SET_SHARDS}"
+
+    def shard_scan(self, name: str, shard: int | str) -> Path:
+        """A shard's validation facts (a .json and its .npz; `pipeline.data.scan`)."""
+        return self.train_set(name) / SHARDS_DIR / f"validate-{shard}.json"
+
+    def shard_part(self, name: str, shard: int | str) -> Path:
+        """A shard's part of the token cache (and its .json; `pipeline.data.parts`)."""
+        return self.train_set(name) / SHARDS_DIR / f"tokenize-{shard}{CACHE_SUFFIX}"
+
+    @property
+    def data_shards(self) -> Path:
+        return self.root / DATA_DIR / DATA_SHARDS_FILE
 
     @property
     def val_stats(self) -> Path:
@@ -304,6 +329,10 @@ class RunTree:
     @property
     def labels_html(self) -> Path:
         return self.root / REPORT_DIR / LABELS_PAGE
+
+    @property
+    def data_html(self) -> Path:
+        return self.root / REPORT_DIR / DATA_PAGE
 
     @property
     def exports(self) -> Path:

@@ -1,10 +1,11 @@
-"""Tiny character-level tokenizers carrying the chat templates that model makers ship.
+"""Tiny character-level tokenizers carrying the chat templates that model makers ship (and ours).
 
 `build_tokenizer(family)` returns a fast Hugging Face tokenizer whose
 vocabulary is the printable ASCII characters, the newline and the family's
 special tokens (each one token), with the family's bos / eos / pad as in its
 real ``tokenizer_config.json`` and ``chat_template`` = the shipped template from
-``tests/data/chat_templates/`` (see the README there). Every other character is
+``tests/data/chat_templates/`` (see the README there); a built-in training
+template's family is ``builtin:<name>`` (`BUILTINS`). Every other character is
 one token, so the ids of any text are known without the tokenizer:
 `char_ids` computes them independently (greedy longest special-token match,
 else one id per character), which is what the tests compare the labelling with.
@@ -29,7 +30,7 @@ class Family:
 
     name: str
     template: str  # file name in TEMPLATES_DIR
-    eot: str  # the token the template writes right after an assistant turn's content
+    eot: str  # what is trained right after an assistant turn's content: through the token generation stops on
     specials: tuple[str, ...]
     bos: str | None = None
     eos: str | None = None
@@ -37,6 +38,11 @@ class Family:
     unk: str | None = None
     system: str = "ok"  # "ok" | "raises" (the template rejects a system message)
     reasoning: str | None = None  # None | "qwen3" (rendered after the last user turn) | "r1" (never rendered)
+    # | "gpt-oss" (the analysis channel of a last assistant turn only)
+    # The tokens generation stops on: the eos ids of the model's generation_config.json (data, not derived).
+    stops: tuple[str, ...] = ()
+    lead: str = ""  # what the model writes before the content: template text after the generation prompt
+    mid_eot: str | None = None  # what is trained after the content of a turn that a later turn follows (None: eot)
 
 
 _LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
@@ -51,42 +57,93 @@ _MISTRAL = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[
             "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
 _GEMMA = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
 _PHI35 = ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+_HARMONY = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
+            "<|message|>", "<|call|>")
+_COHERE2 = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>", "<EOP_TOKEN>",
+            "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+            "<|SYSTEM_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>",
+            "<|START_ACTION|>", "<|END_ACTION|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>")
+
+_L31_STOPS = ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
+_QWEN_STOPS = ("<|im_end|>", "<|endoftext|>")
+_R1_STOPS = ("<｜end▁of▁sentence｜>",)
 
 FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("llama-3.1", "llama-3.1-8b-instruct.jinja", "<|eot_id|>", _LLAMA3,
-           bos="<|begin_of_text|>", eos="<|eot_id|>"),
+           bos="<|begin_of_text|>", eos="<|eot_id|>", stops=_L31_STOPS),
     Family("llama-3.2", "llama-3.2-instruct.jinja", "<|eot_id|>", _LLAMA3,
-           bos="<|begin_of_text|>", eos="<|eot_id|>"),
+           bos="<|begin_of_text|>", eos="<|eot_id|>", stops=_L31_STOPS),
     Family("llama-3", "llama-3-8b-instruct.jinja", "<|eot_id|>", _LLAMA3,
-           bos="<|begin_of_text|>", eos="<|eot_id|>"),
+           bos="<|begin_of_text|>", eos="<|eot_id|>", stops=("<|end_of_text|>", "<|eot_id|>")),
     Family("qwen2.5", "qwen2.5-instruct.jinja", "<|im_end|>", _QWEN,
-           eos="<|im_end|>", pad="<|endoftext|>"),
+           eos="<|im_end|>", pad="<|endoftext|>", stops=_QWEN_STOPS),
     Family("qwen3", "qwen3.jinja", "<|im_end|>", _QWEN3,
-           eos="<|im_end|>", pad="<|endoftext|>", reasoning="qwen3"),
+           eos="<|im_end|>", pad="<|endoftext|>", reasoning="qwen3", stops=_QWEN_STOPS),
     Family("qwen3-2025-04", "qwen3-2025-04.jinja", "<|im_end|>", _QWEN3,
-           eos="<|im_end|>", pad="<|endoftext|>", reasoning="qwen3"),
+           eos="<|im_end|>", pad="<|endoftext|>", reasoning="qwen3", stops=_QWEN_STOPS),
     Family("r1-distill", "deepseek-r1-distill.jinja", "<｜end▁of▁sentence｜>", _R1,
-           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1"),
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1",
+           stops=_R1_STOPS),
     Family("r1-distill-2025-01", "deepseek-r1-distill-2025-01.jinja", "<｜end▁of▁sentence｜>", _R1,
-           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1"),
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1",
+           stops=_R1_STOPS),
     Family("mistral-nemo", "mistral-nemo-instruct-2407.jinja", "</s>", _MISTRAL,
-           bos="<s>", eos="</s>", unk="<unk>"),
+           bos="<s>", eos="</s>", unk="<unk>", stops=("</s>",)),
     Family("gemma-2", "gemma-2-it.jinja", "<end_of_turn>", _GEMMA,
-           bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises"),
+           bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises", stops=("<eos>", "<end_of_turn>")),
     Family("gemma-3", "gemma-3-it.jinja", "<end_of_turn>", _GEMMA,
-           bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>"),
+           bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", stops=("<eos>", "<end_of_turn>")),
     Family("phi-3.5", "phi-3.5-mini-instruct.jinja", "<|end|>", _PHI35,
-           bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>"),
+           bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>",
+           stops=("<|end|>", "<|assistant|>", "<|endoftext|>")),
+    # Harmony: the generation prompt is only <|start|>assistant, so the channel header is model output; a
+    # final message closes with <|return|> when last, with <|end|> (not a stop) when a later turn follows.
+    Family("gpt-oss", "gpt-oss.jinja", "<|return|>", _HARMONY, eos="<|return|>", pad="<|endoftext|>",
+           reasoning="gpt-oss", lead="<|channel|>final<|message|>", mid_eot="",
+           stops=("<|return|>", "<|endoftext|>", "<|call|>")),
+    # Command R7B: the eos <|END_OF_TURN_TOKEN|> follows <|END_RESPONSE|>; the R7B generation prompt stops
+    # before <|START_RESPONSE|>, the Cohere2 one after it.
+    Family("command-r7b", "command-r7b-12-2024-tool_use.jinja", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", _COHERE2,
+           bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", lead="<|START_RESPONSE|>",
+           stops=("<|END_OF_TURN_TOKEN|>",)),
+    Family("cohere2", "cohere2.jinja", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", _COHERE2,
+           bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", stops=("<|END_OF_TURN_TOKEN|>",)),
 ]}
 
 
-def template_text(family: str) -> str:
-    return (TEMPLATES_DIR / FAMILIES[family].template).read_text(encoding="utf-8")
+
+def _builtin_families() -> dict[str, Family]:
+    """Our built-in training templates (`pipeline.data.chat.BUILTIN_TEMPLATES`) as families named
+    ``builtin:<name>``: a base vocabulary with ``<s>`` / ``</s>`` and the template's turn markers; generation
+    stops on the eos and on the end-of-turn marker the registry declares (export adds it to the model's
+    generation config)."""
+    from pipeline.data.chat import BUILTIN_TEMPLATES
+
+    out = {}
+    for name, spec in BUILTIN_TEMPLATES.items():
+        eot = spec.end_of_turn or "</s>"
+        out[f"builtin:{name}"] = Family(
+            f"builtin:{name}", str(Path(spec.template_path)), eot, (*spec.special_tokens, "<s>", "</s>"),
+            bos="<s>", eos="</s>", stops=tuple(dict.fromkeys((eot, "</s>"))),
+            lead="<|channel|>final<|message|>" if name == "gpt-oss" else "")
+    return out
+
+
+BUILTINS: dict[str, Family] = _builtin_families()
+
+
+def family_of(name: str) -> Family:
+    """A shipped template's family (`FAMILIES`) or a built-in's (`BUILTINS`, ``builtin:<name>``)."""
+    return FAMILIES[name] if name in FAMILIES else BUILTINS[name]
+
+
+def template_text(name: str) -> str:
+    return (TEMPLATES_DIR / family_of(name).template).read_text(encoding="utf-8")
 
 
 def vocabulary(family: str) -> dict[str, int]:
     """Token -> id: the special tokens first (with <unk>), then one id per character."""
-    fam = FAMILIES[family]
+    fam = family_of(family)
     vocab: dict[str, int] = {}
     for tok in (*fam.specials, UNK):
         vocab.setdefault(tok, len(vocab))
@@ -101,7 +158,7 @@ def build_tokenizer(family: str):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    fam = FAMILIES[family]
+    fam = family_of(family)
     tok = Tokenizer(models.WordLevel(vocab=vocabulary(family), unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -120,7 +177,7 @@ def build_tokenizer(family: str):
 def char_ids(family: str, text: str) -> list[int]:
     """The ids of `text`, computed without the tokenizer: special tokens whole, else one per character."""
     vocab = vocabulary(family)
-    specials = sorted((*FAMILIES[family].specials, UNK), key=len, reverse=True)
+    specials = sorted((*family_of(family).specials, UNK), key=len, reverse=True)
     ids, i = [], 0
     while i < len(text):
         for tok in specials:

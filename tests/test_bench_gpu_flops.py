@@ -32,3 +32,41 @@ def test_supervised_count_is_the_targets_the_cache_holds(tmp_path):
     targets = sum(int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache)))
     tokens = sum(n for n, _ in shape)
     assert bench_gpu.flops_per_token(INFO, 0, shape)["supervised_fraction"] == pytest.approx(targets / tokens)
+
+
+def test_the_trainer_child_gets_the_allocator_setting_of_a_training_job(monkeypatch):
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    assert bench_gpu.trainer_env()["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_the_benchmark_process_never_creates_a_cuda_context(tmp_path, monkeypatch):
+    """Its trainer child plans for the whole GPU: the parent asks for the GPUs and builds the model in
+    child processes. Here CUDA looks available and creating its context fails."""
+    import torch
+
+    def no_context():
+        raise AssertionError("the benchmark process created a CUDA context")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", no_context)
+    bench_gpu.C.machine()
+    info = bench_gpu.build_model_dir(tmp_path / "model", "tiny", 64)
+    assert info["layers"] == bench_gpu.PRESETS["tiny"]["num_hidden_layers"] and (tmp_path / "model").is_dir()
+
+
+def test_a_packed_row_under_sdpa_counts_its_block_mask():
+    """The packed arm under SDPA builds a (row x row) mask; the estimate counts it, flash-attention's needs none."""
+    import dataclasses
+
+    from pipeline import config as train_config
+    from pipeline.model import memory
+
+    cfg = train_config.to_typed({"model": {"path": "m"}, "tokens": {"train_cache": "t"}})
+    shapes = memory.Shapes(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
+                           tied=True)
+    run = memory.Run(micro_batch=4, length=512, world=1, sharded=False, checkpointed=0, precision="bf16")
+    padded, packed = (memory.estimate(cfg, shapes, dataclasses.replace(run, packed=p)) for p in (False, True))
+    assert packed.total - padded.total == (4 * 512) ** 2 * 3
+    flash = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation="flash_attention_2"))
+    assert memory.estimate(flash, shapes, dataclasses.replace(run, packed=True)).total == padded.total

@@ -38,11 +38,13 @@ SCRIPTS = {
     "bench_gpu": ("--out-dir", ["gpu.json", "gpu.md"]),
     "bench_memory": ("--out-dir", ["memory.json", "memory.md"]),
     "bench_data": ("--out", ["data.md"]),
+    "bench_stage_start": ("--out", ["stage_start.md"]),
     "bench_merge": ("--out", ["merge.md"]),
     "bench_fsdp_memory": ("--out-dir", ["fsdp_memory.json", "fsdp_memory.md"]),
     "bench_eval_ranks": ("--out-dir", ["eval_ranks.json", "eval_ranks.md"]),
     "bench_quant": ("--out-dir", ["quant.json", "quant.md"]),
     "bench_step": ("--out-dir", ["step.json", "step.md"]),
+    "bench_kernels": ("--out-dir", ["kernels.json", "kernels.md"]),
     "run_all": ("--out", ["RESULTS.md"]),
 }
 

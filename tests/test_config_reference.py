@@ -56,7 +56,7 @@ def test_the_real_group_files_state_no_default():
 def test_a_group_file_that_restates_a_default_fails_the_check(tmp_path):
     tree = shutil.copytree(CONF, tmp_path / "train")
     (tree / "optim" / "adamw.yaml").write_text("lr: 1.0e-3\nweight_decay: 0.0\n")  # the default option
-    (tree / "lora" / "full.yaml").write_text("enabled: false\ndropout: 0.0\nr: 16\n")  # r restated
+    (tree / "lora" / "full.yaml").write_text("enabled: false\nr: 16\n")  # r restated
     (tree / "tokens" / "packed.yaml").write_text("packing: on\n")  # a bare on is a change, not a default
     (tree / "eval").mkdir()
     problems = ref.group_problems(tree)

@@ -67,7 +67,10 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
     root.mkdir(parents=True, exist_ok=True)
     base = [f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", f"tokens.val_cache={tiny['val']}",
             "optim.global_batch=8", "optim.micro_batch=4", "optim.lr=1e-3", "ema.rates=[0.9,0.99]",
-            "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "validation.batch_size=8"]
+            "checkpoint.save_every=2", "checkpoint.keep_last=3", "lora.r=4", "lora.alpha=8", "validation.batch_size=8",
+            # Dropout on (the default is 0): its masks draw from the RNG streams that chunked, resumed and
+            # checkpointed runs must carry on exactly, so the bitwise comparisons cover those streams.
+            "lora.dropout=0.05"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
             "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config",
             "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]

@@ -55,6 +55,7 @@ _IMAGE_TENSORS = {
     "image_path_offsets": ("I64", np.int64),
 }
 _ALL_TENSORS = {**_TENSORS, **_IMAGE_TENSORS}
+_COUNT_TOKENS = 1 << 24  # labels read at a time by `TokenCache.supervised_counts` (128 MB of running sums)
 
 
 def write_cache(
@@ -267,6 +268,23 @@ class TokenCache:
     @property
     def num_tokens(self) -> int:
         return int(self._offsets[-1])
+
+    def supervised_counts(self) -> np.ndarray:
+        """Per record, the tokens that carry a loss: positions after its first whose label is set (the loss at
+        position j predicts token j from those before it). Read from the stored arrays a slice of records at a
+        time (`_COUNT_TOKENS` tokens), never record by record: instant at any size."""
+        out = np.zeros(len(self), dtype=np.int64)
+        starts, ends = self._offsets[:-1], self._offsets[1:]
+        first = 0
+        while first < len(self):
+            last = int(np.searchsorted(self._offsets, self._offsets[first] + _COUNT_TOKENS, side="right")) - 1
+            last = max(last, first + 1)  # at least one record, however long
+            lo, hi = int(self._offsets[first]), int(self._offsets[last])
+            set_ = np.concatenate([[0], np.cumsum(self._labels[lo:hi] != IGNORE_INDEX, dtype=np.int64)])
+            begin = np.minimum(starts[first:last] + 1, ends[first:last]) - lo  # skip each record's first position
+            out[first:last] = set_[ends[first:last] - lo] - set_[begin]
+            first = last
+        return out
 
     # Pickle by path, so DataLoader workers re-map the file instead of copying arrays.
     def __getstate__(self) -> dict:

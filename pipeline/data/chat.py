@@ -11,15 +11,17 @@ How the supervised characters are found (`render_records`), for any template,
 shipped or ours: every assistant content is replaced by a sentinel (private-use
 characters no template touches) and the conversation is rendered ONCE. The
 text between sentinels is the template's own (headers, system prompts, the
-next turn); each sentinel is then replaced by its content. A turn's supervised
-span is its content plus the end-of-turn marker the template writes right after
-it: the first special token of the following template text, whitespace before
-it included (``<|eot_id|>``, ``<|im_end|>``, ``</s>``, ``<end_of_turn>``,
-``<|end|>``). Text a template puts before the content (a role header, Qwen3's
-empty think block before the last turn) is prompt, never a target. Unlike
-rendering prefixes of the conversation, this does not ask a template to render
-a turn the same way whether or not it is the last one (Qwen3, Phi-3,
-DeepSeek-R1 and Mistral's system prompt all do not).
+next turn); each sentinel is then replaced by its content. Each turn is then
+trained by one rule (`pipeline.data.turns`): everything the model must
+generate after its generation prompt, through the token generation stops on.
+So a role header is prompt, and what a template writes after the header of its
+generation prompt is trained (GPT-OSS's ``<|channel|>final<|message|>``), as is
+everything from the content to the stop token
+(``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``). An empty think block before a turn
+without reasoning stays prompt. Unlike rendering prefixes of the conversation,
+the single render does not ask a template to render a turn the same way whether
+or not it is the last one (Qwen3, Phi-3, DeepSeek-R1, GPT-OSS and Mistral's
+system prompt all do not).
 
 One check keeps it honest: the conversation rendered with its real contents
 must equal the sentinel rendering with the contents put back. A template whose
@@ -29,9 +31,11 @@ shows both renders around the first difference and names the setting to change.
 Reasoning (``data.reasoning``, `REASONING_POLICIES`): an assistant turn's
 reasoning is the ``reasoning_content`` of its message or a leading
 ``<think>...</think>`` in its content. ``drop`` removes it before rendering;
-``keep`` / ``auto`` give it to the template inline (``<think>\\n{r}\\n</think>\\n\\n{answer}``,
-the form Qwen3 and DeepSeek-R1 generate) behind a sentinel of its own, and train
-it from the ``<think>`` the template writes before it. A template that drops it
+``keep`` / ``auto`` give it to the template behind a sentinel of its own: in
+the field the template reads reasoning from (Qwen3's ``reasoning_content``,
+GPT-OSS's ``thinking``, found by a probe), else inline
+(``<think>\\n{r}\\n</think>\\n\\n{answer}``, the form Qwen3 and DeepSeek-R1
+generate), and train it with the turn. A template that drops it
 (DeepSeek-R1's shipped ones always, Qwen3's before the last user turn) is
 detected from the missing sentinel: those records are counted, never silently.
 
@@ -43,22 +47,20 @@ document ends.
 
 Tool calls: an assistant turn's ``tool_calls`` and the ``tool`` turns go to the
 template as given (and the record's ``tools`` as ``tools=``). Each call's name
-is replaced by a sentinel of its own; the turn is supervised from its content
-(or, for a turn with no content, from the end of the assistant header the
-template writes for a generation prompt) through the calls to the template's
-end-of-turn marker. Tool results are prompt. A template that does not write a
-call's name and arguments, or a tool result, or that raises on them, does not
-support tools: the record is refused, naming the template.
+is replaced by a sentinel of its own; the turn is trained by the same rule,
+through the calls to the token that closes it (the end-of-turn marker, or a
+call's own: GPT-OSS's ``<|call|>``). Tool results are prompt. A template that
+does not write a call's name and arguments, or a tool result, or that raises
+on them, does not support tools: the record is refused, naming the template.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.data import tools
+from pipeline.data import tools, turns
 from pipeline.errors import DataError, UserError
 
 # The workflow config key that chooses the template, named in every error that a fix of it solves.
@@ -85,8 +87,12 @@ class BuiltinTemplate:
     about: str
 
     @property
+    def template_path(self) -> Path:
+        return _TEMPLATE_DIR / f"{self.name}.jinja"
+
+    @property
     def template(self) -> str:
-        return (_TEMPLATE_DIR / f"{self.name}.jinja").read_text()
+        return self.template_path.read_text()
 
 
 BUILTIN_TEMPLATES = {t.name: t for t in (
@@ -109,10 +115,13 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
                     "Gemma 2/3 turns, the system prompt folded into the first user turn"),
     BuiltinTemplate("phi3", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|end|>",
                     "Phi-3 / Phi-3.5 turns"),
+    BuiltinTemplate("gpt-oss", ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|return|>"), "<|return|>",
+                    "GPT-OSS (harmony): reasoning as the analysis channel, every final message closed by <|return|>"),
 )}
 
 # Turn markers that give a shipped template's family away -> the built-in template that fits it.
 _FAMILY_HINTS = (
+    ("<|channel|>", "gpt-oss"),
     ("<|start_header_id|>", "llama3"),
     ("<｜Assistant｜>", "deepseek-r1"),
     ("<think>", "qwen3 (or qwen3-thinking)"),
@@ -175,15 +184,6 @@ def split_reasoning(message: dict) -> tuple[str, str]:
 
 # --- rendering for training -----------------------------------------------------------------------
 
-# Private-use characters: a sentinel survives any trim/strip and no data holds them (checked).
-_OPEN, _CLOSE = "\ue000", "\ue001"
-_SENTINEL = re.compile(f"{_OPEN}([ARC])(\\d+){_CLOSE}")  # reasoning, answer, a tool call's name
-_THINK_OPEN = "<think>"
-
-
-def _sentinel(kind: str, k: int) -> str:
-    return f"{_OPEN}{kind}{k}{_CLOSE}"
-
 
 @dataclass
 class Rendered:
@@ -192,6 +192,7 @@ class Rendered:
     `eot` holds, per assistant turn, whether its end-of-turn marker is
     supervised; `reasoning` / `reasoning_dropped` count its turns with
     reasoning in the data and those whose reasoning is not trained.
+    `calls` holds where each tool call's name is in `text`, by call number.
     """
 
     text: str
@@ -200,11 +201,7 @@ class Rendered:
     reasoning: int = 0
     reasoning_dropped: int = 0
     dropped_by_template: bool = False
-    # Where things are in `text`, for the spans of tool-calling turns: each call's name by call number,
-    # each written answer [lo, hi) (lo at its reasoning's <think> if any) and each reasoning's <think> by turn.
     calls: dict[int, tuple[int, int]] = field(default_factory=dict)
-    answers: dict[int, tuple[int, int]] = field(default_factory=dict)
-    think: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -214,7 +211,6 @@ class ChatRender:
     `conversation` turns messages into what the template takes (content parts for a
     vision-language processor; None: the messages as they are); `expand(text, record)`
     post-processes a rendered text (a vision-language model's image tokens; None for text).
-    `_markers` are the tokenizer's special tokens, the candidates for an end-of-turn marker.
     """
 
     tokenizer: object
@@ -222,26 +218,26 @@ class ChatRender:
     reasoning: str = "auto"
     conversation: object = None  # messages -> what the template takes (content parts for a VLM)
     expand: object = None  # (text, record) -> text, for a VLM's image tokens
-    _markers: list[str] = field(default_factory=list, init=False, repr=False)
     _probes: dict = field(default_factory=dict, init=False, repr=False)  # computed once: see `_probe`
 
     def __post_init__(self):
         if self.reasoning not in REASONING_POLICIES:
             raise UserError(f"{REASONING_SETTING} must be one of {', '.join(REASONING_POLICIES)}, "
                             f"not {self.reasoning!r}")
-        tok = self.tokenizer
-        names = set(getattr(tok, "all_special_tokens", []) or [])
-        names |= {t.content for t in getattr(tok, "added_tokens_decoder", {}).values() if getattr(t, "special", False)}
-        # Longest first, so a marker is never matched by a shorter one it starts with.
-        self._markers = sorted((n for n in names if n and n.strip()), key=len, reverse=True)
 
     def _probe(self, name: str):
         """Facts of the tokenizer and template, found once when first needed: 'plain' (the BOS and EOS of
-        plain text), 'eot' (the end-of-turn marker), 'header' (the assistant header of a generation prompt)."""
+        plain text), 'rule' (`turns.TurnRule`: where a trained turn starts and ends), 'calls' (the rule
+        with the token that closes a calling turn), 'field' (where the template reads reasoning from)."""
         if name not in self._probes:
-            self._probes[name] = {"plain": lambda: _plain_affixes(self.tokenizer),
-                                  "eot": lambda: end_of_turn(self.tokenizer, self.template),
-                                  "header": lambda: _assistant_header(self.tokenizer, self.template)}[name]()
+            tok, template, convert = self.tokenizer, self.template, self.conversation
+            self._probes[name] = {
+                "plain": lambda: _plain_affixes(tok),
+                "rule": lambda: turns.probe(tok, template, convert),
+                "calls": lambda: _with_call_stop(self._probe("rule"), turns.call_stop(
+                    tok, template, self._probe("rule"), convert)),
+                "field": lambda: turns.reasoning_field(tok, template, convert),
+            }[name]()
         return self._probes[name]
 
     @property
@@ -254,6 +250,18 @@ class ChatRender:
         return f"the chat template ({SETTING}: {chosen or 'tokenizer'}{f', in {where}' if where else ''})"
 
     # One record ----------------------------------------------------------------------------
+
+    def _assistant(self, k: int, reasoning: str, answer: str, shown: str) -> tuple[dict, dict]:
+        """(sentinel message, real message) of assistant turn `k`: its reasoning in the field the template
+        reads it from, else inline before the answer (the form Qwen3 and DeepSeek-R1 generate)."""
+        if not reasoning:
+            return {"role": "assistant", "content": shown}, {"role": "assistant", "content": answer}
+        where = self._probe("field")
+        if where:
+            return ({"role": "assistant", "content": shown, where: turns.sentinel("R", k)},
+                    {"role": "assistant", "content": answer, where: reasoning})
+        return ({"role": "assistant", "content": f"<think>\n{turns.sentinel('R', k)}\n</think>\n\n{shown}"},
+                {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}"})
 
     def _messages(self, messages: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, str]], int,
                                                         dict[int, list[int]], list[str]]:
@@ -276,17 +284,13 @@ class ChatRender:
             parts.append((reasoning, answer))
             given = message.get("tool_calls") or []
             # A turn that only calls tools has no content: an empty one renders as the data does.
-            shown = _sentinel("A", k) if answer or not given else ""
-            if reasoning:
-                sentinel.append({"role": "assistant", "content": f"<think>\n{_sentinel('R', k)}\n</think>\n\n{shown}"})
-                real.append({"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}"})
-            else:
-                sentinel.append({"role": "assistant", "content": shown})
-                real.append({"role": "assistant", "content": answer})
+            shown = turns.sentinel("A", k) if answer or not given else ""
+            for out, made in zip((sentinel, real), self._assistant(k, reasoning, answer, shown)):
+                out.append(made)
             if given:
                 calls[k] = list(range(len(names), len(names) + len(given)))
                 names += [c["function"]["name"] for c in given]
-                sentinel[-1]["tool_calls"] = [{**c, "function": {**c["function"], "name": _sentinel("C", n)}}
+                sentinel[-1]["tool_calls"] = [{**c, "function": {**c["function"], "name": turns.sentinel("C", n)}}
                                               for n, c in zip(calls[k], given)]
                 real[-1]["tool_calls"] = given
         return sentinel, real, parts, in_data, calls, names
@@ -301,7 +305,7 @@ class ChatRender:
         out: list[Rendered | None] = [None] * len(records)
         prepared = []
         for i, record in enumerate(records):
-            if any(_OPEN in m["content"] or _CLOSE in m["content"] for m in record.messages):
+            if any(turns.OPEN in m["content"] or turns.CLOSE in m["content"] for m in record.messages):
                 errors[i] = "holds the private-use characters U+E000/U+E001, which the labeller reserves"
                 prepared.append(None)
             elif getattr(record, "is_text", False):
@@ -335,13 +339,15 @@ class ChatRender:
 
     def _assemble(self, record, sentinel_text: str, real_text: str | None, parts: list[tuple[str, str]],
                   in_data: int, calls: dict[int, list[int]], names: list[str]) -> Rendered:
-        pieces = _SENTINEL.split(sentinel_text)  # text, kind, k, text, kind, k, ..., text
+        pieces = turns.SENTINEL.split(sentinel_text)  # text, kind, k, text, kind, k, ..., text
         found = [(pieces[n], int(pieces[n + 1])) for n in range(1, len(pieces), 3)]
         expected = ([("R", k) for k, (r, _) in enumerate(parts) if r] + [("A", k) for k in range(len(parts))]
                     + [("C", n) for n in range(len(names))])
         # A turn that calls tools may lose its content to the template (Llama 3.1 writes only the call).
         missing_answers = [k for k in range(len(parts)) if ("A", k) not in found and k not in calls]
-        if missing_answers or len(set(found)) != len(found) or not set(found) <= set(expected):
+        # A call's name may be written again where its result comes back (GPT-OSS): context, not the call.
+        written = [f for f in found if f[0] != "C"]
+        if missing_answers or len(set(written)) != len(written) or not set(found) <= set(expected):
             turn = missing_answers[0] + 1 if missing_answers else "?"
             raise DataError(f"the chat template does not write assistant turn {turn} exactly once as given, "
                             "so its tokens cannot be located; " + suggest_builtin(self.template))
@@ -350,7 +356,7 @@ class ChatRender:
             raise DataError(f"{self.name} does not render tool calls (the call of {unwritten[0]!r} is not in its "
                             "text): choose a template that supports tools")
         # The check: the template writes the same text around real contents as around sentinels.
-        put_back = _SENTINEL.sub(lambda m: _content(m, parts, names), sentinel_text)
+        put_back = turns.SENTINEL.sub(lambda m: _content(m, parts, names), sentinel_text)
         if real_text is not None and put_back != real_text:
             raise DataError("the chat template renders this conversation differently when the assistant contents "
                             f"change, so the assistant tokens cannot be located:\n"
@@ -361,73 +367,69 @@ class ChatRender:
             raise DataError(f"{self.name} does not render tool turns (the result {unshown['content'][:40]!r} is not "
                             "in its text): choose a template that supports tools")
         if self.expand is not None:
-            pieces = _SENTINEL.split(self.expand(sentinel_text, record))
-        rendered = self._spans(pieces, parts, in_data, names)
+            pieces = turns.SENTINEL.split(self.expand(sentinel_text, record))
+        rendered = self._spans(pieces, parts, in_data, calls, names)
         if calls:
-            tools.call_spans(rendered, record, calls, names, eot=self._probe("eot"), header=self._probe("header"),
-                             template=self.name)
+            tools.check_arguments(rendered, record, calls, template=self.name)
         return rendered
 
-    def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, names: list[str]) -> Rendered:
-        """The training text and its spans from the split sentinel render (text, kind, k, text, ...).
-
-        A turn with tool calls gets its span from `_call_spans`; `Rendered.calls` holds, per call, where its
-        name is, and `Rendered.answers` where each turn's content is (None: not written).
-        """
-        out: list[str] = []
-        pos = 0
-        spans, eot = [], []
-        rendered = Rendered("", spans, eot, reasoning=in_data)
-        for n in range(0, len(pieces), 3):
-            if n:  # a sentinel, between pieces[n - 3] and pieces[n]
-                kind, k = pieces[n - 2], int(pieces[n - 1])
-                text = names[k] if kind == "C" else parts[k][0] if kind == "R" else parts[k][1]
-                if kind == "C":
-                    rendered.calls[k] = (pos, pos + len(text))
-                elif kind == "R":
-                    start = "".join(out).rfind(_THINK_OPEN, spans[-1][1] if spans else 0)
-                    rendered.think[k] = start if start >= 0 else pos
-                else:
-                    rendered.answers[k] = (rendered.think.get(k, pos), pos + len(text))
-                    marker = self._end_of_turn(pieces[n])
-                    spans.append((rendered.answers[k][0], pos + len(text) + marker))
-                    eot.append(marker > 0)
-                out.append(text)
-                pos += len(text)
-            out.append(pieces[n])
-            pos += len(pieces[n])
-        kept = len(rendered.think)
+    def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, calls: dict[int, list[int]],
+               names: list[str]) -> Rendered:
+        """The training text and its spans from the split sentinel render (text, kind, k, text, ...): each
+        turn from the end of its generation prompt through its stop token (`turns.TurnRule`)."""
+        text, where = _put_back(pieces, parts, names)
+        owner = {n: k for k, numbers in calls.items() for n in numbers}
+        extent: dict[int, list[int]] = {}  # turn -> [its first model-written character, the end of its last]
+        for (kind, k), (lo, hi) in where.items():
+            turn = owner[k] if kind == "C" else k
+            first, last = extent.setdefault(turn, [lo, hi])
+            extent[turn] = [min(first, lo), max(last, hi)]
+        rule = self._probe("calls" if calls else "rule")
+        ordered = sorted(extent.items(), key=lambda item: item[1][0])
+        spans, eot, bound = [], [], 0
+        for n, (k, (first, last)) in enumerate(ordered):
+            limit = ordered[n + 1][1][0] if n + 1 < len(ordered) else len(text)
+            start, end = rule.start(text, bound, first), rule.end(text, last, limit, calls=k in calls)
+            if end is None and k in calls:
+                raise DataError(f"{self.name}: no end-of-turn token ({', '.join(rule.stops) or 'none'}) after the "
+                                f"tool call {names[calls[k][-1]]!r}: choose a template that supports tools")
+            spans.append((start, last if end is None else end))
+            eot.append(end is not None)
+            bound = spans[-1][1]
+        kept = sum(1 for kind, _ in where if kind == "R")
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)
-        rendered.text = "".join(out)
-        rendered.reasoning_dropped, rendered.dropped_by_template = in_data - kept, kept < offered
-        return rendered
+        calls_at = {n: span for (kind, n), span in where.items() if kind == "C"}
+        return Rendered(text, spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
+                        dropped_by_template=kept < offered, calls=calls_at)
 
-    def _end_of_turn(self, following: str) -> int:
-        """Characters of `following` (template text after a content) that close the turn: whitespace + a special token."""
-        stripped = following.lstrip()
-        for marker in self._markers:
-            if stripped.startswith(marker):
-                return len(following) - len(stripped) + len(marker)
-        return 0
+
+def _put_back(pieces: list[str], parts: list[tuple[str, str]], names: list[str]
+              ) -> tuple[str, dict[tuple[str, int], tuple[int, int]]]:
+    """(the text with every sentinel replaced by what it stands for, where each one's text is [lo, hi))."""
+    out: list[str] = [pieces[0]]
+    pos = len(pieces[0])
+    where: dict[tuple[str, int], tuple[int, int]] = {}
+    for n in range(3, len(pieces), 3):
+        kind, k = pieces[n - 2], int(pieces[n - 1])
+        content = names[k] if kind == "C" else parts[k][0] if kind == "R" else parts[k][1]
+        where.setdefault((kind, k), (pos, pos + len(content)))  # a call's name: where it is first written
+        out += [content, pieces[n]]
+        pos += len(content) + len(pieces[n])
+    return "".join(out), where
+
+
+def _with_call_stop(rule: turns.TurnRule, stop: str | None) -> turns.TurnRule:
+    return rule if stop is None else turns.TurnRule(rule.header, rule.end_of_turn, rule.stops + (stop,), rule.markers)
 
 
 def end_of_turn(tokenizer, template: str | None = None) -> str | None:
     """The marker `template` (default: the tokenizer's) closes an assistant turn with, None if it writes none.
 
-    Found as the labeller finds it, on a one-exchange probe, so generation can stop where training
-    taught the model to: at ``<|im_end|>`` even when the tokenizer's eos is another token.
+    Found as the labeller finds it (`turns.probe`), so generation can stop where training taught the
+    model to: at ``<|im_end|>`` even when the tokenizer's eos is another token.
     """
     template = template or getattr(tokenizer, "chat_template", None)
-    if not template:
-        return None
-    probe = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _sentinel("A", 0)}]
-    try:
-        text = tokenizer.apply_chat_template(probe, tokenize=False, chat_template=template)
-    except Exception:  # noqa: BLE001 -- a template may refuse the probe; then there is nothing to add
-        return None
-    following = text.split(_sentinel("A", 0), 1)[-1]
-    size = ChatRender(tokenizer, template)._end_of_turn(following)
-    return following[:size].strip() or None
+    return turns.probe(tokenizer, template).end_of_turn if template else None
 
 
 def _content(match, parts: list[tuple[str, str]], names: list[str]) -> str:
@@ -446,25 +448,6 @@ def _plain_affixes(tokenizer) -> tuple[str, str]:
             ids = []
         bos = bos if ids and ids[0] == getattr(tokenizer, "bos_token_id", None) else ""
     return bos, getattr(tokenizer, "eos_token", None) or ""
-
-
-def _assistant_header(tokenizer, template: str) -> tuple[str, str]:
-    """(what the template writes between a user's content and the assistant's: the close of the user turn
-    and the assistant header, ``[/INST]``, ``<|im_end|>\n<|im_start|>assistant\n``, from a generation
-    prompt; what it writes after that header before a last turn's content, Qwen3's empty think block).
-    ('', '') when the template cannot say."""
-    probe = "Probe of the assistant header."
-    user = {"role": "user", "content": probe}
-    try:
-        opened = tokenizer.apply_chat_template([user], tokenize=False, chat_template=template,
-                                               add_generation_prompt=True)
-        answered = tokenizer.apply_chat_template([user, {"role": "assistant", "content": _sentinel("A", 0)}],
-                                                 tokenize=False, chat_template=template)
-    except Exception:  # noqa: BLE001 -- no header known: a call without content is then refused
-        return "", ""
-    header = opened.rpartition(probe)[2] if probe in opened else ""
-    after = answered.rpartition(probe)[2].partition(_sentinel("A", 0))[0]
-    return header, after[len(header):] if header and after.startswith(header) else ""
 
 
 def record_name(source: str, record) -> str:

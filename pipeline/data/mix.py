@@ -201,3 +201,6 @@ class ConcatCache:
     @property
     def num_tokens(self) -> int:
         return sum(c.num_tokens for c in self.caches)
+
+    def supervised_counts(self) -> np.ndarray:
+        return np.concatenate([c.supervised_counts() for c in self.caches])

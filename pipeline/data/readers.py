@@ -1,126 +1,55 @@
-"""Dataset files: which kind a path is, and its raw records, streamed.
+"""Dataset files: their raw records, streamed, of every kind `pipeline.data.kinds` names.
 
-Four kinds (`KINDS`), chosen by the name and confirmed by the content:
+* ``json``: one JSON array of records. Parsed whole: JSON has no record boundary
+  to stream on, so large datasets belong in JSON Lines, CSV or Parquet.
+* ``jsonl``: one JSON value per non-blank line (blank: only JSON whitespace), read line by line.
+* ``csv`` / ``tsv``: a header row naming the columns, then one record per row
+  (a quoted cell may span lines); an empty cell is left out of its record, as
+  a null Parquet cell is. Cells are strings: `pipeline.data.cells` parses the
+  ones that hold JSON (a ``messages`` column).
+* ``parquet`` / ``arrow``: `pipeline.data.columnar`.
 
-* ``json``: one JSON array of records (``.json``; any other name whose first
-  non-blank character is ``[``). Parsed whole: JSON has no record boundary to
-  stream on, so large datasets belong in JSON Lines or Parquet.
-* ``jsonl``: JSON Lines, one object per non-blank line (``.jsonl`` / ``.ndjson``;
-  any other text file), read line by line.
-* ``parquet``: a Parquet file (``.parquet`` / ``.pq``; the ``PAR1`` magic),
-  read one record batch at a time with pyarrow.
-* ``arrow``: an Arrow IPC file or stream (``.arrow`` / ``.feather`` / ``.ipc``;
-  the ``ARROW1`` magic or a stream's continuation marker), or a directory
-  written by ``datasets``' ``save_to_disk`` (``state.json`` /
-  ``dataset_info.json`` and its ``.arrow`` shards), memory-mapped and read one
-  record batch at a time.
+A compressed text kind (``jsonl.gz``, ...) is decompressed as it streams. Every
+record keeps its place in the file: `read_raw` numbers records from 0 and
+JSON Lines / CSV records carry their 1-based line.
 
-A binary file with a text name (or the reverse) is a problem naming what the
-content is, never read as the wrong kind: Parquet read as JSON Lines looks like
-a corrupt file. A column that is null in a row of a Parquet / Arrow file is
-left out of that record, so a record reads as its JSON Lines twin would.
-
-`read_raw` never raises on bad content: faults go to the caller's problem list
-as ``(reason, message, line)``, the records that can be read still come.
+`read_raw` never raises on bad content: faults of the file go to the caller's
+problem list as ``(reason, message, line)``; a record that cannot be decoded
+is yielded as an `Unreadable` (the numbering stays the file's); the records
+that can be read still come. `owns` (a shard's records, `pipeline.data.shards`)
+yields `SKIPPED` in place of every other record, found and counted but not decoded.
 """
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import io
 import itertools
 import json
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from collections.abc import Iterator
 from pathlib import Path
 
-# File kind -> how messages name it.
-KINDS = {"json": "JSON", "jsonl": "JSON Lines", "parquet": "Parquet", "arrow": "Arrow"}
+from pipeline.data import columnar
+from pipeline.data.kinds import BOM, KindError, base_kind, describe_kind, is_columnar, open_binary, sniff
 
-_SUFFIXES = {
-    ".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl",
-    ".parquet": "parquet", ".pq": "parquet",
-    ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow",
-}
-_PARQUET_MAGIC = b"PAR1"
-_ARROW_FILE_MAGIC = b"ARROW1"
-_ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"  # an IPC stream's first message: the continuation marker
-# What a `datasets` save_to_disk directory holds beside its shards; a DatasetDict holds this instead.
-_DATASET_DIR_FILES = ("state.json", "dataset_info.json")
-_DATASET_DICT_FILE = "dataset_dict.json"
+__all__ = ["KindError", "describe_kind", "sniff"]  # re-exported: the kind of a path is asked here
 
-_EMPTY = ("empty_file", "the file is empty (or only whitespace)", None)
-BATCH_ROWS = 1024  # records per Parquet / Arrow batch: bounded memory whatever the file size
-_BOM = b"\xef\xbb\xbf"
-
+EMPTY = ("empty_file", "the file is empty (or only whitespace)", None)
+SKIPPED = object()  # yielded for a record another shard owns
+_JSON_BLANK = b" \t\r\n"
+_DELIMITERS = {"csv": ",", "tsv": "\t"}
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a cell holding a whole conversation can be long
 
 
 @dataclass(frozen=True)
 class Unreadable:
-    """Yielded in place of a JSON Lines line that could not be decoded: a record that failed, and why."""
+    """Yielded in place of a record that could not be decoded: a record that failed, and why."""
 
     reason: str
     message: str
-
-
-class KindError(Exception):
-    """The path is not a dataset this module reads; `reason` is a stable code, the text says why."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def sniff(path: Path) -> str:
-    """The kind of `path` (a key of `KINDS`); raises `KindError` when it is none, or not what its name says."""
-    if path.is_dir():
-        return _sniff_dir(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError as err:
-        raise KindError("file_not_found", f"cannot read the file: {err.strerror}") from None
-    content = _binary_kind(head)
-    named = _SUFFIXES.get(path.suffix.lower())
-    if named in ("parquet", "arrow") and content != named:
-        found = f"it is {KINDS[content]}" if content else "it does not start with its magic bytes"
-        raise KindError(f"not_{named}", f"named {path.suffix} but {found} (a truncated or mislabelled file?)")
-    if named in ("json", "jsonl") and content:
-        raise KindError("wrong_kind", f"named {path.suffix} but it is a {KINDS[content]} file "
-                        f"(its first bytes): name it {'.parquet' if content == 'parquet' else '.arrow'}")
-    if content:
-        return content
-    if named:
-        return named
-    return "json" if _first_non_blank(path) == b"[" else "jsonl"
-
-
-def _binary_kind(head: bytes) -> str | None:
-    if head.startswith(_PARQUET_MAGIC):
-        return "parquet"
-    if head.startswith(_ARROW_FILE_MAGIC) or head.startswith(_ARROW_STREAM_MAGIC):
-        return "arrow"
-    return None
-
-
-def _sniff_dir(path: Path) -> str:
-    if (path / _DATASET_DICT_FILE).is_file():
-        splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-        raise KindError("dataset_dict", f"a datasets DatasetDict directory (splits: {', '.join(splits)}): "
-                        f"give one split's directory, e.g. {path / (splits[0] if splits else 'train')}")
-    if not any((path / name).is_file() for name in _DATASET_DIR_FILES) or not _arrow_shards(path):
-        raise KindError("not_a_dataset", "a directory, but not one written by datasets' save_to_disk "
-                        f"({' / '.join(_DATASET_DIR_FILES)} and .arrow shards)")
-    return "arrow"
-
-
-def _first_non_blank(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 16):
-            stripped = chunk.removeprefix(_BOM).lstrip()
-            if stripped:
-                return stripped[:1]
-    return b""
 
 
 def fingerprint(path: str | Path) -> str:
@@ -138,49 +67,63 @@ def fingerprint(path: str | Path) -> str:
 
 
 def columns(path: Path, kind: str) -> list[str] | None:
-    """The column names of a Parquet / Arrow dataset (from its schema, no rows read); None for JSON kinds,
-    and for a schema that cannot be read (`read_raw` then reports why)."""
-    if not is_columnar(kind):
+    """The column names of a Parquet / Arrow / CSV / TSV dataset (its schema or header row, no record read); None
+    for JSON kinds and for columns that cannot be read (`read_raw` then reports why)."""
+    if is_columnar(kind):
+        return columnar.columns(path, kind)
+    if base_kind(kind) not in _DELIMITERS:
         return None
-    import pyarrow as pa
-
-    try:
-        if kind == "parquet":
-            import pyarrow.parquet as pq
-
-            return pq.read_schema(path).names
-        first = _arrow_shards(path)[0] if path.is_dir() else path
-        with pa.memory_map(str(first)) as source:
-            return _open_ipc(source).schema.names
-    except (pa.ArrowException, OSError):
-        return None
+    with open_binary(path, kind) as f:
+        try:
+            header = next(csv.reader(_Lines(f), delimiter=_DELIMITERS[base_kind(kind)]), None)
+        except (csv.Error, OSError, EOFError):
+            return None
+    return [name for name in header if name] if header else None
 
 
-def read_raw(path: Path, kind: str, problems: list) -> Iterator[tuple[int | None, object]]:
-    """(line or None, raw record) for every record of `path`, in file order.
+def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] | None = None
+             ) -> Iterator[tuple[int | None, object]]:
+    """(line or None, raw record, `Unreadable` or `SKIPPED`) for every record of `path`, in file order.
 
     A fault of the file appends ``(reason, message, line or None)`` to
-    `problems`; a JSON Lines line that cannot be decoded is yielded as an
-    `Unreadable` (a record that failed: the numbering stays the file's). A
-    Parquet / Arrow fault mid-file ends the reading there.
+    `problems`. A Parquet / Arrow fault mid-file, or a compressed stream that
+    breaks off, ends the reading there.
     """
-    if kind == "json":
-        yield from _read_json_array(path, problems)
-    elif kind == "jsonl":
-        yield from _read_jsonl(path, problems)
-    else:
-        yield from _read_columnar(path, kind, problems)
+    if is_columnar(kind):
+        yield from columnar.read_columnar(path, kind, problems, owns, SKIPPED)
+        return
+    reader = {"json": _read_json_array, "jsonl": _read_jsonl}.get(base_kind(kind), _read_delimited)
+    try:
+        with open_binary(path, kind) as f:
+            yield from reader(f, kind, problems, owns)
+    except _stream_errors() as err:  # a corrupt or truncated compressed stream
+        problems.append((f"invalid_{kind.partition('.')[2] or kind}", f"cannot read the {describe_kind(kind)} "
+                         f"data to its end: {err}", None))
+
+
+def _stream_errors() -> tuple[type[Exception], ...]:
+    """What a broken compressed stream raises (gzip and bz2: OSError / EOFError)."""
+    import lzma
+
+    errors: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
 
 
 # --- JSON and JSON Lines --------------------------------------------------------------------------
 
 
-def _read_json_array(path: Path, problems: list) -> Iterator[tuple[None, object]]:
-    text = _decode_whole(path.read_bytes().removeprefix(_BOM), problems)
+def _read_json_array(f, kind: str, problems: list, owns) -> Iterator[tuple[None, object]]:
+    text = _decode_whole(f.read().removeprefix(BOM), problems)
     if text is None:
         return
     if not text.strip():
-        problems.append(_EMPTY)
+        problems.append(EMPTY)
         return
     try:
         doc = json.loads(text)
@@ -192,35 +135,39 @@ def _read_json_array(path: Path, problems: list) -> Iterator[tuple[None, object]
         problems.append(("wrong_top_level_type", f"expected a JSON array of records, found a JSON {json_type(doc)}",
                          None))
         return
-    for raw in doc:
-        yield None, raw
+    for i, raw in enumerate(doc):
+        yield None, (raw if owns is None or owns(i) else SKIPPED)
 
 
-def _read_jsonl(path: Path, problems: list) -> Iterator[tuple[int, object]]:
-    """One record per non-blank line; a bad line is a problem, the others still count."""
-    blank = True
-    with open(path, "rb") as f:
-        for lineno, raw_line in enumerate(f, start=1):
-            if lineno == 1:
-                raw_line = raw_line.removeprefix(_BOM)
-            raw_line = raw_line.rstrip(b"\r\n")
-            try:
-                text = raw_line.decode("utf-8")
-            except UnicodeDecodeError as err:
-                col = len(raw_line[:err.start].decode("utf-8", errors="replace")) + 1
-                blank = False
-                yield lineno, Unreadable("invalid_utf8", f"invalid UTF-8 byte 0x{raw_line[err.start]:02x} "
-                                         f"at line {lineno} column {col}")
-                continue
-            if not text.strip():
-                continue
-            blank = False
-            try:
-                yield lineno, json.loads(text)
-            except json.JSONDecodeError as err:
-                yield lineno, Unreadable("invalid_json", _decode_error_text(err, lineno))
-    if blank:
-        problems.append(_EMPTY)
+def _read_jsonl(f, kind: str, problems: list, owns) -> Iterator[tuple[int, object]]:
+    """One record per non-blank line; a bad line is a record that failed, the others still count."""
+    index = 0
+    for lineno, raw_line in enumerate(f, start=1):
+        if lineno == 1:
+            raw_line = raw_line.removeprefix(BOM)
+        raw_line = raw_line.rstrip(b"\r\n")
+        if not raw_line.strip(_JSON_BLANK):
+            continue
+        index += 1
+        if owns is not None and not owns(index - 1):
+            yield lineno, SKIPPED
+            continue
+        try:
+            text = raw_line.decode("utf-8")
+        except UnicodeDecodeError as err:
+            yield lineno, _bad_utf8(raw_line, err, lineno)
+            continue
+        try:
+            yield lineno, json.loads(text)
+        except json.JSONDecodeError as err:
+            yield lineno, Unreadable("invalid_json", _decode_error_text(err, lineno))
+    if not index:
+        problems.append(EMPTY)
+
+
+def _bad_utf8(raw_line: bytes, err: UnicodeDecodeError, lineno: int) -> Unreadable:
+    col = len(raw_line[:err.start].decode("utf-8", errors="replace")) + 1
+    return Unreadable("invalid_utf8", f"invalid UTF-8 byte 0x{raw_line[err.start]:02x} at line {lineno} column {col}")
 
 
 def _decode_error_text(err: json.JSONDecodeError, line: int) -> str:
@@ -290,71 +237,70 @@ def json_type(value: object) -> str:
     return "number"
 
 
-# --- Parquet and Arrow ----------------------------------------------------------------------------
+# --- CSV and TSV ----------------------------------------------------------------------------------
 
 
-def _read_columnar(path: Path, kind: str, problems: list) -> Iterator[tuple[None, object]]:
-    import pyarrow as pa
+class _Lines:
+    """A binary file's lines decoded for `csv.reader` (line ends kept), counting them; a line that is not
+    UTF-8 is decoded with replacement and remembered, so its record is reported, not the reading stopped."""
 
-    read = 0
+    def __init__(self, f):
+        self._f = f
+        self.count = 0
+        self.bad: dict[int, str] = {}  # line -> why it is not UTF-8
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        raw = next(self._f)
+        self.count += 1
+        if self.count == 1:
+            raw = raw.removeprefix(BOM)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            self.bad[self.count] = _bad_utf8(raw.rstrip(b"\r\n"), err, self.count).message
+            return raw.decode("utf-8", errors="replace")
+
+
+def _read_delimited(f, kind: str, problems: list, owns) -> Iterator[tuple[int, object]]:
+    """One record per row under the header row: {column: cell} without the empty cells."""
+    lines = _Lines(f)
+    rows = csv.reader(lines, delimiter=_DELIMITERS[base_kind(kind)], strict=True)
     try:
-        for batch in _batches(path, kind):
-            for row in batch.to_pylist():
-                read += 1
-                yield None, {key: value for key, value in row.items() if value is not None}
-    except (pa.ArrowException, OSError) as err:  # a corrupt footer, a truncated shard, ...
-        where = f" after {read} record(s)" if read else ""
-        problems.append((f"invalid_{kind}", f"cannot read the {KINDS[kind]} data{where}: {err}", None))
-
-
-def _batches(path: Path, kind: str):
-    """The record batches of a Parquet file, an Arrow IPC file or stream, or a save_to_disk dir's shards."""
-    if kind == "parquet":
-        import pyarrow.parquet as pq
-
-        with pq.ParquetFile(path) as f:
-            yield from f.iter_batches(batch_size=BATCH_ROWS)
+        header = next(rows, None)
+    except csv.Error as err:
+        problems.append(("invalid_csv", f"cannot read the header row: {err}", 1))
         return
-    import pyarrow as pa
-
-    for shard in (_arrow_shards(path) if path.is_dir() else [path]):
-        with pa.memory_map(str(shard)) as source:
-            reader = _open_ipc(source)
-            if isinstance(reader, pa.ipc.RecordBatchFileReader):
-                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-            else:
-                batches = reader
-            for batch in batches:
-                # A shard's batches can be large (datasets writes 1000s of rows each): slice, not copy.
-                for start in range(0, batch.num_rows, BATCH_ROWS):
-                    yield batch.slice(start, BATCH_ROWS)
-
-
-def _open_ipc(source):
-    """An Arrow IPC file reader if `source` has the file magic, else a stream reader."""
-    import pyarrow as pa
-
-    head = source.read(len(_ARROW_FILE_MAGIC))
-    source.seek(0)
-    return pa.ipc.open_file(source) if head == _ARROW_FILE_MAGIC else pa.ipc.open_stream(source)
-
-
-def _arrow_shards(path: Path) -> list[Path]:
-    """A save_to_disk directory's shards, in the order its state.json lists them (else by name)."""
-    state = path / "state.json"
-    try:
-        names = [entry["filename"] for entry in json.loads(state.read_text())["_data_files"]]
-        return [path / name for name in names]
-    except (OSError, ValueError, KeyError, TypeError):
-        return sorted(p for p in path.glob("*.arrow") if p.is_file())
-
-
-def describe_kind(kind: str | None) -> str:
-    """'JSON Lines' for 'jsonl'; '' for an unknown kind."""
-    return KINDS.get(kind or "", "")
-
-
-def is_columnar(kind: str) -> bool:
-    return kind in ("parquet", "arrow")
-
-
+    if header is None or not any(cell.strip() for cell in header):
+        problems.append(EMPTY if header is None else ("invalid_csv", "the header row names no column", 1))
+        return
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:
+        problems.append(("invalid_csv", f"the header row names {', '.join(map(repr, repeated))} more than once", 1))
+        return
+    index = 0
+    while True:
+        start = lines.count + 1
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as err:  # an unclosed quote runs to the end of the file: nothing after it is a record
+            problems.append(("invalid_csv", f"{err} (the row that starts at line {start})", start))
+            return
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # a blank line
+        index += 1
+        if owns is not None and not owns(index - 1):
+            yield start, SKIPPED
+            continue
+        bad = next((lines.bad[n] for n in range(start, lines.count + 1) if n in lines.bad), None)
+        if bad is not None:
+            yield start, Unreadable("invalid_utf8", bad)
+        elif len(row) != len(header):
+            yield start, Unreadable("invalid_csv", f"the row has {len(row)} cells, the header row {len(header)} "
+                                    f"(line {start})")
+        else:
+            yield start, {name: cell for name, cell in zip(header, row) if name and cell != ""}

@@ -1,16 +1,8 @@
 """Tokenize conversations with a chat template, masking all but the assistant turns.
 
-Which template, and which characters are supervised, is `pipeline.data.chat`'s
-business: each record is rendered once for training (`ChatRender`), giving its
-text and the supervised character spans (each assistant content plus the
-end-of-turn marker the template closes it with). Those spans are mapped to the
-tokens of the text, tokenized once, through the fast tokenizer's offset
-mapping; a token that straddles a boundary counts as supervised. Tokenizers
-without offsets fall back to tokenizing each span's prefix of the text and
-checking that its ids are a prefix of the whole text's ids.
-
-Work is batched (rendering, tokenizing, labelling with numpy), so the only
-per-record Python is the template rendering itself. A file is streamed: its
+How a record becomes tokens and labels (the chat template's render, its
+supervised spans mapped to tokens) is `pipeline.data.spans`; here the
+too-long and duplicates policies, the stats, and the cache. A file is streamed: its
 records are read one at a time (`formats.stream_file`; a JSON array is the
 exception, parsed whole), encoded a batch at a time (`SplitEncoder`) and
 appended to the cache on disk (`cache.CacheWriter`), so memory holds one batch
@@ -45,19 +37,17 @@ counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_droppe
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import itertools
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.data.cache import IGNORE_INDEX, CacheWriter
-from pipeline.data.chat import REASONING_POLICIES, ChatRender, Rendered, builtin_names, record_name
+from pipeline.data.chat import Rendered, builtin_names, record_name
+from pipeline.data.spans import _encode, _label_batch, _renderer, chat_render, render  # noqa: F401 (render: here too)
 from pipeline.data.formats import DUPLICATE_POLICIES, Record, format_problems, stream_file
-from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
+from pipeline.data.shapes import FieldMap
 from pipeline.data.stream import DigestIndex, batched, sample_digest
 from pipeline.data.vision import ImageText, is_vision_language, load_image_text
 from pipeline.errors import DataError, UserError
@@ -114,69 +104,6 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
-def render(tokenizer, conversations: list[list[dict]], *, add_generation_prompt: bool,
-           chat_template: str | None = None, tools: list[list[dict] | None] | None = None) -> tuple[list, dict[int, str]]:
-    """Render many conversations to text; returns (texts, {position: error}) with None for failures.
-
-    Renders the batch in one call; only if that raises are conversations
-    rendered one by one, so the failing ones can be named. `chat_template`
-    overrides the tokenizer's (a processor's own template). `tools`: per
-    conversation, the function schemas the template is given (None: none);
-    conversations with the same tools are rendered in one call.
-    """
-    if tools is not None and any(tools):
-        groups: dict[str, list[int]] = {}
-        for i, schema in enumerate(tools):
-            groups.setdefault(json.dumps(schema, sort_keys=True), []).append(i)
-        texts: list = [None] * len(conversations)
-        errors: dict[int, str] = {}
-        for members in groups.values():
-            part, failed = _render_with(tokenizer, [conversations[i] for i in members], tools[members[0]],
-                                        add_generation_prompt, chat_template)
-            for j, i in enumerate(members):
-                texts[i] = part[j]
-            errors.update({members[j]: msg for j, msg in failed.items()})
-        return texts, errors
-    return _render_with(tokenizer, conversations, None, add_generation_prompt, chat_template)
-
-
-def _render_with(tokenizer, conversations, tools, add_generation_prompt, chat_template) -> tuple[list, dict[int, str]]:
-    """`render` of conversations that share their tools (None: no tools given)."""
-    if not conversations:
-        return [], {}
-    kwargs = {"tokenize": False, "add_generation_prompt": add_generation_prompt}
-    if chat_template is not None:
-        kwargs["chat_template"] = chat_template
-    if tools:
-        kwargs["tools"] = tools
-    try:
-        return list(tokenizer.apply_chat_template(conversations, **kwargs)), {}
-    except Exception:  # noqa: BLE001 -- a template may raise anything; located below
-        pass
-    texts: list[str | None] = []
-    errors: dict[int, str] = {}
-    for i, conversation in enumerate(conversations):
-        try:
-            texts.append(tokenizer.apply_chat_template(conversation, **kwargs))
-        except Exception as err:  # noqa: BLE001
-            texts.append(None)
-            errors[i] = f"the chat template failed: {type(err).__name__}: {err}"
-    return texts, errors
-
-
-def _encode(tokenizer, texts: list[str], *, offsets: bool = False):
-    # Exactly what apply_chat_template(tokenize=True) does: the template already
-    # holds the special tokens, so the tokenizer must not add its own.
-    return tokenizer(
-        texts,
-        add_special_tokens=False,
-        return_offsets_mapping=offsets,
-        return_attention_mask=False,
-        return_token_type_ids=False,
-        verbose=False,  # lengths over model_max_length are our policy's business, not a warning
-    )
-
-
 # Per-record facts of the training render that validation, tokenization and the label view count.
 CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template")
 
@@ -220,128 +147,6 @@ def chat_counts_text(stats: dict) -> str:
             f"reasoning in {stats.get('reasoning_records', 0)} (not trained in {dropped}: "
             f"{dropped - by_template} by data.reasoning=drop, {by_template} by the template)")
 
-
-# --- labelling ------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Batch:
-    """One batch, tokenized: flat ids, tokens per record, and supervised token ranges [lo, hi)."""
-
-    ids: np.ndarray
-    lengths: np.ndarray
-    lo: np.ndarray
-    hi: np.ndarray
-    span_record: np.ndarray  # batch position of each range's record
-
-
-def chat_render(tokenizer, images: ImageText | None = None, *, reasoning: str = "auto",
-                chat_template: str | None = None) -> ChatRender:
-    """The training renderer for `tokenizer` (a vision-language model's processor `images`).
-
-    `chat_template` defaults to the processor's template for a vision-language
-    model, else the tokenizer's (the run's tokenizer carries the chosen one).
-    """
-    template = chat_template or (images.chat_template if images else tokenizer.chat_template)
-    if not template:
-        raise UserError("the tokenizer has no chat template: set data.chat_template "
-                        "(see `python -m pipeline prepare-tokenizer --help`)")
-    expand = None
-    if images is not None:
-        def expand(text, record):
-            return images.expand(text, record.images)
-    return ChatRender(tokenizer, template, reasoning, images.conversation if images else None, expand)
-
-
-def _renderer(chat: ChatRender):
-    """conversations -> (texts, errors) with the chat's template, no generation prompt."""
-    def run(conversations, tools=None):
-        return render(chat.tokenizer, conversations, add_generation_prompt=False, chat_template=chat.template,
-                      tools=tools)
-    return run
-
-
-def _render_batch(chat: ChatRender, batch: list[Record], source: str) -> list[Rendered]:
-    """Every record rendered for training; the first failure raises `DataError` naming its record."""
-    rendered, errors = chat.render_records(batch, _renderer(chat))
-    if errors:
-        first = min(errors)
-        raise DataError(f"{record_name(source, batch[first])}: {errors[first]}")
-    return rendered
-
-
-def _spans_from_offsets(tokenizer, rendered: list[Rendered]) -> _Batch | None:
-    """Map character spans to tokens with the offset mapping; None if offsets are unusable."""
-    full_texts = [r.text for r in rendered]
-    enc = _encode(tokenizer, full_texts, offsets=True)
-    ids_lists, off_lists = enc["input_ids"], enc["offset_mapping"]
-    lengths = np.fromiter(map(len, ids_lists), dtype=np.int64, count=len(ids_lists))
-    total = int(lengths.sum())
-    ids = np.fromiter(itertools.chain.from_iterable(ids_lists), dtype=np.int64, count=total)
-    offs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(off_lists)),
-                       dtype=np.int64, count=2 * total).reshape(-1, 2)
-    # Shift every record's characters and tokens onto one global axis so one
-    # searchsorted call labels the whole batch.
-    char_base = np.zeros(len(full_texts), dtype=np.int64)
-    np.cumsum([len(t) for t in full_texts[:-1]], out=char_base[1:])
-    token_record = np.repeat(np.arange(len(full_texts)), lengths)
-    starts = offs[:, 0] + char_base[token_record]
-    ends = offs[:, 1] + char_base[token_record]
-    if total and (np.any(np.diff(starts) < 0) or np.any(np.diff(ends) < 0)):
-        return None  # offsets not monotonic (unusual normalizer): the prefix method is safer
-    span_record = np.array([b for b, r in enumerate(rendered) for _ in r.spans], dtype=np.int64)
-    a = np.array([lo for r in rendered for lo, _ in r.spans], dtype=np.int64) + char_base[span_record]
-    e = np.array([hi for r in rendered for _, hi in r.spans], dtype=np.int64) + char_base[span_record]
-    lo = np.searchsorted(ends, a, side="right")  # first token ending after the span starts
-    hi = np.searchsorted(starts, e, side="left")  # first token starting at or after its end
-    return _Batch(ids, lengths, lo, hi, span_record)
-
-
-def _spans_from_prefixes(tokenizer, rendered: list[Rendered], batch: list[Record], source: str) -> _Batch:
-    """Tokenize each span's prefix of the text; its ids must be a prefix of the whole text's ids."""
-    full_ids = _encode(tokenizer, [r.text for r in rendered])["input_ids"]
-    owners = [(b, lo, hi) for b, r in enumerate(rendered) for lo, hi in r.spans]
-    start_ids = _encode(tokenizer, [rendered[b].text[:lo] for b, lo, _ in owners])["input_ids"] if owners else []
-    end_ids = _encode(tokenizer, [rendered[b].text[:hi] for b, _, hi in owners])["input_ids"] if owners else []
-    lengths = np.array([len(x) for x in full_ids], dtype=np.int64)
-    record_start = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    lo, hi = [], []
-    for (b, _, _), p_ids, t_ids in zip(owners, start_ids, end_ids):
-        ids = full_ids[b]
-        if ids[:len(p_ids)] != p_ids or ids[:len(t_ids)] != t_ids:
-            raise DataError(
-                f"{record_name(source, batch[b])}: the tokenizer splits the conversation differently from its "
-                "prefixes, so the assistant tokens cannot be located"
-            )
-        lo.append(record_start[b] + len(p_ids))
-        hi.append(record_start[b] + len(t_ids))
-    ids = np.fromiter(itertools.chain.from_iterable(full_ids), dtype=np.int64, count=int(lengths.sum()))
-    span_record = np.array([b for b, _, _ in owners], dtype=np.int64)
-    return _Batch(ids, lengths, np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64), span_record)
-
-
-def _supports_offsets(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "is_fast", False))
-
-
-def _label_batch(chat: ChatRender, batch: list[Record], source: str, images: ImageText | None = None
-                 ) -> tuple[_Batch, np.ndarray, list[Rendered]]:
-    tokenizer = chat.tokenizer
-    rendered = _render_batch(chat, batch, source)
-    tokens = _spans_from_offsets(tokenizer, rendered) if _supports_offsets(tokenizer) else None
-    if tokens is None:
-        tokens = _spans_from_prefixes(tokenizer, rendered, batch, source)
-    empty = tokens.hi <= tokens.lo
-    if np.any(empty):
-        b = int(tokens.span_record[np.argmax(empty)])
-        raise DataError(f"{record_name(source, batch[b])}: an assistant turn maps to no tokens")
-    # +1 where a supervised range opens, -1 where it closes; ranges are disjoint.
-    total = tokens.ids.size
-    depth = np.cumsum(np.bincount(tokens.lo, minlength=total + 1) - np.bincount(tokens.hi, minlength=total + 1))
-    labels = np.where(depth[:total] > 0, tokens.ids, IGNORE_INDEX)
-    if images is not None:  # an image's tokens are input, never a target, whatever the template did
-        labels[tokens.ids == images.image_token_id] = IGNORE_INDEX
-    return tokens, labels, rendered
 
 
 # --- one split ------------------------------------------------------------------------------------
@@ -432,6 +237,7 @@ class SplitEncoder:
         if images is not None:
             self.counts["dropped_image_cut"] = 0
         self.kept_lengths: list[np.ndarray] = []
+        self.kept_index: list[np.ndarray] = []  # file index of each kept record (a shard's merge puts them in order)
         self.records_in = self.turns = self.assistant_turns = self.tokens = self.supervised = self.raw_max = 0
         self.image_count = 0
         self.chat_counts = dict.fromkeys(CHAT_COUNTS, 0)
@@ -448,7 +254,7 @@ class SplitEncoder:
         too_long_rec = lengths > max_length
         counts["too_long"] += int(too_long_rec.sum())
         if self.too_long == "error":
-            self.over += [f"{record_name(self.source, batch[b])}: {lengths[b]} tokens"
+            self.over += [(batch[b].index, f"{record_name(self.source, batch[b])}: {lengths[b]} tokens")
                           for b in np.flatnonzero(too_long_rec)]
             if self.over:
                 return  # keep scanning so the error lists every offender
@@ -476,6 +282,7 @@ class SplitEncoder:
         kept_images = [batch[b].images for b in np.flatnonzero(keep)] if images is not None else None
         self.sink.append(tokens.ids[kept_tokens].astype(np.int32), kept_labels, kept_lengths, kept_images)
         self.kept_lengths.append(kept_lengths)
+        self.kept_index.append(np.array([batch[b].index for b in np.flatnonzero(keep)], dtype=np.int64))
         self.tokens += int(kept_lengths.sum())
         self.supervised += int((kept_labels != IGNORE_INDEX).sum())
         self.image_count += sum(map(len, kept_images or []))
@@ -485,30 +292,45 @@ class SplitEncoder:
             for key, flag in zip(CHAT_COUNTS, chat_flags(rendered[b])):
                 self.chat_counts[key] += flag
 
+    def counters(self) -> dict:
+        """What `split_stats` makes the stats of (besides the kept records' lengths); shards' counters add up."""
+        return {"records_in": self.records_in, "turns": self.turns, "assistant_turns": self.assistant_turns,
+                "tokens": self.tokens, "supervised_tokens": self.supervised, "max_tokens_before_truncation": self.raw_max,
+                **self.counts, **self.chat_counts, **({"images": self.image_count} if self.images is not None else {}),
+                "over": self.over}
+
     def finish(self) -> dict:
         """The split's stats; `DataError` listing the over-long records under too_long=error."""
-        over, max_length = self.over, self.max_length
-        if over:
-            raise DataError(
-                f"{len(over)} record(s) of {self.source} exceed max_length={max_length} (policy 'error'):\n  "
-                + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
-            )
         lengths = np.concatenate(self.kept_lengths) if self.kept_lengths else np.zeros(0, dtype=np.int64)
-        stats = {
-            "records_in": self.records_in,
-            "records": int(lengths.size),
-            "turns": self.turns,
-            "assistant_turns": self.assistant_turns,
-            "tokens": self.tokens,
-            "supervised_tokens": self.supervised,
-            "tokens_per_record": _percentiles(lengths),
-            "max_tokens_before_truncation": self.raw_max,
-            **self.counts,
-            **self.chat_counts,
-        }
-        if self.images is not None:
-            stats["images"] = self.image_count
-        return stats
+        return split_stats(self.counters(), lengths, source=self.source, max_length=self.max_length)
+
+
+def split_stats(counters: dict, lengths: np.ndarray, *, source: str, max_length: int) -> dict:
+    """A split's stats from its `SplitEncoder.counters` (one encoder's, or every shard's summed) and the token
+    count of each kept record; `DataError` listing the over-long records (`counters["over"]`, (index, text)) first."""
+    over = [text for _, text in sorted(counters["over"], key=lambda entry: entry[0])]
+    if over:
+        raise DataError(
+            f"{len(over)} record(s) of {source} exceed max_length={max_length} (policy 'error'):\n  "
+            + "\n  ".join(over[:20]) + (f"\n  ... and {len(over) - 20} more" if len(over) > 20 else "")
+        )
+    c = counters
+    stats = {
+        "records_in": c["records_in"],
+        "records": int(lengths.size),
+        "turns": c["turns"],
+        "assistant_turns": c["assistant_turns"],
+        "tokens": c["tokens"],
+        "supervised_tokens": c["supervised_tokens"],
+        "tokens_per_record": _percentiles(lengths),
+        "max_tokens_before_truncation": c["max_tokens_before_truncation"],
+        **{key: c[key] for key in ("too_long", "truncated", "dropped", "dropped_unsupervised")},
+        **({"dropped_image_cut": c["dropped_image_cut"]} if "dropped_image_cut" in c else {}),
+        **{key: c[key] for key in CHAT_COUNTS},
+    }
+    if "images" in c:
+        stats["images"] = c["images"]
+    return stats
 
 
 def _percentiles(lengths: np.ndarray) -> dict:
@@ -522,12 +344,13 @@ def _percentiles(lengths: np.ndarray) -> dict:
 def tokenize_file(
     path: str | Path, tokenizer, *, out_path: str | Path, max_length: int, too_long: str, fingerprint: str, split: str,
     duplicates: str = "error", images: ImageText | None = None, reasoning: str = "auto",
-    fields: FieldMap | None = None,
+    fields: FieldMap | None = None, drop: np.ndarray | None = None,
 ) -> dict:
     """Read, tokenize and cache one dataset file, streamed; returns its stats (also stored in the cache metadata).
 
     ``duplicates="drop"`` removes exact-duplicate conversations first (counted
-    as ``duplicates_dropped``). Raises `DataError` if no record is left.
+    as ``duplicates_dropped``): those of `drop` (record indices: validation's
+    ``--out-drop``, found across shards) when given, else found here. Raises `DataError` if no record is left.
     `images`: a vision-language model's processor; the cache then holds each
     record's image paths too. `fields`: the dataset's own key and role names.
 
@@ -537,14 +360,11 @@ def tokenize_file(
     the split. A file with problems fails as `load_records` would (every
     problem listed, before any encoding error), and nothing is written.
     """
-    if duplicates not in DUPLICATE_POLICIES:
-        raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
     path = Path(path)
-    parsed, records = stream_file(path, fields)
     with CacheWriter(out_path) as writer:
-        encoder = SplitEncoder(tokenizer, writer, max_length=max_length, too_long=too_long, source=str(path),
-                               images=images, reasoning=reasoning)
-        records_in, kept, failed = _encode_stream(records, encoder, parsed, duplicates == "drop")
+        parsed, encoder, records_in, kept, failed = encode_file(
+            path, tokenizer, writer, max_length=max_length, too_long=too_long, duplicates=duplicates, images=images,
+            reasoning=reasoning, fields=fields, drop=drop)
         if parsed.problems:
             raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
         if failed is not None:
@@ -571,10 +391,30 @@ def tokenize_file(
     return stats
 
 
-def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
+def encode_file(path: Path, tokenizer, sink, *, max_length: int, too_long: str, duplicates: str,
+                images: ImageText | None, reasoning: str, fields: FieldMap | None, drop: np.ndarray | None = None,
+                owns=None) -> tuple:
+    """Encode the records of `path` (those `owns` keeps: a shard's) into `sink`, without the duplicates
+    ``duplicates="drop"`` removes; (parsed file, encoder, records read, records encoded, first encoding error)."""
+    if duplicates not in DUPLICATE_POLICIES:
+        raise UserError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, not {duplicates!r}")
+    parsed, records = stream_file(path, fields, owns=owns, fingerprint=owns is None, finish=owns is None)
+    encoder = SplitEncoder(tokenizer, sink, max_length=max_length, too_long=too_long, source=str(path),
+                           images=images, reasoning=reasoning)
+    if duplicates != "drop":
+        drop = None
+    elif drop is None:
+        drop = _DROP_HERE
+    return (parsed, encoder, *_encode_stream(records, encoder, parsed, drop))
+
+
+_DROP_HERE = np.zeros(0, dtype=np.int64)  # duplicates=drop without a list: found while reading
+
+
+def _encode_stream(records, encoder: SplitEncoder, parsed, drop: np.ndarray | None
                    ) -> tuple[int, int, DataError | None]:
-    """Feed `records` to `encoder` in batches, without exact duplicates if `drop_duplicates`; returns
-    (records read, records encoded, the first encoding error or None).
+    """Feed `records` to `encoder` in batches, without exact duplicates (`drop`: those indices; `_DROP_HERE`:
+    found here; None: none dropped); returns (records read, records encoded, the first encoding error or None).
 
     After a problem of the file or an encoding error the rest is only read
     (no longer encoded), so the file's every problem is still found. The
@@ -583,7 +423,13 @@ def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
     read = [0]
     kept = 0
     failed: DataError | None = None
-    for batch in batched(_unique(records, read) if drop_duplicates else _counted(records, read), BATCH_SIZE):
+    if drop is _DROP_HERE:
+        kept_records = _unique(records, read)
+    elif drop is not None:
+        kept_records = (r for r in _counted(records, read) if not _in(r.index, drop))
+    else:
+        kept_records = _counted(records, read)
+    for batch in batched(kept_records, BATCH_SIZE):
         kept += len(batch)
         if parsed.problems or failed is not None:
             continue
@@ -592,6 +438,11 @@ def _encode_stream(records, encoder: SplitEncoder, parsed, drop_duplicates: bool
         except DataError as err:  # reported after the file's own problems, as load_records would first
             failed = err
     return read[0], kept, failed
+
+
+def _in(index: int, sorted_indices: np.ndarray) -> bool:
+    at = np.searchsorted(sorted_indices, index)
+    return bool(at < sorted_indices.size and sorted_indices[at] == index)
 
 
 def _counted(records, read: list[int]):
@@ -607,60 +458,3 @@ def _unique(records, read: list[int]):
         read[0] += len(batch)
         earlier = seen.first([sample_digest(r) for r in batch], [r.index for r in batch])
         yield from (r for r, e in zip(batch, earlier) if e is None)
-
-
-# --- CLI ------------------------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline tokenize", description=__doc__.splitlines()[0])
-    # --train optional: a run of several training datasets (pipeline/data/mix.py) tokenizes each in a job of
-    # its own, and its validation set alone.
-    p.add_argument("--train", type=Path, help="needs --out-train; without it only --val is tokenized")
-    p.add_argument("--val", type=Path, help="optional; without it no val cache is written")
-    p.add_argument("--tokenizer", required=True, type=Path)  # the run's tokenizer dir (prepare-tokenizer)
-    p.add_argument("--max-length", required=True, type=int)
-    p.add_argument("--too-long", required=True, choices=TOO_LONG_POLICIES)
-    # --duplicates / --reasoning: required, their defaults are the workflow schema's data.* (the rules pass them)
-    p.add_argument("--duplicates", required=True, choices=DUPLICATE_POLICIES,
-                   help="drop: cache each exact-duplicate conversation once; error / warn: keep every record "
-                        "(validation enforces error)")
-    p.add_argument("--reasoning", required=True, choices=REASONING_POLICIES,
-                   help="assistant reasoning (<think>...</think>, reasoning_content): auto / keep train it where "
-                        "the template renders it, drop removes it")
-    add_field_arguments(p)
-    p.add_argument("--out-train", type=Path)
-    p.add_argument("--out-val", type=Path)
-    p.add_argument("--out-stats", required=True, type=Path)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.max_length <= 0:
-        raise UserError(f"--max-length must be positive, got {args.max_length}")
-    if args.val is not None and args.out_val is None:
-        raise UserError("--val needs --out-val")
-    if (args.train is None) != (args.out_train is None) or (args.train is None and args.val is None):
-        raise UserError("give --train with --out-train, or --val with --out-val, or both")
-    fields = field_map(args.columns, args.roles)
-    tokenizer, images = load_chat(args.tokenizer)
-    fingerprint = tokenizer_fingerprint(args.tokenizer)
-    splits = {"train": (args.train, args.out_train)} if args.train is not None else {}
-    if args.val is not None:
-        splits["val"] = (args.val, args.out_val)
-    report = {"tokenizer": str(args.tokenizer), "tokenizer_fingerprint": fingerprint,
-              "max_length": args.max_length, "too_long": args.too_long, "duplicates": args.duplicates,
-              "reasoning": args.reasoning, "splits": {}}
-    for split, (source, out) in splits.items():
-        stats = tokenize_file(source, tokenizer, out_path=out, max_length=args.max_length,
-                              too_long=args.too_long, fingerprint=fingerprint, split=split, duplicates=args.duplicates,
-                              images=images, reasoning=args.reasoning, fields=fields)
-        report["splits"][split] = {"cache": str(out), **stats}
-        print(f"{split}: {stats['records']} records, {stats['tokens']} tokens "
-              f"({stats['supervised_tokens']} supervised), truncated {stats['truncated']}, "
-              f"dropped {stats['dropped'] + stats['dropped_unsupervised']}, "
-              f"duplicates dropped {stats['duplicates_dropped']}; {chat_counts_text(stats)} -> {out}")
-    args.out_stats.parent.mkdir(parents=True, exist_ok=True)
-    args.out_stats.write_text(json.dumps(report, indent=2) + "\n")
-    return 0

@@ -31,14 +31,17 @@ entry per split with its record count; the held-out test split is exempt):
 reasoning the template does not render (``reasoning_not_rendered``) and
 assistant turns whose end-of-turn marker is not trained (``eot_not_trained``).
 
-Each file is streamed (`formats.stream_file`): its records are read and
-checked a batch at a time, in one pass, with the splits in train, val, test
-order so a split is checked against the ones before it. What is kept across a
-file is bounded by its record count, never its text: a 24-byte digest per
-distinct id and conversation (`stream.DigestIndex`, a second one of the loose
-conversation for the later splits), one token length and four flags per
-record (exact percentiles), and the problems found. Records with images keep
-their image paths in the split-overlap index (images are compared by content).
+Each file is streamed (`pipeline.data.scan`): its records are read and checked
+one at a time, a batch at a time, keeping per record its digests, token length
+and chat flags (bounded by the record count, never the text), and the problems
+found. The checks across records -- repeated ids, duplicates, overlaps with an
+earlier split, the stats -- are made of those facts in file order
+(`pipeline.data.verdicts`), with the splits in train, val, test order so a
+split is checked against the ones before it. A large training file is scanned
+by shard jobs (``python -m pipeline validate-shard``, `pipeline.data.shards`)
+and their facts merged here (``--scans``): the report is the one a single scan
+gives. ``--out-drop`` writes the record indices ``duplicates: drop`` leaves out
+of the training cache (found across shards), for the tokenization jobs.
 
 A failed run also writes both reports to ``--failed-report-dir``, which the
 workflow keeps out of Snakemake's declared outputs: Snakemake deletes the
@@ -48,33 +51,28 @@ outputs of a failed job, and the reports are the evidence of why it failed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from pipeline.data.formats import DUPLICATE_POLICIES, ParsedFile, Problem, Record, stream_file
-from pipeline.data.readers import describe_kind
+from pipeline.data import readers
+from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING
+from pipeline.data.formats import DUPLICATE_POLICIES, Problem
+from pipeline.data.kinds import describe_kind
+from pipeline.data.scan import Measure, SplitFacts, scan_split
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
-from pipeline.data.images import check_image, file_digest
+from pipeline.data.tokenize import TOO_LONG_POLICIES
+from pipeline.data.verdicts import merge_split, overlap_notes
 from pipeline.data.vision import is_vision_language
-from pipeline.data.stream import DigestIndex, batched, digest, loose_digest, sample_digest
-from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING, SETTING, suggest_builtin
-from pipeline.data.tokenize import BATCH_SIZE, CHAT_COUNTS, TOO_LONG_POLICIES
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
 SPLITS = ("train", "val", "test")
 CSV_COLUMNS = ["split", "file", "kind", "index", "line", "id", "field", "reason", "message"]
 REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --failed-report-dir
-
-# Image content digests, by path: a split-overlap candidate's images are read once.
-_file_digest = functools.lru_cache(maxsize=1 << 16)(file_digest)
 
 # Per-record overlap rows shown in the failure summary: the one line per pair of
 # splits already gives the count, and the rows must not crowd out other faults.
@@ -97,6 +95,8 @@ class ValidationReport:
     notes: list[str] = field(default_factory=list)
     files: dict[str, dict] = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
+    dropped: dict = field(default_factory=dict)  # split -> record indices duplicates=drop leaves out (not in JSON)
+    shards: list = field(default_factory=list)  # the train file's scans: shard, records, seconds (not in JSON)
 
     @property
     def ok(self) -> bool:
@@ -154,10 +154,13 @@ def validate_dataset(
     duplicates: str = "error",
     reasoning: str = "auto",
     fields: FieldMap | None = None,
+    train_scans: list[str | Path] | None = None,
 ) -> ValidationReport:
     """Run every check on the given files; never raises for data problems (they go in the report).
 
     `fields`: the dataset's own key and role names (`pipeline.data.shapes.FieldMap`).
+    `train_scans`: the train file's shards, scanned by jobs of their own (`python -m pipeline validate-shard`):
+    their facts are merged instead of scanning the file here; the report is the same.
     Raises `UserError` for an unknown policy or a tokenizer that cannot be loaded.
     """
     fields = fields or FieldMap()
@@ -169,159 +172,49 @@ def validate_dataset(
         "reasoning": reasoning, "columns": fields.columns, "roles": fields.roles,
         **{name: str(p) for name, p in paths.items()},
     })
-    scans: dict[str, _SplitScan] = {}
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
     text_only = Path(tokenizer_dir).is_dir() and not is_vision_language(tokenizer_dir)
-    measure = _Measure(tokenizer_dir, reasoning, image_verdicts)
-    for name, path in paths.items():  # in SPLITS order: a split is checked against the ones before it
-        scan = _SplitScan(name, *stream_file(path, fields))
-        for batch in batched(scan.stream, BATCH_SIZE):
-            _check_batch(scan, batch, scans, measure, image_verdicts, text_only, duplicates=duplicates,
-                         max_length=max_length, too_long=too_long)
-        if scan.pf.rejected:  # records rejected after the last clean one: their images are still checked
-            _check_batch(scan, [], scans, measure, image_verdicts, text_only, duplicates=duplicates,
-                         max_length=max_length, too_long=too_long)
-        scan.finish()
-        scans[name] = scan
-    for scan in scans.values():
-        report.warnings += [(scan.name, p) for p in scan.copies if duplicates == "warn"]
-    overlaps = [(name, other, p) for name, scan in scans.items() for other, p in scan.overlaps]
-    report.notes += _overlap_notes({name: scan.pf for name, scan in scans.items()}, overlaps)
-
-    for name, scan in scans.items():
-        pf, found = scan.pf, scan.found
-        stats = {"path": str(pf.path), "kind": pf.layout, "sha256": pf.sha256, "records": pf.records_seen,
-                 "images": scan.images, "duplicates": len(scan.copies),
-                 "duplicates_dropped": len(scan.copies) if duplicates == "drop" else 0,
-                 "overlaps": dict(Counter(other for other, _ in scan.overlaps))}
-        if measure.loaded:
-            lengths, flags = scan.measured()
-            stats.update(_length_stats(lengths, max_length, too_long))
-            stats.update(_chat_stats(lengths, flags))
-            if name != "test":  # held-out prompts are not trained: what the template drops there costs nothing
-                report.warnings += [(name, w) for w in _chat_warnings(pf, name, scan.chat_hits, measure.template)]
-        stats["records_valid"] = pf.records_seen - scan.with_problems
-        causes = scan.causes if too_long == "drop" else {**scan.causes, "too_long": 0}
-        stats["records_usable"] = pf.records_seen - sum(causes.values())
-        if pf.records_seen and not stats["records_usable"]:
-            why = f"no usable record is left: {_unusable_text(pf.records_seen, causes, max_length)}"
-            if causes["problem"] == pf.records_seen:
-                report.notes.append(f"{pf.path}: {why}")  # each record's own problem is listed already
-            else:
-                found.append(Problem(str(pf.path), "no_usable_records", why, kind=pf.layout))
-        # File-level problems first, then by record.
-        found.sort(key=lambda p: -1 if p.index is None else p.index)
-        stats["problems"] = len(found)
-        report.files[name] = stats
-        report.problems += [(name, p) for p in found]
+    measure = Measure(tokenizer_dir, reasoning, image_verdicts)
+    scans: dict[str, list[SplitFacts]] = {}
+    for name, path in paths.items():
+        if name == "train" and train_scans:
+            scans[name] = _load_scans(train_scans, path)
+        else:
+            scans[name] = [scan_split(path, name, fields=fields, measure=measure, image_verdicts=image_verdicts,
+                                      text_only=text_only, max_length=max_length, too_long=too_long)]
+    report.shards = [{"shard": s.shard, "records": int(s.arrays["index"].size), "seconds": round(s.seconds, 2),
+                      "cpu_seconds": round(s.cpu_seconds, 2)} for s in scans.get("train", [])]
+    measured = any(s.arrays["index"].size for split in scans.values() for s in split)
+    template = next((s.template for split in scans.values() for s in split if s.template), "")
+    earlier, verdicts = {}, {}
+    for name in paths:  # in SPLITS order: a split is checked against the ones before it
+        verdicts[name] = merge_split(scans[name], dict(earlier), duplicates=duplicates, max_length=max_length,
+                                     too_long=too_long, last=name == SPLITS[-1], measured=measured, template=template)
+        earlier[name] = verdicts[name].index
+    for name, verdict in verdicts.items():
+        verdict.stats["sha256"] = readers.fingerprint(paths[name]) if verdict.stats["kind"] != "unknown" else ""
+        report.warnings += [(name, p) for p in verdict.copies if duplicates == "warn"]
+        report.files[name] = verdict.stats
+        report.dropped[name] = verdict.dropped
+    overlaps = [(name, other, p) for name, v in verdicts.items() for other, p in v.overlaps]
+    report.notes += overlap_notes(report.files, overlaps)
+    for name, verdict in verdicts.items():
+        report.warnings += [(name, w) for w in verdict.warnings]
+        if verdict.note:
+            report.notes.append(verdict.note)
+        report.problems += [(name, p) for p in verdict.problems]
     return report
 
 
-class _SplitScan:
-    """One split as it streams past: its problems (O(faults)), running counts, and what later splits are
-    checked against -- 24-byte digests (`DigestIndex`) and one length and four flags per record, no record."""
-
-    def __init__(self, name: str, pf: ParsedFile, stream):
-        self.name, self.pf, self.stream = name, pf, stream
-        self.found: list[Problem] = []  # this split's problems, in the order the checks find them
-        self.copies: list[Problem] = []  # exact duplicates (the duplicates policy decides what they are)
-        self.overlaps: list[tuple[str, Problem]] = []  # (earlier split, problem)
-        self.ids, self.samples, self.texts = DigestIndex(), DigestIndex(), DigestIndex()
-        self.texts_with_images: dict[bytes, list[tuple[tuple[str, ...], int]]] = {}
-        self.lengths: list[np.ndarray] = []
-        self.flags: list[np.ndarray] = []
-        self.chat_hits: dict[str, list] = {}  # warning reason -> [records, first record]
-        self.images = 0
-        self.with_problems = 0  # records with any problem (split overlaps too)
-        self.causes = {"problem": 0, "duplicate": 0, "too_long": 0}  # why records will not reach the cache
-
-    def finish(self) -> None:
-        """Add the file's own problems (complete once the stream is read) in front of the records' ones."""
-        parse = [p for p in self.pf.problems]
-        broken = {p.index for p in parse if p.index is not None}
-        self.with_problems += len(broken)
-        self.causes["problem"] += len(broken)
-        self.found = parse + self.found
-
-    def measured(self) -> tuple[np.ndarray, np.ndarray]:
-        """(token length per measured record, -1 where it is not measurable; its `CHAT_COUNTS` flags)."""
-        if not self.lengths:
-            return np.zeros(0, dtype=np.int64), np.zeros((0, len(CHAT_COUNTS)), dtype=bool)
-        return np.concatenate(self.lengths), np.concatenate(self.flags)
-
-
-def _check_batch(scan: _SplitScan, batch: list[Record], scans: dict[str, _SplitScan], measure: "_Measure",
-                 image_verdicts: dict, text_only: bool, *, duplicates: str, max_length: int, too_long: str) -> None:
-    """Every check on one batch of a split's clean records, in the order `validate_dataset` reports them,
-    and the image checks of the records rejected since the last batch (`ParsedFile.rejected`: their other
-    defects are the file's problems, counted once, in `_SplitScan.finish`)."""
-    rejected, scan.pf.rejected[:] = list(scan.pf.rejected), []
-    # the per-record checks locate records by batch position
-    pf = dataclasses.replace(scan.pf, records=batch, rejected=rejected)
-    found = _duplicate_id_problems(pf, scan.ids)
-    copies = _duplicate_sample_problems(pf, scan.samples)
-    scan.copies += copies
-    dropped: set[int] = set()
-    if duplicates == "error":
-        found += copies
-    elif duplicates == "drop":  # check what tokenization will keep: a dropped copy is neither measured nor an overlap
-        dropped = {p.index for p in copies}
-        pf = dataclasses.replace(pf, records=[r for r in batch if r.index not in dropped])
-    scan.images += sum(len(r.images) for r in pf.records)
-    found += _image_problems(pf, image_verdicts, text_only) + _split_record_problems(pf, scan.name)
-    overlaps = _overlap_problems(scan, pf, scans, image_verdicts)
-    scan.overlaps += overlaps
-    found += [p for _, p in overlaps]
-    over_long: set[int] = set()
-    if pf.records:
-        lengths, errors, flags = measure(pf)
-        problems, _, over_long = _length_check(pf, lengths, errors, max_length, too_long)
-        found += problems
-        scan.lengths.append(lengths)
-        scan.flags.append(flags)
-        for reason, hit in _chat_hit_masks(lengths, flags).items():
-            positions = np.flatnonzero(hit)
-            if positions.size:
-                entry = scan.chat_hits.setdefault(reason, [0, pf.records[positions[0]]])
-                entry[0] += positions.size
-    scan.found += found
-    counted = {r.index for r in rejected}  # already among the records with problems
-    scan.with_problems += len({p.index for p in found} - counted)
-    broken = {p.index for p in found if p.reason != "split_overlap"} - counted
-    scan.causes["problem"] += len(broken)
-    scan.causes["duplicate"] += len(dropped - broken)
-    scan.causes["too_long"] += len(over_long - broken - dropped)
-
-
-class _Measure:
-    """Token lengths and chat flags of a batch, as tokenization will count them (`sequence_lengths`); the
-    tokenizer is loaded at the first batch that has records, so a dataset with none never loads it.
-
-    A vision-language model's records are measured with their image tokens
-    expanded, except where an image is unusable (already a problem): -1 there.
-    """
-
-    def __init__(self, tokenizer_dir, reasoning: str, image_verdicts: dict):
-        self.tokenizer_dir, self.reasoning, self.image_verdicts = tokenizer_dir, reasoning, image_verdicts
-        self.loaded = False
-        self.template = ""
-
-    def __call__(self, pf: ParsedFile) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
-        from pipeline.data.tokenize import load_chat, sequence_lengths  # imports transformers: only when needed
-
-        if not self.loaded:
-            self.tokenizer, self.images = load_chat(self.tokenizer_dir)
-            self.template = (self.images.chat_template if self.images else self.tokenizer.chat_template) or ""
-            self.loaded = True
-        usable = [i for i, r in enumerate(pf.records) if self.images is None
-                  or all(self.image_verdicts.get(p) is None for p in r.images)]
-        measured, errors, measured_flags = sequence_lengths(self.tokenizer, [pf.records[i] for i in usable],
-                                                            self.images, reasoning=self.reasoning)
-        lengths = np.full(len(pf.records), -1, dtype=np.int64)
-        lengths[usable] = measured
-        flags = np.zeros((len(pf.records), len(CHAT_COUNTS)), dtype=bool)
-        flags[usable] = measured_flags
-        return lengths, {usable[i]: msg for i, msg in errors.items()}, flags
+def _load_scans(paths: list[str | Path], source: str | Path) -> list[SplitFacts]:
+    """The shards' facts; a `UserError` if they are not every shard of `source`, once each."""
+    facts = [SplitFacts.load(p) for p in paths]
+    shards = sorted(f.shard for f in facts)
+    if shards != list(range(facts[0].shards)) or any(f.shards != facts[0].shards for f in facts):
+        raise UserError(f"--scans: shards {shards} of {facts[0].shards} given; every shard of {source} once is needed")
+    if any(Path(f.path).resolve() != Path(source).resolve() for f in facts):
+        raise UserError(f"--scans: scans of {sorted({f.path for f in facts})}, not of {source}")
+    return facts
 
 
 def write_report(report: ValidationReport, out_json: str | Path, out_csv: str | Path) -> None:
@@ -365,241 +258,6 @@ def _check_policy(name: str, value: str, allowed: tuple[str, ...]) -> None:
         raise UserError(f"{name} must be one of {', '.join(allowed)}, not {value!r}")
 
 
-# --- individual checks ----------------------------------------------------------------------------
-
-
-def _problem(pf: ParsedFile, position: int, reason: str, message: str, field_: str | None = None) -> Problem:
-    """A problem about the `position`-th clean record of `pf`."""
-    return _record_problem(pf, pf.records[position], reason, message, field_)
-
-
-def _record_problem(pf: ParsedFile, record: Record, reason: str, message: str, field_: str | None = None) -> Problem:
-    """A problem about `record` of `pf` (clean or rejected)."""
-    return Problem(str(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_,
-                   kind=pf.layout)
-
-
-def _image_problems(pf: ParsedFile, verdicts: dict, text_only: bool = False) -> list[Problem]:
-    """Every unreadable image of every record, those already rejected for another defect included
-    (a record reports all its defects at once); with `text_only`, one problem per record with images."""
-    problems = []
-    for record in sorted(pf.records + pf.rejected, key=lambda r: r.index):
-        if text_only and record.images:
-            problems.append(_record_problem(
-                pf, record, "images_on_text_model", f"{len(record.images)} image(s) given to a text-only model (its "
-                "tokenizer dir has no image processor): images need a vision-language model; remove them, or "
-                "train a vision-language model", "image"))
-        for j, image in enumerate(record.images):
-            if image not in verdicts:
-                verdicts[image] = check_image(image)
-            if verdicts[image] is not None:
-                reason, message = verdicts[image]
-                problems.append(_record_problem(pf, record, reason, message, f"image[{j}]"))
-    return problems
-
-
-def _split_record_problems(pf: ParsedFile, split: str) -> list[Problem]:
-    """Records a split cannot use: a test record needs a prompt and a reference answer, which plain text has not."""
-    if split != "test":
-        return []
-    return [_record_problem(pf, r, "text_in_test", "a plain text record has no prompt and reference answer to "
-                            "score: the test split holds conversations (data.test: null skips it)", "text")
-            for r in pf.records if r.is_text]
-
-
-def _duplicate_id_problems(pf: ParsedFile, seen: DigestIndex) -> list[Problem]:
-    """Every record whose id an earlier record already uses (`seen`: the split's ids so far): an id is meant
-    to be unique, whatever the policy."""
-    with_id = [(position, r) for position, r in enumerate(pf.records) if r.id is not None]
-    earlier = seen.first([digest(r.id) for _, r in with_id], [r.index for _, r in with_id])
-    return [_problem(pf, position, "duplicate_id", f"id {r.id!r} is also used by record {e}", "id")
-            for (position, r), e in zip(with_id, earlier) if e is not None]
-
-
-def _duplicate_sample_problems(pf: ParsedFile, seen: DigestIndex) -> list[Problem]:
-    """Every record identical to an earlier one (same messages and images, `formats.duplicate_of`; `seen`:
-    the split's conversations so far); the duplicates policy decides their fate."""
-    earlier = seen.first([sample_digest(r) for r in pf.records], [r.index for r in pf.records])
-    return [_problem(pf, position, "duplicate_sample", f"same conversation as record {e}")
-            for position, e in enumerate(earlier) if e is not None]
-
-
-def _overlap_problems(scan: _SplitScan, pf: ParsedFile, earlier: dict[str, _SplitScan], image_verdicts: dict
-                      ) -> list[tuple[str, Problem]]:
-    """(earlier split, problem) per record of `pf` (a batch of `scan`'s split) whose conversation occurs in an
-    earlier split (val: train; test: train or val); the batch is then remembered for the later splits.
-
-    Whitespace-insensitive; a record with images matches only a record with
-    the same image content (under any file name): images are read only for a
-    text that occurs in both splits; a record is matched to the first split it
-    occurs in, and to that split's first such record. `image_verdicts`: path
-    -> problem or None (`check_image`), an unreadable image is compared by its path.
-    """
-    texts = [loose_digest(r) for r in pf.records]
-    found: list[tuple[str, Problem]] = []
-    matches: list[int | None] = [None] * len(texts)
-    for other, prior in earlier.items():
-        plain = [i for i, r in enumerate(pf.records) if not r.images and matches[i] is None]
-        for i, index in zip(plain, prior.texts.first([texts[i] for i in plain], [0] * len(plain), add=False)):
-            if index is not None:
-                matches[i] = (other, index)
-        for i, r in enumerate(pf.records):
-            if r.images and matches[i] is None and texts[i] in prior.texts_with_images:
-                key = _image_key(r.images, image_verdicts)
-                index = next((index for paths, index in prior.texts_with_images[texts[i]]
-                              if _image_key(paths, image_verdicts) == key), None)
-                if index is not None:
-                    matches[i] = (other, index)
-    for position, match in enumerate(matches):
-        if match is not None:
-            other, index = match
-            found.append((other, _problem(pf, position, "split_overlap", f"same conversation as {other} record {index}")))
-    if scan.name != SPLITS[-1]:  # the last split is no later split's "earlier"
-        plain = [i for i, r in enumerate(pf.records) if not r.images]
-        scan.texts.first([texts[i] for i in plain], [pf.records[i].index for i in plain])
-        for i, r in enumerate(pf.records):
-            if r.images:
-                entries = scan.texts_with_images.setdefault(texts[i], [])
-                if all(paths != tuple(r.images) for paths, _ in entries):
-                    entries.append((tuple(r.images), r.index))
-    return found
-
-
-def _image_key(paths, image_verdicts: dict) -> tuple[str, ...]:
-    """The images' content digests (an unreadable image: its path), to compare records across splits."""
-    return tuple(path if image_verdicts.get(path) is not None else _file_digest(path) for path in paths)
-
-
-def _overlap_notes(parsed: dict[str, ParsedFile], overlaps: list[tuple[str, str, Problem]]) -> list[str]:
-    """One line per pair of splits that share conversations, e.g. 'val: 128 of 128 records also occur in train'.
-
-    Says so when both splits are the same file (same resolved path) or copies
-    of it (same sha256): the usual cause of a complete overlap.
-    """
-    notes = []
-    for (split, other), n in Counter((split, other) for split, other, _ in overlaps).items():
-        pf, source = parsed[split], parsed[other]
-        note = f"{split}: {n} of {pf.records_seen} records also occur in {other}"
-        if pf.path.resolve() == source.path.resolve():
-            note += f" (same file as {other}: {source.path})"
-        elif pf.sha256 == source.sha256:
-            note += f" ({split} is a copy of {other}: same content as {source.path})"
-        notes.append(note)
-    return notes
-
-
-# Why a record does not reach the token cache, as (one record, several records).
-_UNUSABLE_PHRASES = {
-    "problem": ("has a problem", "have problems"),
-    "duplicate": ("is a copy of an earlier record and duplicates=drop",
-                  "are copies of earlier records and duplicates=drop"),
-    "too_long": ("is over max_length {max_length} and too_long=drop",
-                 "are over max_length {max_length} and too_long=drop"),
-}
-
-
-def _unusable_causes(broken: set[int], dropped_copies: set[int], dropped_long: set[int]) -> dict[str, int]:
-    """Records that will not reach the cache, by first cause (the keys of `_UNUSABLE_PHRASES`); each counted once."""
-    return {
-        "problem": len(broken),
-        "duplicate": len(dropped_copies - broken),
-        "too_long": len(dropped_long - broken - dropped_copies),
-    }
-
-
-def _unusable_text(total: int, causes: dict[str, int], max_length: int) -> str:
-    """Why none of `total` records is usable, e.g. 'all 200 records are over max_length 128 and too_long=drop'."""
-    def phrase(cause: str, n: int) -> str:
-        return _UNUSABLE_PHRASES[cause][n != 1].format(max_length=max_length)
-
-    present = [(cause, n) for cause, n in causes.items() if n]
-    if len(present) == 1:
-        subject = "its only record" if total == 1 else f"all {total} records"
-        return f"{subject} {phrase(present[0][0], total)}"
-    return f"of its {total} records, " + ", ".join(f"{n} {phrase(cause, n)}" for cause, n in present)
-
-
-def _length_check(
-    pf: ParsedFile, lengths: np.ndarray, errors: dict[int, str], max_length: int, too_long: str,
-) -> tuple[list[Problem], dict, set[int]]:
-    """(template failures and, under too_long=error, over-long records as problems; length stats;
-    the file indices of the records over `max_length`)."""
-    problems = [_problem(pf, i, "template_error", msg) for i, msg in errors.items()]
-    over = np.flatnonzero(lengths > max_length)
-    if too_long == "error":
-        problems += [_problem(pf, i, "too_long", f"{lengths[i]} tokens > max_length {max_length}") for i in over]
-    return problems, _length_stats(lengths, max_length, too_long), {pf.records[i].index for i in over}
-
-
-def _length_stats(lengths: np.ndarray, max_length: int, too_long: str) -> dict:
-    measured = lengths[lengths >= 0]
-    over = int((measured > max_length).sum())
-    stats: dict = {"too_long": over}
-    if too_long != "error":
-        stats["truncated" if too_long == "truncate" else "dropped"] = over
-    if measured.size:
-        p50, p90, p99 = np.percentile(measured, [50, 90, 99])
-        stats["tokens_per_record"] = {"p50": float(p50), "p90": float(p90), "p99": float(p99),
-                                      "max": int(measured.max())}
-    return stats
-
-
-def _chat_stats(lengths: np.ndarray, flags: np.ndarray) -> dict:
-    """The `CHAT_COUNTS` of one split's records as rendered for training, those with an end-of-turn marker
-    not trained, and those whose reasoning the policy dropped."""
-    counts = {key: int(n) for key, n in zip(CHAT_COUNTS, flags.sum(axis=0))}
-    counts["eot_not_trained"] = int((lengths >= 0).sum()) - counts["eot_trained"]
-    counts["reasoning_dropped_by_policy"] = counts["reasoning_dropped"] - counts["reasoning_dropped_by_template"]
-    return counts
-
-
-# Chat warnings: a split's records train less than the data holds, and the user did not ask for it.
-REASONING_NOT_RENDERED = "reasoning_not_rendered"
-EOT_NOT_TRAINED = "eot_not_trained"
-
-
-def _reasoning_fix(template: str) -> str:
-    """How to train the reasoning a template drops: the built-in template of its family that renders it."""
-    if "<｜Assistant｜>" in template:
-        fit = "deepseek-r1"
-    elif "<think>" in template or "<|im_start|>" in template:
-        fit = "qwen3-thinking"
-    else:
-        return (f"set {SETTING} to a built-in template that renders it (qwen3-thinking, deepseek-r1) or a .jinja "
-                "file that does, to train it")
-    return f"set {SETTING}: {fit} to train it"
-
-
-def _chat_hit_masks(lengths: np.ndarray, flags: np.ndarray) -> dict[str, np.ndarray]:
-    """Per chat warning, which records it concerns: reasoning the template does not render, and an
-    end-of-turn marker not trained (of the records rendered)."""
-    eot_trained, _, _, by_template = (flags[:, CHAT_COUNTS.index(k)] for k in CHAT_COUNTS)
-    return {REASONING_NOT_RENDERED: by_template, EOT_NOT_TRAINED: (lengths >= 0) & ~eot_trained}
-
-
-def _chat_warnings(pf: ParsedFile, split: str, hits: dict[str, list], template: str) -> list[Problem]:
-    """File-level warnings (one per kind, with the record count and the first record) for records whose
-    reasoning the template does not render, and those with an end-of-turn marker that is not trained.
-    `hits`: reason -> [records, the first one] (`_chat_hit_masks`, over the split)."""
-    found = []
-    for reason, message in (
-        (REASONING_NOT_RENDERED,
-         "{n} record(s) of {split} have reasoning the chat template does not render (it is not trained): "
-         f"{_reasoning_fix(template)}, or {REASONING_SETTING}: drop to silence this"),
-        (EOT_NOT_TRAINED,
-         "{n} record(s) of {split} have an assistant turn whose end-of-turn marker is not trained (the chat "
-         "template writes no special token right after the content), so the model is not taught to stop: "
-         f"{suggest_builtin(template)}"),
-    ):
-        if reason in hits:
-            n, first = hits[reason]
-            where = Problem(str(pf.path), reason, "", index=first.index, line=first.line, id=first.id,
-                            kind=pf.layout).where()
-            found.append(Problem(str(pf.path), reason, message.format(n=n, split=split) + f" (first: {where})",
-                                 kind=pf.layout))
-    return found
-
-
 # --- CLI ------------------------------------------------------------------------------------------
 
 
@@ -617,8 +275,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reasoning", required=True, choices=REASONING_POLICIES,
                    help="assistant reasoning: auto / keep train it where the template renders it, drop removes it")
     add_field_arguments(p)
+    p.add_argument("--scans", nargs="+", type=Path,
+                   help="the train file's shard scans (validate-shard --out): merged instead of reading the file here")
     p.add_argument("--out-json", required=True, type=Path)
     p.add_argument("--out-csv", required=True, type=Path)
+    p.add_argument("--out-drop", type=Path, help="the train records duplicates=drop leaves out (.npy, int64 indices)")
+    p.add_argument("--shards-out", type=Path, help="each train shard's records and time (JSON; one shard: the scan)")
     p.add_argument("--failed-report-dir", type=Path,
                    help="on failure, also write validation.json/.csv here (a path the workflow does not delete); "
                         "on success, remove the ones an earlier failure left")
@@ -637,8 +299,14 @@ def main(argv: list[str] | None = None) -> int:
                         "files themselves; give it a directory of its own")
     report = validate_dataset(args.train, val=args.val, test=args.test, tokenizer_dir=args.tokenizer,
                               max_length=args.max_length, too_long=args.too_long, duplicates=args.duplicates,
-                              reasoning=args.reasoning, fields=field_map(args.columns, args.roles))
+                              reasoning=args.reasoning, fields=field_map(args.columns, args.roles),
+                              train_scans=args.scans)
     write_report(report, args.out_json, args.out_csv)
+    if args.out_drop is not None:
+        with publish.staged_file(args.out_drop) as tmp, open(tmp, "wb") as f:
+            np.save(f, report.dropped.get("train", np.zeros(0, dtype=np.int64)))
+    if args.shards_out is not None:
+        publish.write_text(args.shards_out, json.dumps({"shards": report.shards}, indent=2) + "\n")
     _print_warnings(report)
     if not report.ok:
         kept = (args.out_json, args.out_csv)

@@ -22,11 +22,12 @@ from contextlib import contextmanager
 
 import torch
 
+from pipeline import compat
 from pipeline.config import ALL_LINEAR, LORA_INITS, TrainConfig
 from pipeline.data.prepare import added_token_ids, read_chat
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.model import quantization, vision
+from pipeline.model import kernels, quantization, vision
 from pipeline.model.precision import Precision, weights_dtype
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def _for_training(model, checkpointed: int) -> None:
         return
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    compat.enable_activation_checkpointing(model, use_reentrant=False)
     # transformers turns it on in every GradientCheckpointingLayer; module order is the forward's.
     layers = [(n, m) for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
     language = vision.find_parts(model).language + "." if is_vision_language(model) else ""
@@ -419,6 +420,8 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
     model = get_peft_model(model, lora)
     if rows:
         _fp32_token_rows(model)
+    if cfg.lora.fused:
+        log.info("lora.fused: %d LoRA linear layers run as one addmm each", kernels.fuse_lora(model))
     return model
 
 
@@ -454,6 +457,8 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
              else load_base(cfg, dtype, device, checkpointed=checkpointed,
                             compute_dtype=precision.dtype or torch.float32))
     check_vision_settings(model, cfg)
+    if cfg.model.liger_kernels:
+        kernels.apply_liger(model)
     # Before the adapter: the rows must exist when peft copies them, and in every process alike.
     token_ids = grow_vocabulary(model, cfg)
     if cfg.lora.enabled:

@@ -10,8 +10,8 @@ supervised (their indices are computed on the CPU when the batch is collated,
 so picking them costs no host sync), and runs the LM head and the
 cross-entropy over those rows in chunks of `chunk_tokens`: each chunk's logits
 are recomputed in the backward (`torch.utils.checkpoint`), so at most one
-chunk's logits exist at a time. On CUDA the chunk's function is compiled
-(`chunk_loss_for`); elsewhere it runs eagerly. The numbers are those of a full-vocabulary fp32
+chunk's logits exist at a time. On CUDA the chunk's function is compiled, each
+chunk padded to one row count (one graph); elsewhere it runs eagerly. The numbers are those of a full-vocabulary fp32
 cross-entropy over the whole batch, up to the order of the sums.
 
 The micro-batches it takes (`Batch`: padded, packed rows, or one flat row; a
@@ -29,8 +29,10 @@ import math
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import config_is_vision_language
+from pipeline.model import kernels
 # Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
 from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 
@@ -74,17 +76,21 @@ class TokenLoss(torch.nn.Module):
     scaling or other step after the head that this loss would skip).
     """
 
-    def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None):
+    def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None,
+                 fused_loss: str = "chunked"):
         """`check`: probe the LM head now (`check_head`); a caller whose weights are not loaded
         yet (an FSDP skeleton) passes False and calls `check_head()` once they are.
         `mask_free`: leave padded batches' attention mask out; None decides by the model's family
-        (`can_drop_mask`); benchmarks and tests force either way."""
+        (`can_drop_mask`); benchmarks and tests force either way. `fused_loss`: the
+        `model.fused_loss` setting (`pipeline.model.kernels.fused_loss`: a fused kernel for
+        the head and the cross-entropy, or None for the chunked loss)."""
         super().__init__()
         self.lm = lm
         head = hf_model(lm).get_output_embeddings()
         if head is None:
             raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
+        self.fused = kernels.fused_loss(fused_loss, head, head.weight.device)
         self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
         if check:
             self.check_head()
@@ -94,12 +100,21 @@ class TokenLoss(torch.nn.Module):
             return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
         hf = hf_model(self.lm)
         inputs = batch.inputs
-        if self.mask_free and "attention_mask" in inputs:  # right padding only (`_padded`), see MASK_FREE_FAMILIES
+        # Right padding only (`_padded`), see MASK_FREE_FAMILIES; a packed row keeps its position ids,
+        # from which the attention keeps its sequences apart.
+        mask_free = self.mask_free and "position_ids" not in inputs
+        if mask_free:
             inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
-        # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache.
-        hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
+        # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache. A
+        # mask-free forward skips transformers' mask builder, which would read the position ids back
+        # to the host (a device sync per forward) to look for packed sequences there are none of.
+        with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
+            hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
         picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
-        return linear_cross_entropy_sum(picked, hf.get_output_embeddings(), batch.targets, self.chunk)
+        head = hf.get_output_embeddings()
+        if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
+            return self.fused(picked, head.weight, head.bias, batch.targets)
+        return linear_cross_entropy_sum(picked, head, batch.targets, self.chunk)
 
     @torch.no_grad()
     def check_head(self) -> None:
@@ -131,7 +146,7 @@ def can_drop_mask(model) -> bool:
 
 
 def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                             chunk: int) -> torch.Tensor:
+                             chunk: int, *, compiled: bool | None = None) -> torch.Tensor:
     """sum_i CE(head(hidden[i]), targets[i]) in fp32, `chunk` rows at a time.
 
     Under autograd each chunk is checkpointed: its logits are freed after the
@@ -139,26 +154,42 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, target
     Always runs at least one (maybe empty) chunk, so the result depends on
     every parameter even for a batch with nothing supervised (DDP needs every
     gradient on every rank).
+
+    `compiled` (default: on CUDA) runs each chunk through `_compiled_chunk_loss`,
+    every chunk padded to `chunk` rows (zero hidden states, ignored targets: they add
+    nothing to the sum or the gradients). One shape, so one compiled graph for the
+    whole run: the last chunk's row count changes with every micro-batch, and each
+    new count compiled again (a stall mid-run that can trip the throughput alert).
+    The padding costs at most one chunk's head matmul per micro-batch.
     """
     n = hidden.shape[0]
     grad = torch.is_grad_enabled()
-    loss = chunk_loss_for(hidden.device)
+    compiled = hidden.device.type == "cuda" if compiled is None else compiled
+    loss = _compiled_chunk_loss() if compiled else _chunk_loss
     total = None
     for start in range(0, max(n, 1), chunk):
         h, t = hidden[start:start + chunk], targets[start:start + chunk]
+        if compiled and h.shape[0] < chunk:
+            h = torch.nn.functional.pad(h, (0, 0, 0, chunk - h.shape[0]))
+            t = torch.nn.functional.pad(t, (0, chunk - t.shape[0]), value=IGNORE_INDEX)
         part = checkpoint(loss, head, h, t, use_reentrant=False) if grad else loss(head, h, t)
         total = part if total is None else total + part
     return total
 
 
 def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(head(hidden).float(), targets, reduction="sum")
+    return torch.nn.functional.cross_entropy(head(hidden).float(), targets, ignore_index=IGNORE_INDEX,
+                                             reduction="sum")
 
 
 def chunk_loss_for(device: torch.device):
     """The function computing one chunk's loss on `device`: `_chunk_loss` as it is on a CPU (and
     any device but CUDA), compiled on CUDA (`_compiled_chunk_loss`)."""
     return _compiled_chunk_loss() if device.type == "cuda" else _chunk_loss
+
+
+# The torch.compile backend of the chunk loss (tests count its graphs with a counting backend).
+COMPILE_BACKEND = "inductor"
 
 
 @functools.cache
@@ -171,9 +202,11 @@ def _compiled_chunk_loss():
     logits once (in the forward and again in the checkpoint's recompute). The
     head's matmul stays cuBLAS's. Any head module works (LoRA-adapted, trainable
     token rows), unlike fused linear-cross-entropy kernels that take a bare
-    weight. Not measured on a GPU yet. `TORCHDYNAMO_DISABLE=1` runs it eagerly.
+    weight. Static shapes (`dynamic=False`): `linear_cross_entropy_sum` pads every
+    chunk to one row count. Not measured on a GPU yet. `TORCHDYNAMO_DISABLE=1`
+    runs it eagerly.
     """
-    return torch.compile(_chunk_loss)
+    return torch.compile(_chunk_loss, backend=COMPILE_BACKEND, dynamic=False)
 
 
 def _probe_ids(config, vocab: int, device) -> torch.Tensor:

@@ -47,6 +47,8 @@ Per GPU, in bytes:
                   only after the backward has freed the later layers'.
   loss            one chunk of logits (`pipeline.model.loss`): rows x vocab x
                   (2a + 12) bytes
+  packed mask     a packed micro-batch under SDPA / eager: the (tokens x tokens)
+                  block-diagonal mask, (1 + a) bytes per element
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
                   the unsharded root (embeddings, head) and two layers in flight
 The budget it must fit (`budget`) is each GPU's memory less what PyTorch's
@@ -159,6 +161,7 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
+    packed: bool = False  # each micro-batch one row of micro_batch x length tokens (tokens.packing)
 
     def describe(self, layers: int) -> str:
         return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
@@ -211,6 +214,11 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     tokens = run.micro_batch * run.length
     parts["activations"] = tokens * _activation_bytes_per_token(cfg, shapes, run, a, residual=w)
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
+    if run.packed and not str(cfg.model.attn_implementation).startswith("flash_attention"):
+        # SDPA and eager keep packed sequences apart with a block-diagonal (row x row) mask that
+        # transformers builds as booleans; the kernels take it as an additive bias in the compute
+        # dtype. Flash-attention's varlen kernel needs none.
+        parts["attention mask (packed row, tokens^2)"] = tokens * tokens * (1 + a)
     return Estimate(run, shapes.layers, parts)
 
 

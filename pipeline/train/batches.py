@@ -21,7 +21,6 @@ import os
 import numpy as np
 import torch
 
-from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.mix import Mix
 from pipeline.model.batch import Batch, Collator
 from pipeline.planning.order import RunSampler
@@ -29,8 +28,8 @@ from pipeline.planning.packing import pack_update, row_capacity
 
 
 def supervised_counts(cache) -> np.ndarray:
-    """Per sample: tokens that carry a loss (label of the *next* position is set)."""
-    return np.array([int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in range(len(cache))], dtype=np.int64)
+    """Per sample: tokens that carry a loss (label of the *next* position is set); from the cache's arrays."""
+    return cache.supervised_counts()
 
 
 class TrainBatches:

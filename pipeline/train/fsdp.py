@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipeline import compat
 from pipeline.errors import UserError
 from pipeline.model import loading
 from pipeline.model.loss import TokenLoss
@@ -229,23 +230,10 @@ def _save_sharded(d: Dist, model, names: list[str], ema, optimizer, staging: Pat
     barrier(d)
     state = _dcp_state(model, names, ema, optimizer)
     if group is not None:
-        return dcp.async_save(state, checkpoint_id=str(staging), process_group=group, async_stager=stager)
+        return compat.async_save(state, checkpoint_id=str(staging), process_group=group, stager=stager)
     future: Future = Future()
     future.set_result(dcp.save(state, checkpoint_id=str(staging)))
     return future
-
-
-def _reused_stager(device: torch.device):
-    """DCP's stager for asynchronous saves, kept for the whole stage: it copies each tensor into a CPU
-    buffer it allocated for that tensor's storage at the first save and reuses at every later one
-    (pinned on CUDA, so the device-to-host copies run at full speed). DCP's default allocates new
-    pageable memory at every save. Staging stays synchronous (done when `async_save` returns), so the
-    training may change the weights right after."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    cuda = device.type == "cuda"
-    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
-                                        use_non_blocking_copy=cuda))
 
 
 def _load_sharded(d: Dist, model, names: list[str], ema, optimizer, root: Path) -> None:
@@ -282,7 +270,8 @@ class FSDP:
         self.full_ft = not cfg.lora.enabled
         # Asynchronous saves run their collectives on a gloo group of their own (created by all ranks now).
         self._save_group = dist.new_group(backend="gloo") if cfg.checkpoint.async_save else None
-        self._stager = _reused_stager(d.device) if cfg.checkpoint.async_save else None
+        # Where DCP's stager can be reused (pipeline.compat), its CPU buffers serve every save of the stage.
+        self._stagers = compat.SaveStagers(d.device) if cfg.checkpoint.async_save else None
         self._last_save: Future | None = None
 
     def build_model(self, cfg, precision, *, checkpointed: int = 0):
@@ -342,8 +331,9 @@ class FSDP:
         """All ranks write their shards of weights, EMA and optimizer into `staging` (DCP)."""
         if self._last_save is not None:  # its files are written from the stager's buffers, reused now
             self._last_save.result()
+        stager = self._stagers.for_save() if self._stagers is not None else None
         pending = _save_sharded(self.d, parts.model, parts.names, parts.ema, parts.optimizer, staging,
-                                self._save_group, self._stager)
+                                self._save_group, stager)
         self._last_save = pending
         params = [p for _, p in loading.trainable(parts.model)]
         return TrainedState(sharded_dir=staging, pending=pending,

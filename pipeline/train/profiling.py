@@ -7,8 +7,8 @@ out) and writes, beside the stage's metrics (`stages/<stage>/profile/`):
   trace_updates_<a>-<b>.json   the trace (Chrome trace format: Perfetto, chrome://tracing)
   summary.json                 seconds and share of each category below
 
-and prints the summary as one line. Each profiled op's self time (its device
-time on a GPU, its CPU time on a CPU) goes to the category of the nearest op,
+and prints the summary as one line. Each profiled op's self time (on a GPU the
+device time of the kernels it launched, on a CPU its CPU time) goes to the category of the nearest op,
 itself first, then its callers, whose name says what it is:
 
   matmuls     aten::mm / addmm / bmm / ... (the projections, the LM head, LoRA)
@@ -123,9 +123,17 @@ def summarize(events, wall_s: float, *, device: bool) -> dict:
 
     `device`: the ops' device (GPU) time, else their CPU time. Data wait is host
     time either way: the time the fetch took, what the GPU would idle for.
+    `events` are the profiler's: CPU ops (their kernels' device time attached) and,
+    on a GPU, the kernels as events of their own, which are not counted again.
     """
+    from torch.autograd import DeviceType
+
     seconds = dict.fromkeys(CATEGORIES, 0.0)
     for event in events:
+        if event.device_type != DeviceType.CPU:
+            # A kernel: the CPU op that launched it already carries its time (its self device time
+            # sums its kernels'); counting the kernel event as well would count that time twice.
+            continue
         names, parent = [event.name], event.cpu_parent
         while parent is not None:
             names.append(parent.name)

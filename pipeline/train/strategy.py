@@ -70,7 +70,8 @@ class Replicated:
         self.consistency = "weight checksums" if d.enabled else "single process"
 
     def build_model(self, cfg, precision, *, checkpointed: int = 0):
-        model = TokenLoss(loading.build(cfg, precision, self.d.device, checkpointed=checkpointed))
+        model = TokenLoss(loading.build(cfg, precision, self.d.device, checkpointed=checkpointed),
+                          fused_loss=cfg.model.fused_loss)
         if not self.d.enabled:
             return model
         return torch.nn.parallel.DistributedDataParallel(

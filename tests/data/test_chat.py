@@ -59,6 +59,19 @@ def supervised(enc) -> list[int]:
     return enc.input_ids[enc.labels != IGNORE_INDEX].tolist()
 
 
+# What a built-in template writes after its generation prompt and before the content (model output, trained).
+LEAD = {"gpt-oss": "<|channel|>final<|message|>"}
+
+
+def trained_turn(name: str, answer: str, reasoning: str | None = None) -> str:
+    """The text a built-in template trains for one assistant turn, less its end-of-turn marker."""
+    if reasoning is None:
+        return LEAD.get(name, "") + answer
+    if name == "gpt-oss":  # harmony: the analysis message, then the final one
+        return f"<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant{LEAD[name]}{answer}"
+    return f"<think>\n{reasoning}\n</think>\n\n{answer}"
+
+
 @pytest.mark.parametrize("name", list(chat.BUILTIN_TEMPLATES))
 def test_builtin_template_supervises_content_and_end_of_turn(run_tokenizers, name):
     tokenizer, info = run_tokenizers[name]
@@ -67,7 +80,7 @@ def test_builtin_template_supervises_content_and_end_of_turn(run_tokenizers, nam
     # The whole text is what the template renders, so inference renders prompts as training did.
     assert enc.input_ids.tolist() == ids_of(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False))
     eot = info["end_of_turn"]
-    expected = [i for _, answer in TURNS for i in ids_of(tokenizer, answer) + ids_of(tokenizer, eot)]
+    expected = [i for _, answer in TURNS for i in ids_of(tokenizer, trained_turn(name, answer) + eot)]
     assert supervised(enc) == expected
     assert enc.stats["eot_trained"] == 1
     # The system prompt reaches the model in every template (mistral and gemma fold it into the first turn).
@@ -118,6 +131,8 @@ REASONS = ["copy it", "twice now", "backwards"]
     ("deepseek-r1", "auto", [0, 1, 2], False),
     ("qwen3", "auto", [], True),                     # the non-thinking template never renders it
     ("chatml", "keep", [0, 1, 2], False),            # a template unaware of reasoning writes it as text
+    ("gpt-oss", "auto", [0, 1, 2], False),           # the analysis channel of every turn
+    ("gpt-oss", "drop", [], False),
 ])
 def test_reasoning_policies(run_tokenizers, name, policy, trained_reasoning, dropped_by_template):
     tokenizer, info = run_tokenizers[name]
@@ -126,8 +141,7 @@ def test_reasoning_policies(run_tokenizers, name, policy, trained_reasoning, dro
     eot = ids_of(tokenizer, info["end_of_turn"])
     expected = []
     for k, (_, answer) in enumerate(TURNS):
-        think = f"<think>\n{REASONS[k]}\n</think>\n\n" if k in trained_reasoning else ""
-        expected += ids_of(tokenizer, think + answer) + eot
+        expected += ids_of(tokenizer, trained_turn(name, answer, REASONS[k] if k in trained_reasoning else None)) + eot
     assert supervised(enc) == expected
     stats = enc.stats
     assert stats["reasoning_records"] == 1
@@ -153,7 +167,8 @@ def test_sentinel_characters_in_data_are_refused(run_tokenizers):
 
 
 @pytest.mark.parametrize(("name", "marker"), [("chatml", "<|im_end|>"), ("llama3", "<|eot_id|>"), ("gemma", "<end_of_turn>"),
-                                              ("mistral", "<|end|>"), ("phi3", "<|end|>")])
+                                              ("mistral", "<|end|>"), ("phi3", "<|end|>"),
+                                              ("gpt-oss", "<|return|>")])
 def test_end_of_turn_is_found_from_the_template(run_tokenizers, name, marker):
     tokenizer, info = run_tokenizers[name]
     assert chat.end_of_turn(tokenizer) == marker == info["end_of_turn"]  # mistral's is the eos (the demo's <|end|>)

@@ -122,27 +122,34 @@ def _strip_reasoning(messages):
 
 
 def _expected(family, messages, reasoning):
-    """(supervised text per assistant turn, has reasoning, reasoning not trained, dropped by template)."""
+    """(trained text per assistant turn, has reasoning, reasoning not trained, dropped by template, every
+    turn's close trained)."""
     fam = chatkit.FAMILIES[family]
     last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    texts, has, not_trained, by_template = [], False, False, False
+    texts, has, not_trained, by_template, closed = [], False, False, False, True
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
+        last = k == len(messages) - 1
+        close = fam.eot if last or fam.mid_eot is None else fam.mid_eot
+        closed &= bool(close)
         thought, answer = _split_reasoning(m)
         if thought is None:
-            texts.append(answer)
+            texts.append(fam.lead + answer + close)
             continue
         has = True
         if reasoning == "drop":
-            texts.append(answer)
+            texts.append(fam.lead + answer + close)
             not_trained = True
         elif fam.reasoning == "qwen3" and k > last_user:
-            texts.append(f"{THINK_OPEN}\n{thought}\n{THINK_CLOSE}\n\n{answer}")
+            texts.append(f"{THINK_OPEN}\n{thought}\n{THINK_CLOSE}\n\n{answer}{close}")
+        elif fam.reasoning == "gpt-oss" and last:  # the analysis channel, then the final one
+            texts.append(f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant{fam.lead}{answer}{close}")
         else:  # the template does not render this turn's reasoning
-            texts.append(answer)
+            # R1's deletes the content before </think>, and what it leaves before the answer is model output.
+            texts.append(fam.lead + ("\n\n" if fam.reasoning == "r1" else "") + answer + close)
             not_trained = by_template = True
-    return texts, has, not_trained, by_template
+    return texts, has, not_trained, by_template, closed
 
 
 def _render_ids(family, messages):
@@ -151,14 +158,13 @@ def _render_ids(family, messages):
 
 
 def _expected_labels(family, ids, turn_texts, where):
-    """Labels for `ids`: each turn's text + eot found in order (after the previous one), the rest ignored."""
-    eot = chatkit.vocabulary(family)[chatkit.FAMILIES[family].eot]
+    """Labels for `ids`: each turn's trained text found in order (after the previous one), the rest ignored."""
     labels = [IGNORE_INDEX] * len(ids)
     start = 0
     for n, text in enumerate(turn_texts):
-        want = chatkit.char_ids(family, text) + [eot]
+        want = chatkit.char_ids(family, text)
         at = next((i for i in range(start, len(ids) - len(want) + 1) if ids[i:i + len(want)] == want), None)
-        assert at is not None, (f"{where}: assistant turn {n} ({text!r} + {chatkit.FAMILIES[family].eot}) "
+        assert at is not None, (f"{where}: assistant turn {n} ({text!r}) "
                                 f"does not occur in the input ids after token {start}:\n{_show(family, ids)}")
         labels[at:at + len(want)] = want
         start = at + len(want)
@@ -195,13 +201,14 @@ def _check(family, conversations, reasoning, *, check_input):
     split = _encode(family, conversations, reasoning)
     assert len(split.offsets) == len(conversations) + 1
     assert split.input_ids.shape == split.labels.shape
-    expectations = []
+    expectations, closed = [], 0
     for r, messages in enumerate(conversations):
         where = f"{family} record {r} (reasoning={reasoning})"
         ids = [int(x) for x in split.input_ids[split.offsets[r]:split.offsets[r + 1]]]
         labels = [int(x) for x in split.labels[split.offsets[r]:split.offsets[r + 1]]]
-        texts, *flags = _expected(family, messages, reasoning)
+        texts, *flags, every_close = _expected(family, messages, reasoning)
         expectations.append(flags)
+        closed += every_close
         if check_input is not None:
             rendered = _render_ids(family, check_input(messages))
             assert ids == rendered, (f"{where}: input ids differ from the template's rendering; "
@@ -212,7 +219,7 @@ def _check(family, conversations, reasoning, *, check_input):
         assert supervised == [lab for lab in labels if lab != IGNORE_INDEX]  # a label is its own input id
     stats = split.stats
     assert stats["records"] == len(conversations)
-    assert stats["eot_trained"] == len(conversations)
+    assert stats["eot_trained"] == closed
     return stats, expectations
 
 

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.data import readers
+from pipeline.data import columnar, readers
 from pipeline.data.cache import TokenCache
-from pipeline.data.formats import parse_file
+from pipeline.data.formats import FieldMap, parse_file
 from pipeline.data.tokenize import load_tokenizer, tokenize_file
 from pipeline.data.validate import validate_dataset
 
@@ -75,7 +75,7 @@ def test_every_kind_reads_the_same_records(tmp_path, kind):
 
 
 def test_columnar_records_are_streamed_in_batches(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "BATCH_ROWS", 2)
+    monkeypatch.setattr(columnar, "BATCH_ROWS", 2)
     path = write_kind(tmp_path, "parquet", [_record(i) for i in range(11)])
     reader = readers.read_raw(path, "parquet", [])
     first = next(reader)  # a generator: nothing beyond the first batch is read yet
@@ -158,3 +158,108 @@ def test_columns_of_no_shape_are_one_line_without_reading_rows(tmp_path, monkeyp
     (problem,) = parse_file(path).problems
     assert problem.reason == "unknown_shape" and problem.index is None
     assert "the columns are 'question', 'answer'" in problem.message and "data.columns" in problem.message
+
+
+# --- CSV / TSV, compressed text, and the kinds we do not read -----------------------------------
+
+
+def _messages_frame(records: list[dict]):
+    """A pandas table with the conversation as JSON text in a `messages` cell (how a table keeps a list)."""
+    import pandas as pd
+
+    return pd.DataFrame([{"id": r["id"], "messages": json.dumps(r["messages"]), "system": r.get("system")}
+                         for r in records])
+
+
+@pytest.mark.parametrize("kind", ["csv", "tsv"])
+def test_a_pandas_table_with_a_json_messages_column_reads_as_its_json_lines_twin(tmp_path, kind):
+    path = tmp_path / f"d.{kind}"
+    _messages_frame(RECORDS).to_csv(path, sep="," if kind == "csv" else "\t")  # pandas' default: an index column
+    parsed = parse_file(path)
+    assert parsed.problems == [] and parsed.layout == kind
+    reference = parse_file(write_kind(tmp_path, "jsonl"))
+    assert [(r.id, r.index, r.messages) for r in parsed.records] == [(r.id, r.index, r.messages)
+                                                                     for r in reference.records]
+    assert [r.line for r in parsed.records] == list(range(2, 2 + len(RECORDS)))  # the header is line 1
+
+
+def test_a_csv_of_plain_columns_is_mapped_like_any_dataset(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "qa.csv"
+    pd.DataFrame({"prompt": ["2+2?", "say, \"hi\"\nthen stop"], "response": ["4", "hi"]}).to_csv(path, index=False)
+    (problem,) = parse_file(path).problems  # one line for the file: its columns make no shape
+    assert problem.reason == "unknown_shape" and "'prompt', 'response'" in problem.message
+    parsed = parse_file(path, FieldMap({"completion": "response"}))
+    assert parsed.problems == []
+    assert [m["content"] for m in parsed.records[1].messages] == ["say, \"hi\"\nthen stop", "hi"]  # quoted, 2 lines
+    assert [r.line for r in parsed.records] == [2, 3]
+
+
+def test_a_bad_json_cell_is_a_problem_of_its_record(tmp_path):
+    import pandas as pd
+
+    frame = _messages_frame(RECORDS[:3])
+    frame.loc[1, "messages"] = '[{"role": "user", "content": "hi"'
+    frame.to_csv(tmp_path / "d.csv", index=False)
+    (problem,) = parse_file(tmp_path / "d.csv").problems
+    assert (problem.reason, problem.index, problem.line, problem.field) == ("invalid_json", 1, 3, "messages")
+    assert problem.describe().startswith(f"{tmp_path / 'd.csv'} (CSV) record 1 (line 3")
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst", "bz2", "xz"])
+def test_compressed_json_lines_and_arrays_read_as_the_plain_file(tmp_path, codec):
+    import bz2
+    import gzip
+    import lzma
+
+    import zstandard
+
+    compress = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress,
+                "zst": zstandard.ZstdCompressor().compress}[codec]
+    for kind in ("jsonl", "json"):
+        plain = write_kind(tmp_path, kind)
+        packed = tmp_path / f"{plain.name}.{codec}"
+        packed.write_bytes(compress(plain.read_bytes()))
+        parsed = parse_file(packed)
+        assert parsed.problems == [] and parsed.layout == f"{kind}.{codec}"
+        assert [r.messages for r in parsed.records] == [r.messages for r in parse_file(plain).records]
+        assert readers.describe_kind(parsed.layout).startswith("JSON")
+
+
+def test_a_compressed_file_named_otherwise_is_named_as_what_it_is(tmp_path):
+    import gzip
+
+    plain = write_kind(tmp_path, "jsonl")
+    (tmp_path / "x.jsonl").write_bytes(gzip.compress(plain.read_bytes()))  # gzip without .gz
+    (problem,) = parse_file(tmp_path / "x.jsonl").problems
+    assert problem.reason == "wrong_kind" and "gzip-compressed" in problem.message and "x.jsonl.gz" in problem.message
+    (tmp_path / "y.jsonl.zst").write_bytes(plain.read_bytes())  # named .zst, not compressed
+    (problem,) = parse_file(tmp_path / "y.jsonl.zst").problems
+    assert problem.reason == "not_zst" and "not compressed" in problem.message
+
+
+def test_a_truncated_gzip_is_one_problem_after_the_records_it_held(tmp_path):
+    import gzip
+
+    path = tmp_path / "d.jsonl.gz"
+    path.write_bytes(gzip.compress(write_kind(tmp_path, "jsonl", [_record(i) for i in range(200)]).read_bytes())[:-30])
+    parsed = parse_file(path)
+    (problem,) = parsed.problems
+    assert problem.reason == "invalid_gz" and "to its end" in problem.message and len(parsed.records) > 100
+
+
+@pytest.mark.parametrize("name", ["d.xlsx", "d.txt"])
+def test_another_kind_is_one_line_naming_it_and_the_kinds_accepted(tmp_path, name):
+    """A spreadsheet and a text file: one problem for the file (never one per line), naming what it is."""
+    path = tmp_path / name
+    if name.endswith(".xlsx"):
+        _messages_frame(RECORDS).to_excel(path)  # pandas + openpyxl: a real workbook
+    else:
+        path.write_text("".join(f"repeat: w{i} -> w{i}\n" for i in range(50)))
+    (problem,) = parse_file(path).problems
+    assert problem.reason == "unsupported_kind" and problem.file == str(path) and problem.index is None
+    what = "Excel workbook (.xlsx)" if name.endswith(".xlsx") else "plain text (.txt)"
+    assert what in problem.message and "accepted: JSON (.json), JSON Lines" in problem.message
+    assert "CSV (.csv)" in problem.message and ".zst" in problem.message
+    assert "\n" not in problem.describe()

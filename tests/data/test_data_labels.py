@@ -179,8 +179,8 @@ def test_a_template_that_drops_reasoning_is_counted_and_warned_about(tmp_path, t
     assert [w["split"] for w in warnings] == ["train", "val"]
     assert warnings[0]["message"].startswith(
         "3 record(s) of train have reasoning the chat template does not render (it is not trained): "
-        "set data.chat_template to a built-in template that renders it (qwen3-thinking, deepseek-r1) or a .jinja "
-        "file that does, to train it, or data.reasoning: drop to silence this (first: ")
+        "set data.chat_template to a built-in template that renders it (qwen3-thinking, deepseek-r1, gpt-oss) or "
+        "a .jinja file that does, to train it, or data.reasoning: drop to silence this (first: ")
     assert f"(first: {train} (JSON Lines) record 0 (line 1, id 'r0'))" in warnings[0]["message"]
     _, err = capsys.readouterr()
     assert f"warning: {warnings[0]['message']}" in err.splitlines()

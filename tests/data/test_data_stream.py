@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pipeline.data import tokenize as tk, validate as v
+from pipeline.data import parts, scan, shards, tokenize as tk, tokenize_cli, validate as v
+from pipeline.errors import DataError
 from pipeline.data.cache import FORMAT, CacheWriter, TokenCache, _image_tensors, write_cache
 from pipeline.data.formats import duplicate_of, load_records, stream_file
 from pipeline.data.stream import DigestIndex, sample_digest
@@ -119,7 +120,7 @@ def test_validation_reports_the_same_whatever_the_batch_size(tmp_path, tokenizer
     splits = _tricky_splits(tmp_path)
 
     def report(batch: int) -> dict:
-        monkeypatch.setattr(v, "BATCH_SIZE", batch)
+        monkeypatch.setattr(scan, "SCAN_BATCH", batch)
         return v.validate_dataset(splits["train"], val=splits["val"], test=splits["test"],
                                   tokenizer_dir=tokenizer_dir, max_length=128, too_long=too_long,
                                   duplicates=duplicates).to_json()
@@ -130,6 +131,76 @@ def test_validation_reports_the_same_whatever_the_batch_size(tmp_path, tokenizer
     assert {"duplicate_id", "split_overlap"} <= reasons  # the data exercises what batches could split
     assert whole["files"]["val"]["overlaps"] == {"train": 2} and whole["files"]["test"]["overlaps"] == {
         "train": 1, "val": 1}
+
+
+# --- how the shards fall changes nothing: N shard jobs + a merge == one job -------------------------
+
+
+def _run(main, argv: list) -> str | None:
+    """`main(argv)` in process; the text of the `DataError` it raised (a failed validation still writes its
+    reports), None when it passed."""
+    try:
+        main([str(a) for a in argv])
+    except DataError as err:
+        return str(err)
+    return None
+
+
+def _data_jobs(splits: dict, tokenizer_dir: Path, out: Path, n: int, duplicates: str, too_long: str) -> dict:
+    """Validate and tokenize `splits` as the workflow's jobs do: one job each (n=1), or n shard jobs of train
+    and the merges; the outputs' bytes, and the errors raised."""
+    common = ["--tokenizer", tokenizer_dir, "--max-length", 128, "--too-long", too_long, "--reasoning", "auto"]
+    train = ["--train", splits["train"]]
+    reports = ["--out-json", out / "validation.json", "--out-csv", out / "validation.csv", "--out-drop", out / "drop.npy"]
+    held_out = ["--val", splits["val"], "--test", splits["test"], "--duplicates", duplicates]
+    tokenize = [*train, *common, "--duplicates", duplicates, "--drop", out / "drop.npy",
+                "--out-train", out / "train.safetensors", "--out-stats", out / "stats.json"]
+    if n == 1:
+        errors = [_run(v.main, [*train, *held_out, *common, *reports]), _run(tokenize_cli.main, tokenize)]
+    else:
+        scans = [out / f"scan{k}.json" for k in range(n)]
+        for k in reversed(range(n)):  # any order
+            assert _run(scan.main, [*train, *common, "--shard", f"{k}/{n}", "--out", scans[k]]) is None
+        errors = [_run(v.main, [*train, *held_out, *common, *reports, "--scans", *scans])]
+        cache_parts = [out / f"part{k}.safetensors" for k in range(n)]
+        for k in range(n):
+            errors.append(_run(parts.main, [*train, *common, "--duplicates", duplicates, "--drop", out / "drop.npy",
+                                            "--shard", f"{k}/{n}", "--out", cache_parts[k]]))
+        if errors[-1] is None:
+            errors.append(_run(tokenize_cli.main, [*tokenize, "--parts", *cache_parts, "--shards-out", out / "shards.json"]))
+    outputs = {name: (out / name).read_bytes() for name in
+               ("validation.json", "validation.csv", "drop.npy", "train.safetensors", "stats.json")
+               if (out / name).exists()}
+    return {"outputs": outputs, "errors": [e for e in errors if e is not None]}
+
+
+@pytest.mark.parametrize("duplicates,too_long", [("error", "error"), ("warn", "truncate"), ("drop", "drop")])
+def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokenizer_dir, monkeypatch, duplicates,
+                                                               too_long):
+    """Byte for byte: validation.json / .csv, the drop list, the token cache and stats.json, on data with a
+    duplicate whose copies lie in two shards, an id repeated across shards and val / test records in train."""
+    monkeypatch.setattr(shards, "BLOCK", 3)  # 14 train records: blocks of 3 over 4 shards, each owning some
+    splits = _tricky_splits(tmp_path)
+    one = _data_jobs(splits, tokenizer_dir, tmp_path / "out", 1, duplicates, too_long)
+    (tmp_path / "one").mkdir()
+    for path in (tmp_path / "out").iterdir():  # the same output paths (stats.json names the cache's)
+        path.rename(tmp_path / "one" / path.name)
+    four = _data_jobs(splits, tokenizer_dir, tmp_path / "out", 4, duplicates, too_long)
+    assert four["outputs"] == one["outputs"] and four["errors"] == one["errors"]
+    report = json.loads(one["outputs"]["validation.json"])
+    owner = lambda index: int(shards.owner(index, 4))
+    copies = [p for p in report["problems"] + report["warnings"] if p["reason"] == "duplicate_sample"]
+    if duplicates != "drop":  # drop: they are neither problems nor warnings, only left out (below)
+        assert copies and all(owner(p["index"]) != owner(int(p["message"].rsplit(" ", 1)[1])) for p in copies)
+    assert {"duplicate_id", "split_overlap"} <= {p["reason"] for p in report["problems"]}
+    if duplicates == "drop":
+        assert np.load(tmp_path / "one" / "drop.npy").tolist() == [10, 11]  # copies of 1 and 2: shards 3 and 0
+        assert (owner(10), owner(1)) == (3, 0)
+        stats = json.loads(one["outputs"]["stats.json"])["splits"]["train"]
+        assert (stats["duplicates_dropped"], stats["records"]) == (2, 11)  # and the over-long record dropped
+    if too_long != "error":  # else tokenization stops at the over-long record, in both
+        timed = json.loads((tmp_path / "out" / "shards.json").read_text())["shards"]
+        assert [s["shard"] for s in timed] == [0, 1, 2, 3] and all(s["seconds"] >= 0 for s in timed)
 
 
 @pytest.mark.parametrize("duplicates", ["error", "drop"])
@@ -207,3 +278,23 @@ def test_a_cache_writer_left_unclosed_leaves_nothing(tmp_path):
             writer.append(np.arange(3), np.arange(3), [3])
             raise RuntimeError("tokenization failed")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_supervised_counts_are_read_from_the_arrays_as_a_loop_over_records_counts_them(tmp_path, monkeypatch):
+    """`TokenCache.supervised_counts` (what a training stage counts at its start) equals the per-record loop it
+    replaced, with empty and one-token records, records longer than a slice, and slices that end mid-record."""
+    from pipeline.data import cache as cache_module
+    from pipeline.data.mix import ConcatCache
+
+    rng = np.random.default_rng(1)
+    lengths = np.array([0, 1, 5, 40, 0, 3, 17, 1, 64, 2])
+    ids = rng.integers(0, 100, lengths.sum()).astype(np.int32)
+    labels = np.where(rng.random(lengths.sum()) < 0.6, ids, -100).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    write_cache(tmp_path / "c.safetensors", input_ids=ids, labels=labels, offsets=offsets, metadata={})
+    cache = TokenCache(tmp_path / "c.safetensors")
+    loop = [int((cache[i][1][1:] != -100).sum()) for i in range(len(cache))]
+    assert cache.supervised_counts().tolist() == loop and sum(loop) > 0
+    monkeypatch.setattr(cache_module, "_COUNT_TOKENS", 7)  # slices of 7 tokens: most records span several
+    assert cache.supervised_counts().tolist() == loop
+    assert ConcatCache([cache, cache]).supervised_counts().tolist() == loop + loop

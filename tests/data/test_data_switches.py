@@ -123,6 +123,6 @@ def test_text_records_and_roles_mapping(runs, tiny):
     assert train["records"] == 10 and train["assistant_turns"] == 0
     assert train["supervised_tokens"] == train["tokens"]  # plain text: all of it trained (no BOS added)
     tokenizer = AutoTokenizer.from_pretrained(runs["text"] / "tokenizer")
-    ids, labels = (t.numpy() for t in TokenCache(runs["text"] / "data" / "train.safetensors")[0])
+    ids, labels = (t.numpy() for t in TokenCache(runs["text"] / "data" / "train" / "train" / "train.safetensors")[0])
     assert tokenizer.decode(ids) == f"{WORDS[0]} is a word.{tokenizer.eos_token}" and (labels != IGNORE_INDEX).all()
     assert stats["splits"]["val"]["assistant_turns"] == 1

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.data import tokenize as tk
+from pipeline.data import spans, tokenize as tk, tokenize_cli
 from pipeline.data.cache import TokenCache
 from pipeline.data.formats import Record, load_records
 from pipeline.errors import DataError
@@ -115,7 +115,7 @@ def test_prefix_tokenization_fallback_agrees_with_offsets(tokenizer, monkeypatch
     # Characters outside the vocabulary and outside the BMP: offsets must count characters, not bytes.
     records.append(record(index=3, exchanges=[("répète: ü ✓", "ü ✓ 𝄞"), ("encore", "𝄞 é")]))
     with_offsets = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
-    monkeypatch.setattr(tk, "_supports_offsets", lambda tokenizer: False)
+    monkeypatch.setattr(spans, "_supports_offsets", lambda tokenizer: False)
     with_prefixes = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
     assert np.array_equal(with_offsets.input_ids, with_prefixes.input_ids)
     assert np.array_equal(with_offsets.labels, with_prefixes.labels)
@@ -180,7 +180,7 @@ def test_formats_and_layouts_give_identical_tokens(tmp_path, tokenizer_dir):
             else:
                 src.write_text(json.dumps(raw) + "\n" + json.dumps(second) + "\n")
             out = tmp_path / f"{shape}{suffix}.safetensors"
-            assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
+            assert tokenize_cli.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
                             "--too-long", "error", "--duplicates", "error", "--reasoning", "auto", "--out-train", str(out),
                             "--out-stats", str(tmp_path / "stats.json")]) == 0
             caches[src.name] = TokenCache(out)
@@ -268,7 +268,7 @@ def test_duplicates_drop_caches_each_conversation_once(tmp_path, tokenizer_dir, 
     src = tmp_path / "train.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in [raw, other, {**raw, "id": "z"}]))  # z repeats x
     out = tmp_path / "train.safetensors"
-    assert tk.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
+    assert tokenize_cli.main(["--train", str(src), "--tokenizer", str(tokenizer_dir), "--max-length", "256",
                     "--too-long", "error", "--duplicates", policy, "--reasoning", "auto", "--out-train", str(out),
                     "--out-stats", str(tmp_path / "stats.json")]) == 0
     stats = json.loads((tmp_path / "stats.json").read_text())

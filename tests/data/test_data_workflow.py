@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,7 @@ def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
     validate, tokenize = (commands[name].split(" --") for name in ("validate", "tokenize"))  # "option value"
     assert "duplicates drop" in validate and "duplicates drop" in tokenize
     # undeclared, so it outlives a failed job (whose declared outputs Snakemake deletes)
-    assert "failed-report-dir results/demo/data/validation_failed" in validate
+    assert "failed-report-dir results/demo/data/train/train/validation_failed" in validate
 
 
 def test_null_val_and_test_pass_no_flag_without_its_value(tmp_path):
@@ -74,3 +75,33 @@ def test_null_val_and_test_pass_no_flag_without_its_value(tmp_path):
             assert flag not in words, line
         if words[0] in ("validate", "tokenize", "evaluate", "smoke-test"):
             assert "--columns prompt=question" in line  # data.columns reaches every reader of the data
+
+
+def test_a_large_file_is_sharded_and_every_data_job_gets_the_same_data_flags(tmp_path):
+    """data.shard_mb: a file over it is validated and tokenized by shard jobs (one rule family with a `{dataset}`
+    and a `{shard}` wildcard); every data command gets the data settings from the one helper."""
+    workdir = copy_workflow(tmp_path / "wf")
+    train = workdir / "big.jsonl"
+    line = json.dumps({"messages": [{"role": "user", "content": "hi " * 40}, {"role": "assistant", "content": "ok"}]})
+    train.write_text("".join(line.replace("hi", f"h{i}", 1) + "\n" for i in range(3000)))  # ~0.8 MiB
+    (workdir / "big.yaml").write_text(yaml.safe_dump({"data": {
+        "train": "big.jsonl", "shard_mb": 0.3, "max_length": 512, "too_long": "truncate", "duplicates": "drop",
+        "columns": {"id": "key"}}}))
+    proc = snakemake(workdir, "results/demo/data/stats.json", "-n", "-p", "--cores", "1", "--configfile",
+                     "big.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [line.split("python -m pipeline ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+             if "python -m pipeline " in line]
+    by_command: dict[str, list[str]] = {}
+    for text in lines:
+        by_command.setdefault(text.split()[0], []).append(text)
+    assert len(by_command["validate-shard"]) == len(by_command["tokenize-shard"]) == 3  # 0.8 MiB / 0.3
+    assert sorted(t.split("--shard ")[1].split()[0] for t in by_command["tokenize-shard"]) == ["0/3", "1/3", "2/3"]
+    (merge,) = by_command["validate"]
+    assert "--scans results/demo/data/train/train/shards/validate-0.json" in merge
+    assert any("--parts" in t for t in by_command["tokenize"])
+    for command in ("validate-shard", "validate", "tokenize-shard", "tokenize"):
+        for text in by_command[command]:
+            assert "--max-length 512 --too-long truncate --reasoning auto" in text, text
+            assert ("--duplicates drop" in text) == (command != "validate-shard"), text
+            assert "--columns id=key" in text, text

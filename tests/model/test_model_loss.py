@@ -139,3 +139,40 @@ def test_the_chunk_loss_is_compiled_on_cuda_only():
     compiled = chunk_loss_for(torch.device("cuda", 0))
     assert compiled is chunk_loss_for(torch.device("cuda", 1))
     assert compiled is not _chunk_loss and compiled._torchdynamo_orig_callable is _chunk_loss
+
+
+def test_the_compiled_chunk_loss_compiles_one_graph_whatever_the_micro_batch(monkeypatch):
+    """The CUDA path's compiled chunk function, compiled here on the CPU with a backend that counts
+    graphs: supervised row counts that change with every micro-batch (the last chunk's remainder) give
+    one graph, because every chunk is padded to the chunk's row count; loss and gradients are the eager
+    path's. Without the padding the same function compiles again for new remainders."""
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    from pipeline.model import loss as loss_module
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(loss_module, "COMPILE_BACKEND", counter)
+    loss_module._compiled_chunk_loss.cache_clear()
+    try:
+        g = torch.Generator().manual_seed(0)
+        head = torch.nn.Linear(16, 50, bias=False)
+        for rows in (37, 100, 129, 5, 0, 64):  # chunk 64: remainders 37, 36, 1, 5, 0 (one empty chunk), 0
+            hidden = torch.randn(rows, 16, generator=g, requires_grad=True)
+            targets = torch.randint(0, 50, (rows,), generator=g)
+            got = loss_module.linear_cross_entropy_sum(hidden, head, targets, 64, compiled=True)
+            got_grads = torch.autograd.grad(got, [hidden, head.weight])
+            want = loss_module.linear_cross_entropy_sum(hidden, head, targets, 64, compiled=False)
+            want_grads = torch.autograd.grad(want, [hidden, head.weight])
+            assert torch.allclose(got, want, rtol=1e-6, atol=1e-6), rows
+            assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(got_grads, want_grads)), rows
+        assert counter.frame_count == 1
+        # The control: the compiled function on the raw remainders (no padding) compiles again.
+        compiled = loss_module._compiled_chunk_loss()
+        for rows in (37, 36):
+            compiled(head, torch.randn(rows, 16), torch.randint(0, 50, (rows,)))
+        assert counter.frame_count > 1
+    finally:
+        loss_module._compiled_chunk_loss.cache_clear()
+        torch._dynamo.reset()

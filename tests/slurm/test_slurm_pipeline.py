@@ -109,7 +109,7 @@ def test_default_pipeline_through_slurm_equals_the_local_run(slurm_run, local_de
         logs = _stage_logs(workdir, stage["name"])
         assert len(logs) == 1, (stage["name"], logs)
         assert "rule train_stage" in logs[0].read_text()
-    for rule in ("prepare_base", "validate_dataset", "tokenize", "consolidate", "merge_lora", "verify_merge"):
+    for rule in ("prepare_base", "validate_dataset", "tokenize_dataset", "consolidate", "merge_lora", "verify_merge"):
         # under a directory named after the job's wildcards, when it has any
         assert list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log")), rule
     # ... and computed what the local run computed.
@@ -139,7 +139,7 @@ def test_partition_account_gpus_and_runtime_reach_each_job(slurm_run, slurm_clus
     assert seen("evaluate_stage") == {(gpu, "acct_eval", "01:00:00", "gres:gpu:1")}
     for rule in ("evaluate_base", "verify_merge", "smoke_test"):  # evaluate.gpus: 1
         assert seen(rule) == {(gpu, "acct_workflow", "01:00:00", "gres:gpu:1")}, rule
-    for rule in ("prepare_base", "prepare_tokenizer", "validate_dataset", "tokenize", "consolidate"):
+    for rule in ("prepare_base", "prepare_tokenizer", "validate_dataset", "tokenize_dataset", "consolidate"):
         assert seen(rule) == {(slurm_cluster.partition, "acct_cpu", "00:10:00", "")}, rule
     assert seen("merge_lora") == {(slurm_cluster.partition, "acct_cpu", "02:00:00", "")}
 
@@ -239,7 +239,7 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
     planned = jobs_in_log(dry.stdout + dry.stderr)
     assert {stage for rule, stage in planned if rule == "train_stage"} == {"chunk02", "tail"}, planned
     assert {stage for rule, stage in planned if rule == "evaluate_stage"} == {"chunk02", "tail"}, planned
-    assert not any(rule in ("plan", "pilot_gate", "evaluate_base", "prepare_base", "tokenize")
+    assert not any(rule in ("plan", "pilot_gate", "evaluate_base", "prepare_base", "tokenize_dataset")
                    for rule, _ in planned), planned
     rerun = snakemake(workdir, "--cores", "all")
     assert rerun.returncode == 0, rerun.stderr[-6000:]
@@ -277,7 +277,7 @@ def test_example_profile_installed_as_slurm_asks_gpus_for_training_and_evaluatio
         assert re.search(r"\bgpu=1\b", res), (stage, res)
     for rule in ("evaluate_base", "smoke_test", "verify_merge"):  # evaluate.gpus: 1
         assert re.search(r"\bgpu=1\b", resources[(rule, None)]), rule
-    assert not re.search(r"\bgpu=", resources[("tokenize", None)])
+    assert not re.search(r"\bgpu=", resources[("tokenize_dataset", None)])
 
 
 # --- multi-node as configuration (issue 14) ---------------------------------------------------------

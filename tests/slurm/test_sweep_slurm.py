@@ -53,4 +53,4 @@ def test_the_four_pilots_of_a_sweep_are_four_independent_slurm_jobs(slurm_cluste
     for node in pilot_nodes:
         upstream = {labels[a][0] for a in _ancestors(node, parents)}
         assert "train_stage" not in upstream, upstream
-        assert upstream <= {"plan", "tokenize", "validate_dataset", "prepare_base", "prepare_tokenizer"}, upstream
+        assert upstream <= {"plan", "tokenize_dataset", "tokenize_val", "data_reports", "validate_dataset", "prepare_base", "prepare_tokenizer"}, upstream

@@ -5,10 +5,11 @@ A stage runs in this process on a one-rank gloo process group with the
 distributed code paths on (`Dist.enabled` forced true, as for several ranks:
 DDP wrapping, the ranks' agreement on alerts and preemption). fp16 on the CPU
 takes the GradScaler paths too. Counted from one update's start to the next:
-`torch.distributed` collectives (every call), and `Tensor.item` / `.tolist`
-called by the pipeline's code or the GradScaler (on a GPU each of those waits
-for the device). Not counted: the optimizer's own `.item()` of its CPU step
-counters (CPU tensors; the fused GPU optimizer keeps them on the device).
+`torch.distributed` collectives (every call), and every read of a tensor's value
+(`.item()`, `.tolist()`, `bool()` as in `if tensor:`, `int()`, `float()`) made by
+the pipeline's code, the GradScaler, transformers or peft (on a GPU each of
+those waits for the device). Not counted: the optimizer's own `.item()` of its
+CPU step counters (CPU tensors; the fused GPU optimizer keeps them on the device).
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ import torch.distributed as dist
 
 from trainkit import make_run
 
+# What reads a tensor's value back to the host (on a GPU: waits for the device), and whose reads count:
+# ours, the GradScaler's, and the libraries' the forward runs through (transformers' mask builder
+# tested `if (position_ids ...).all()` in every forward).
+READS = ("item", "tolist", "__bool__", "__int__", "__float__")
+READERS = ("pipeline", "torch.amp", "transformers", "peft")
 UPDATES = 16
 SPIKE = 12  # the loss logged for update 13 is multiplied by 10: a loss-spike alert there
 
@@ -36,12 +42,12 @@ def _counting(monkeypatch, counts: Counter) -> None:
         real = getattr(dist, name)
         monkeypatch.setattr(dist, name, lambda *a, _real=real, _name=name, **k: (counts.update([_name]),
                                                                                    _real(*a, **k))[1])
-    for name in ("item", "tolist"):
+    for name in READS:
         real = getattr(torch.Tensor, name)
 
         def read(self, *a, _real=real, **k):
             caller = sys._getframe(1).f_globals.get("__name__", "")
-            if caller.startswith(("pipeline", "torch.amp")):
+            if caller.startswith(READERS):
                 counts.update(["read"])
             return _real(self, *a, **k)
 

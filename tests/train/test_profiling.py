@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from trainkit import checkpoint_digests, make_run
 
 from pipeline import layout
@@ -41,3 +43,24 @@ def test_ops_are_counted_under_the_nearest_name_that_says_what_they_are():
     assert profiling.category_of(["aten::lerp_", "EMA"]) == "EMA"
     assert profiling.category_of(["aten::cat", "data wait"]) == "data wait"
     assert profiling.category_of(["aten::add_"]) is None
+
+
+def test_gpu_time_is_counted_once_under_the_op_that_launched_it():
+    """On a GPU the profiler gives each CPU op with its kernels' time attached and each kernel again
+    as an event of its own (as torch's Kineto parser builds them); the summary counts that time once."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    def cpu_op(name, start, end, kernel_us):
+        op = FunctionEvent(1, name, thread=1, start_us=start, end_us=end, use_device="cuda")
+        op.append_kernel(f"{name} kernel", 0, kernel_us)
+        kernel = FunctionEvent(1, f"{name} kernel", thread=7, start_us=start, end_us=start + kernel_us,
+                               use_device="cuda", device_type=DeviceType.CUDA)
+        return [op, kernel]
+
+    events = cpu_op("aten::mm", 0, 10, 300) + cpu_op("aten::_log_softmax", 20, 25, 100)
+    summary = profiling.summarize(events, wall_s=0.001, device=True)
+    assert summary["seconds"]["matmuls"] == pytest.approx(300e-6)
+    assert summary["seconds"]["loss"] == pytest.approx(100e-6)
+    assert summary["seconds"]["other ops"] == 0
+    assert summary["seconds"]["untraced"] == pytest.approx(600e-6)

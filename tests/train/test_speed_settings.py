@@ -22,7 +22,7 @@ def _final(run):
 
 
 def test_activation_checkpointing_and_deterministic_kernels_change_no_bit_on_the_cpu(tiny, tmp_path):
-    # LoRA dropout is on (the default): the recompute must replay the same masks, and leave the RNG
+    # LoRA dropout is on (make_run sets it): the recompute must replay the same masks, and leave the RNG
     # stream where it was, or every later update would differ.
     plain, plain_proc = _run(tiny, tmp_path / "plain", [])
     ckpt, proc = _run(tiny, tmp_path / "ckpt", ["model.activation_checkpointing=on", "deterministic=true"])

@@ -61,7 +61,7 @@ def test_archive_moves_the_old_stages_aside_readable_and_writes_the_new_plan(don
     from pipeline.checkpoint.reader import open_checkpoint
 
     run = copy_run(done, tmp_path / "run")
-    shared = {rel: sha256(run / RUN / rel) for rel in ("data/train.safetensors", "tokenizer/tokenizer.json",
+    shared = {rel: sha256(run / RUN / rel) for rel in ("data/train/train/train.safetensors", "tokenizer/tokenizer.json",
                                                        "eval/base.json")}
     old_tail = sha256(run / RUN / "stages/tail/checkpoint/adapter/adapter_model.safetensors")
     _change_lr(run)

@@ -115,7 +115,7 @@ def test_a_failed_validation_leaves_the_report_it_names(done, run_snakemake, tmp
     proc = run_snakemake(run, "--cores", "all", "--configfile", "variant.yaml")
     assert proc.returncode != 0
     json_path, csv_path = re.search(r"full report: (\S+) and (\S+)", proc.stderr).groups()
-    assert not (run / "results/demo/data/validation.csv").exists()  # snakemake removed the job's outputs
+    assert not (run / "results/demo/data/train/train/validation.csv").exists()  # snakemake removed the job's outputs
     with open(run / csv_path) as f:
         rows = list(csv.DictReader(f))
     assert {(r["index"], r["reason"]) for r in rows} == {("1", "empty_text"), ("2", "unknown_role")}

@@ -45,7 +45,7 @@ def test_a_cached_hub_id_runs_offline_pinned_to_the_commit_in_the_plan(tiny, tmp
 
     ran = [rule for rule, _ in jobs_in_log(proc.stdout + proc.stderr)]
     assert ran.count("fetch_model") == 1 and "prepare_base" not in ran
-    assert {"validate_dataset", "tokenize", "plan", "train_stage", "consolidate", "merge_lora", "verify_merge"} <= set(ran)
+    assert {"validate_dataset", "tokenize_dataset", "plan", "train_stage", "consolidate", "merge_lora", "verify_merge"} <= set(ran)
     pinned = {"repo_id": REPO_ID, "revision": snapshot.name}
     assert json.loads((workdir / "results/hub/plan.json").read_text())["model"] == pinned
     record = json.loads((workdir / "results/hub/model.json").read_text())

@@ -29,7 +29,7 @@ def test_the_default_run_has_a_label_page_with_the_supervised_tokens_marked(done
     # The supervised tokens of the page's first record are the cache's, in order.
     first = page.split('<pre class="rec">', 1)[1].split("</pre>", 1)[0]
     marked = re.findall(r'<span class="t s[^"]*" title="#(\d+) id (\d+) supervised">', first)
-    ids, labels = TokenCache(done / RUN / "data/train.safetensors")[0]
+    ids, labels = TokenCache(done / RUN / "data/train/train/train.safetensors")[0]
     supervised = (labels != -100).nonzero().flatten().tolist()
     assert [int(p) for p, _ in marked] == supervised and [int(i) for _, i in marked] == ids[supervised].tolist()
     # The validation report of the default run counts what the page shows, and warns of nothing.
@@ -39,7 +39,7 @@ def test_the_default_run_has_a_label_page_with_the_supervised_tokens_marked(done
 
 
 def test_the_label_command_on_the_default_run_marks_the_supervised_spans(done):
-    cache = done / RUN / "data/train.safetensors"
+    cache = done / RUN / "data/train/train/train.safetensors"
     proc = subprocess.run([sys.executable, "-m", "pipeline", "labels", "--cache", str(cache),
                            "--tokenizer", str(done / RUN / "tokenizer"), "-n", "2"],
                           capture_output=True, text=True, timeout=120)

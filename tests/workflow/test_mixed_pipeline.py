@@ -4,11 +4,14 @@ One whole-DAG run (module fixture `mixed`): the embedded model (its base reused 
 default run), its demo conversations converted into Alpaca (JSON array), prompt/completion strings
 (JSON Lines), prompt/completion message lists (Parquet, pyarrow), OpenAI messages (a `datasets`
 save_to_disk dir), ShareGPT conversations (JSON Lines), plain text (JSON Lines) and tool calls
-(JSON Lines, rendered by the built-in `qwen2.5` template: Qwen2.5-Instruct's shipped one), with
-weights, a record count and datasets taken whole; `data.val: null` and `data.test: null` both, on
-to the merged model. Each dataset is
-validated and tokenized by jobs of its own, and trained on in the plan's mix counts; adding one
-more to the finished run validates and tokenizes only that one (a dry run).
+(JSON Lines, rendered by the built-in `qwen2.5` template: Qwen2.5-Instruct's shipped one), OpenAI
+messages as a JSON-string column of a pandas CSV, question/answer columns of a pandas CSV mapped
+with the dataset's own `columns`, and ShareGPT and Alpaca in gzip- and zstandard-compressed JSON
+Lines, with weights, a record count and datasets taken whole; `data.val: null` and `data.test: null`
+both, on to the merged model. Each dataset is validated and tokenized by jobs of its own, and
+trained on in the plan's mix counts; adding one more to the finished run validates and tokenizes
+only that one (a dry run). In the same workflow copy, a file split into shards has one shard job
+killed mid-run: the rerun runs that shard alone.
 
 Another shape or kind is one more entry in DATASETS.
 """
@@ -69,6 +72,11 @@ def text(record: dict) -> dict:
     return {"text": f"{prompt} {answer}"}
 
 
+def question_answer(record: dict) -> dict:
+    prompt, answer = _turns(record)
+    return {"question": prompt, "response": answer}
+
+
 def tool_calls(record: dict) -> dict:
     """The answer looked up by a tool: the assistant calls it, the tool's result, then the answer."""
     prompt, answer = _turns(record)
@@ -106,6 +114,35 @@ def write_parquet(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def write_csv(path: Path, records: list[dict]) -> Path:
+    """pandas' CSV (its index column included, as `to_csv` writes by default); a list cell as its JSON text."""
+    import pandas as pd
+
+    path = path.with_suffix(".csv")
+    pd.DataFrame([{k: json.dumps(v) if isinstance(v, list) else v for k, v in r.items()} for r in records]).to_csv(path)
+    return path
+
+
+def write_jsonl_gz(path: Path, records: list[dict]) -> Path:
+    import gzip
+
+    plain = write_jsonl(path, records)
+    packed = plain.with_name(plain.name + ".gz")
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    return packed
+
+
+def write_jsonl_zst(path: Path, records: list[dict]) -> Path:
+    import zstandard
+
+    plain = write_jsonl(path, records)
+    packed = plain.with_name(plain.name + ".zst")
+    packed.write_bytes(zstandard.ZstdCompressor().compress(plain.read_bytes()))
+    plain.unlink()
+    return packed
+
+
 def write_saved_dataset(path: Path, records: list[dict]) -> Path:
     import datasets
 
@@ -122,16 +159,23 @@ class Dataset:
     write: Callable[[Path, list[dict]], Path]
     size: int
     share: dict = field(default_factory=dict)  # {weight: w} | {records: n} | {} (taken whole)
+    kind: str = ""  # the file kind validation names
+    own: dict = field(default_factory=dict)  # the config entry's own settings (columns / roles)
 
 
 DATASETS = [
-    Dataset("alpaca", alpaca, write_json, 40, {"weight": 0.4}),
-    Dataset("pc_strings", prompt_completion, write_jsonl, 24, {"weight": 0.2}),
-    Dataset("pc_messages", prompt_completion_messages, write_parquet, 30, {"records": 45}),
-    Dataset("messages", messages, write_saved_dataset, 36, {"weight": 0.4}),
-    Dataset("conversations", conversations, write_jsonl, 20),
-    Dataset("text", text, write_jsonl, 16, {"records": 8}),
-    Dataset("tools", tool_calls, write_jsonl, 12),
+    Dataset("alpaca", alpaca, write_json, 40, {"weight": 0.4}, "json"),
+    Dataset("pc_strings", prompt_completion, write_jsonl, 24, {"weight": 0.2}, "jsonl"),
+    Dataset("pc_messages", prompt_completion_messages, write_parquet, 30, {"records": 45}, "parquet"),
+    Dataset("messages", messages, write_saved_dataset, 36, {"weight": 0.4}, "arrow"),
+    Dataset("conversations", conversations, write_jsonl, 20, {}, "jsonl"),
+    Dataset("text", text, write_jsonl, 16, {"records": 8}, "jsonl"),
+    Dataset("tools", tool_calls, write_jsonl, 12, {}, "jsonl"),
+    Dataset("csv_messages", messages, write_csv, 12, {}, "csv"),
+    Dataset("csv_columns", question_answer, write_csv, 12, {"weight": 0.1}, "csv",
+            {"columns": {"prompt": "question", "completion": "response"}}),
+    Dataset("gz", conversations, write_jsonl_gz, 12, {}, "jsonl.gz"),
+    Dataset("zst", alpaca, write_jsonl_zst, 12, {"records": 6}, "jsonl.zst"),
 ]
 NEW = Dataset("added", messages, write_jsonl, 12, {"weight": 0.1})  # the dry run's additional dataset
 
@@ -144,7 +188,7 @@ def _write_datasets(workdir: Path, entries: list[Dataset], records: list[dict]) 
         chunk = [d.shape(r) for r in records[start:start + d.size]]
         start += d.size
         path = d.write(workdir / "datasets" / d.name, chunk)
-        out.append({"path": str(path.relative_to(workdir)), "name": d.name, **d.share})
+        out.append({"path": str(path.relative_to(workdir)), "name": d.name, **d.share, **d.own})
     return out
 
 
@@ -187,14 +231,13 @@ def _data(mixed: dict) -> Path:
 def test_each_dataset_is_validated_and_tokenized_by_its_own_jobs(mixed):
     jobs = jobs_with_wildcards(mixed["log"])
     names = [d.name for d in DATASETS]
-    for rule in ("validate_train_set", "tokenize_train_set"):
+    for rule in ("validate_dataset", "tokenize_dataset"):
         assert sorted(w["dataset"] for r, w in jobs if r == rule) == sorted(names)
-    assert not {"validate_dataset", "tokenize", "tokenize_val", "prepare_base"} & {r for r, _ in jobs}
+    assert not {"validate_shard", "tokenize_shard", "tokenize_val", "prepare_base"} & {r for r, _ in jobs}
     ran = {r for r, _ in jobs}
-    assert {"mixed_reports", "plan", "train_stage", "consolidate", "merge_lora", "verify_merge", "smoke_test"} <= ran
+    assert {"data_reports", "plan", "train_stage", "consolidate", "merge_lora", "verify_merge", "smoke_test"} <= ran
     data = _data(mixed)
-    kinds = {"alpaca": "json", "pc_strings": "jsonl", "pc_messages": "parquet", "messages": "arrow",
-             "conversations": "jsonl", "text": "jsonl", "tools": "jsonl"}
+    kinds = {d.name: d.kind for d in DATASETS}
     validation = json.loads((data / "validation.json").read_text())
     stats = json.loads((data / "stats.json").read_text())
     assert validation["ok"] and set(validation["files"]) == {f"train:{n}" for n in names}  # no val, no test
@@ -256,9 +299,9 @@ def test_adding_a_dataset_validates_and_tokenizes_only_it(mixed):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     jobs = jobs_with_wildcards(proc.stdout + proc.stderr)
     per_dataset = sorted((r, w["dataset"]) for r, w in jobs if "dataset" in w)
-    assert per_dataset == [("tokenize_train_set", NEW.name), ("validate_train_set", NEW.name)]
+    assert per_dataset == [("tokenize_dataset", NEW.name), ("validate_dataset", NEW.name)]
     ran = {r for r, _ in jobs}
-    assert {"mixed_reports", "plan", "train_stage"} <= ran  # the new mix: re-planned and retrained
+    assert {"data_reports", "plan", "train_stage"} <= ran  # the new mix: re-planned and retrained
     assert not {"prepare_base", "prepare_tokenizer"} & ran
 
 
@@ -274,3 +317,67 @@ def test_the_reports_say_what_was_skipped_without_val_and_test(mixed):
     assert smoke["exact_match"] is None and smoke["skipped"] == [NO_TEST], smoke
     overview = tree.overview_html.read_text()
     assert f"Skipped: {NO_VAL}." in overview and f"Skipped: {NO_TEST}." in overview
+
+
+# --- a large file in shards: a shard killed mid-job reruns alone -----------------------------------
+
+
+def _kill_when_running(proc, workdir: Path, needle: list[str], timeout: float = 600) -> int:
+    """SIGKILL the first process under `workdir` whose command line holds every string of `needle`, while
+    snakemake (`proc`) runs; its pid."""
+    import os
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            text = [a.decode(errors="replace") for a in args]
+            if cwd == str(workdir) and "python" in text[0] and all(n in text for n in needle):
+                os.kill(int(pid), signal.SIGKILL)
+                return int(pid)
+        time.sleep(0.02)
+    raise AssertionError(f"no process {needle} ran under {workdir}")
+
+
+def test_a_shard_killed_mid_job_reruns_alone(mixed):
+    """A training file split into 2 shards (data.shard_mb); shard 1's validation job is SIGKILLed while it runs
+    (the other goes on: --keep-going); the rerun runs shard 1's validation alone, then what merges it."""
+    import subprocess
+    import sys
+
+    workdir = mixed["workdir"]
+    records = [conversations(r) for r in mixed["records"]]
+    big = workdir / "datasets" / "big.jsonl"  # 2 x 2,048-record blocks (pipeline/data/shards.py BLOCK) and more
+    big.write_text("".join(json.dumps({**r, "id": f"{i}"}) + "\n" for i in range(4200)
+                           for r in [records[i % len(records)]]))
+    config = {**_config([{"path": str(big.relative_to(workdir))}]), "run": "sharded",
+              "data": {**_config([])["data"], "train": str(big.relative_to(workdir)), "duplicates": "warn",
+                       "shard_mb": big.stat().st_size / 2**20 / 2 * 1.001}}
+    (workdir / "sharded.yaml").write_text(yaml.safe_dump(config))
+    target = "results/sharded/data/stats.json"
+    args = [sys.executable, "-m", "snakemake", target, "--cores", "1", "--keep-going", "--configfile", "sharded.yaml"]
+    first = subprocess.Popen(args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**__import__("os").environ, "SFT_PROGRESS": "0"})
+    _kill_when_running(first, workdir, ["validate-shard", "1/2"])
+    log = first.communicate(timeout=900)[0]
+    assert first.returncode != 0, log[-3000:]
+    scans = workdir / "results/sharded/data/train/train/shards"
+    done = (scans / "validate-0.json").stat().st_mtime_ns  # the other finished
+    assert not (scans / "validate-1.json").exists()
+    proc = snakemake(workdir, target, "--cores", "1", "--configfile", "sharded.yaml")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    jobs = jobs_with_wildcards(proc.stdout + proc.stderr)
+    assert [w["shard"] for r, w in jobs if r == "validate_shard"] == ["1"]
+    assert sorted(w["shard"] for r, w in jobs if r == "tokenize_shard") == ["0", "1"]  # after the merge
+    assert (scans / "validate-0.json").stat().st_mtime_ns == done
+    stats = json.loads((workdir / target).read_text())["splits"]["train"]
+    validation = json.loads((workdir / "results/sharded/data/validation.json").read_text())
+    assert stats["records"] == 4200 and validation["files"]["train"]["duplicates"] == 4200 - len(records)
+    shards = json.loads((workdir / "results/sharded/data/shards.json").read_text())["train"]
+    assert shards["shards"] == 2 and [s["records"] for s in shards["tokenize"]] == [2048 + 104, 2048]

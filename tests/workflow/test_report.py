@@ -164,7 +164,7 @@ def test_report_embeds_plots_plan_gate_and_table(done, report):
     where = {Path(path).name: cat for cat, subcats in categories.items() for paths in subcats.values()
              for path in paths}
     assert where == {
-        "overview.html": "Overview", "labels.html": "Data", "loss.png": "Training",
+        "overview.html": "Overview", "labels.html": "Data", "data.html": "Data", "loss.png": "Training",
         "val_loss.png": "Evaluation", "summary.html": "Evaluation", "summary.csv": "Evaluation",
         "samples.html": "Evaluation",
         "plan.html": "Run", "plan.json": "Run", "pilot_gate.html": "Run", "pilot_report.json": "Run",
@@ -181,6 +181,8 @@ def test_report_embeds_plots_plan_gate_and_table(done, report):
 
     # The HTML pages, which the report shows inline, carry the marked records, the table, the plan and the gate.
     assert 'class="t s' in content(by_name["labels.html"][1]).decode()
+    data_page = content(by_name["data.html"][1]).decode()  # the training data, its shards and their times
+    assert "<td>train</td>" in data_page and "Shards: records and seconds" in data_page
     # The HTML pages, which the report shows inline, carry the table, the plan and the gate.
     summary = content(by_name["summary.html"][1]).decode()
     table = (done / RUN / "eval/summary.csv").read_text().splitlines()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.workflow
 # The kind of job each rule that may go to a cluster is.
 RULE_KINDS = {"train_stage": "train", "evaluate_base": "evaluate", "evaluate_stage": "evaluate",
               "verify_merge": "verify", "smoke_test": "smoke", "merge_lora": "merge",
-              "prepare_tokenizer": "cpu", "validate_dataset": "cpu", "tokenize": "cpu", "consolidate": "cpu"}
+              "prepare_tokenizer": "cpu", "validate_dataset": "cpu", "tokenize_dataset": "cpu", "tokenize_val": "cpu", "consolidate": "cpu"}
 # Snakemake's own additions to every job's resources.
 SNAKEMAKE_OWN = {"tmpdir", "mem", "mem_mib", "disk", "disk_mb", "disk_mib"}
 
@@ -59,4 +59,4 @@ def test_every_rule_asks_for_what_its_kind_derives(tmp_path):
     assert {k: shown["train_stage"][k] for k in ("nodes", "gres", "mpi", "slurm_partition")} == \
         {"nodes": "2", "gres": "gpu:8", "mpi": "srun", "slurm_partition": "gpu-long"}
     assert shown["smoke_test"]["gpu"] == "2" and shown["smoke_test"]["slurm_account"] == "lab-eval"
-    assert shown["tokenize"] == {"slurm_partition": "cpu"}
+    assert shown["tokenize_dataset"] == {"slurm_partition": "cpu"}

@@ -59,7 +59,7 @@ def test_one_command_runs_every_variant_on_data_prepared_once(sweep):
     workdir, jobs = sweep
     rules = Counter(rule for rule, _ in jobs)
     # Shared work once: the base, the dataset check, tokenization, the base model's evaluation.
-    for rule in ("prepare_base", "validate_dataset", "tokenize", "evaluate_base", "plan_base", "sweep_compare"):
+    for rule in ("prepare_base", "validate_dataset", "tokenize_dataset", "evaluate_base", "plan_base", "sweep_compare"):
         assert rules[rule] == 1, (rule, rules)
     # Per variant: its plan, 3 stages and their evaluations, its exports.
     trained = Counter(w["vrun"] for rule, w in jobs if rule == "train_stage")

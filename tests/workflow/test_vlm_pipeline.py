@@ -46,7 +46,7 @@ def test_bad_image_dataset_stops_the_dag_at_validation(tiny_llava, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert {"validate_dataset"} <= {rule for rule, _ in jobs_in_log(log)}
-    assert not {"tokenize", "train_stage"} & {rule for rule, _ in jobs_in_log(log)}
-    assert not (workdir / "results/bad/stages").exists() and not (workdir / "results/bad/data/train.safetensors").exists()
-    message = (workdir / "logs/validate_dataset/bad.log").read_text()
+    assert not {"tokenize_dataset", "train_stage"} & {rule for rule, _ in jobs_in_log(log)}
+    assert not (workdir / "results/bad/stages").exists() and not (workdir / "results/bad/data/train/train/train.safetensors").exists()
+    message = (workdir / "logs/validate_dataset/bad/train.log").read_text()
     assert f"{bad} (JSON Lines) record 1 (line 2, id 'm-1') image: image_placeholder_mismatch: " in message

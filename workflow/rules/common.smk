@@ -18,7 +18,8 @@ from pipeline.planning.resources import job_resources as rule_resources, trainin
 from pipeline.planning.schedule import PILOT, plan_stages
 from pipeline.storage import hub
 from pipeline.planning.sweep import prune_points as sweep_prune_points, variants as sweep_variants
-from pipeline.workflow_config import EMBEDDED_KINDS, sources as config_sources, train_sets
+from pipeline.data.datasets import RunData
+from pipeline.workflow_config import EMBEDDED_KINDS, sources as config_sources
 
 
 def _chat_template_problems(value):
@@ -136,21 +137,10 @@ def _dataset_path(value, split):
     return value
 
 
-# Several training datasets (data.train a list; pipeline/workflow_config.py train_sets): name -> its
-# path, weight / records, columns / roles. Each is validated and tokenized by jobs of its own
-# (wildcard `dataset`), into R.train_set(name); None for one training file (the rules `validate_dataset`
-# and `tokenize`).
-TRAIN_SETS = train_sets(config["data"])
-if TRAIN_SETS is not None:
-    for _name, _entry in TRAIN_SETS.items():
-        _entry["path"] = _dataset_path(_entry["path"], "train")
-
-
-def data_file(split):
-    """Path of a dataset split (of a run with one training file), or None when the config says null."""
-    if split == "train" and TRAIN_SETS is not None:
-        return None  # several: TRAIN_SETS
-    return _dataset_path(config["data"][split], split)
+# The run's datasets (pipeline/data/datasets.py): every training dataset (one file is a mix of one) with its
+# shards, the data flags every data command takes, the rules' inputs, the trainer's cache overrides.
+DATA = RunData(config, R, _dataset_path)
+data_file, train_caches, field_flags = DATA.split_path, DATA.train_caches, DATA.field_flags
 
 
 def model_inputs():
@@ -163,37 +153,6 @@ def base_model(wildcards, input):
     return input.model
 
 
-def data_inputs():
-    return {split: data_file(split) for split in ("train", "val", "test") if data_file(split)}
-
-
-def train_set_inputs(wildcards):
-    """One training dataset of several, and the val / test files it is validated with (their overlaps)."""
-    return {"train": TRAIN_SETS[wildcards.dataset]["path"], **data_inputs()}
-
-
-def train_caches():
-    """The training token cache(s) the stages read: one, or one per dataset of several."""
-    if TRAIN_SETS is None:
-        return [R.cache("train")]
-    return [R.train_set_cache(name) for name in TRAIN_SETS]
-
-
-def _hydra_str(text):
-    """`text` as a quoted Hydra string (backslashes and quotes escaped)."""
-    escaped = str(text).replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
-
-
-def mix_override():
-    """`tokens.mix=[{name:..,cache:..,weight:..}, ...]`: the datasets the trainer mixes (pipeline/data/mix.py)."""
-    entries = []
-    for name, entry in TRAIN_SETS.items():
-        share = "".join(f",{key}:{entry[key]}" for key in ("weight", "records") if entry[key] is not None)
-        entries.append(f"{{name:{_hydra_str(name)},cache:{_hydra_str(R.train_set_cache(name))}{share}}}")
-    return f"tokens.mix=[{','.join(entries)}]"
-
-
 # The run's tokenizer (`prepare_tokenizer`): the chat template the run trains with, and any
 # special tokens it added; every job that renders or decodes text reads it.
 TOKENIZER = R.tokenizer
@@ -202,8 +161,7 @@ TOKENIZER = R.tokenizer
 def train_overrides(variant_overrides=()):
     """Hydra overrides: the user's, the variant's, then the paths this workflow owns."""
     own = [f"model.path={MODEL}", f"model.tokenizer={TOKENIZER}"]
-    own += [f"tokens.train_cache={R.cache('train')}"] if TRAIN_SETS is None else ["tokens.train_cache=null", mix_override()]
-    own.append(f"tokens.val_cache={R.cache('val')}" if data_file("val") else "tokens.val_cache=null")
+    own += DATA.trainer_overrides()
     return list(config["train"]["overrides"]) + list(variant_overrides) + own
 
 
@@ -453,17 +411,6 @@ def card_flags(wildcards, input):
             f"--card-config {input.train_config} --card-eval {' '.join(input.evals)}")
 
 
-def field_flags(fields=None):
-    """`--columns ours=theirs,... --roles theirs=ours,...` from data.columns / data.roles, or a training
-    dataset's own (`fields`: a TRAIN_SETS entry); nothing when empty. For every command that reads the dataset files."""
-    from shlex import quote
-
-    fields = fields or config["data"]
-    pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
-    return " ".join(f"{flag} {quote(pairs(fields[key]))}" for flag, key in
-                    (("--columns", "columns"), ("--roles", "roles")) if fields[key])
-
-
 def optional(flag, value):
     """`flag value`, or nothing when there is no value: None, or the empty list Snakemake gives for an
     input / output declared as [] (a split the config sets to null): a flag without its value is an
@@ -474,5 +421,6 @@ def optional(flag, value):
 
 wildcard_constraints:
     stage="|".join(STAGES),
-    dataset="|".join(re.escape(name) for name in TRAIN_SETS or ["(?!)"]),
+    dataset=DATA.wildcard(),
+    shard=r"\d+",
     vrun="|".join(re.escape(v) for v in VARIANTS),

@@ -1,8 +1,5 @@
 # The base model (an embedded default, or a hub model into the HF cache), dataset validation, tokenization cache.
 
-# Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so
-# `validate` also leaves its reports here when it fails (and clears them when it passes).
-VALIDATION_FAILED = R.validation_failed
 DEMO_TREE = layout.RunTree.of("{demo}")  # an embedded demo's base model and dataset
 LABEL_VIEW_RECORDS = 5  # records per split on the report's label page (`python -m pipeline labels -n` for more)
 
@@ -65,182 +62,183 @@ rule prepare_tokenizer:
         launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} --out {output}"
 
 
-# One training file: validated with val / test, then tokenized with val, by one job each.
-if TRAIN_SETS is None:
+# Every training dataset, one file (a mix of one) or each of a list, by the same rules (wildcard `dataset`,
+# pipeline/data/datasets.py): validated with val / test (their overlaps) and tokenized into
+# results/<run>/data/train/<name>/. A file of data.shard_mb MiB or more is split into shards, each
+# validated and tokenized by a job of its own (cached, restartable and scheduled on its own: under
+# SLURM, CPU jobs of their own) and merged into exactly what one job writes (pipeline/data/shards.py).
+# The run's validation.json/.csv and stats.json are merged from the datasets' (`data_reports`).
 
-    rule validate_dataset:
+
+def validate_inputs(wildcards):
+    """A training dataset, the val / test files it is checked with, and its shards' scans when it is split."""
+    inputs = {"train": DATA.sets[wildcards.dataset].path, **DATA.held_out_inputs(), "tokenizer": TOKENIZER}
+    inputs["scans"] = [R.shard_scan(wildcards.dataset, k) for k in DATA.shards(wildcards.dataset)]
+    return inputs
+
+
+def tokenize_inputs(wildcards):
+    """A validated training dataset, the copies duplicates=drop leaves out, and its shards' parts when it is split."""
+    name = wildcards.dataset
+    return {"train": DATA.sets[name].path, "validation": R.train_set_validation_json(name),
+            "dropped": R.train_set_dropped(name), "tokenizer": TOKENIZER,
+            "parts": [R.shard_part(name, k) for k in DATA.shards(name)]}
+
+
+def shard_flag(wildcards):
+    return f"{wildcards.shard}/{DATA.sets[wildcards.dataset].shards}"
+
+
+rule validate_shard:
+    input:
+        train=lambda wc: DATA.sets[wc.dataset].path,
+        tokenizer=TOKENIZER,
+    output:
+        scan=R.shard_scan("{dataset}", "{shard}"),
+        arrays=R.shard_scan("{dataset}", "{shard}").with_suffix(".npz"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        layout.log_file("validate_shard", f"{RUN}/{{dataset}}/{{shard}}"),
+    params:
+        data=lambda wc: DATA.flags(wc.dataset, duplicates=False),
+        shard=shard_flag,
+    resources:
+        **job_resources("cpu"),
+    shell:
+        launch() + "python -m pipeline validate-shard --train {input.train} --shard {params.shard} "
+        "--tokenizer {input.tokenizer} {params.data} --out {output.scan}"
+
+
+rule validate_dataset:
+    input:
+        unpack(validate_inputs),
+    output:
+        json=R.train_set_validation_json("{dataset}"),
+        csv=R.train_set_validation_csv("{dataset}"),
+        dropped=R.train_set_dropped("{dataset}"),
+        shards=R.train_set_shards("{dataset}", "validate"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        layout.log_file("validate_dataset", f"{RUN}/{{dataset}}"),
+    params:
+        held_out=lambda wc, input: f'{optional("--val", input.get("val"))} {optional("--test", input.get("test"))}',
+        scans=lambda wc, input: optional("--scans", " ".join(input.scans)),
+        data=lambda wc: DATA.flags(wc.dataset),
+        # Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so validation
+        # also leaves its reports here when it fails (and clears them when it passes).
+        failed_reports=lambda wc: R.train_set_validation_failed(wc.dataset),
+    resources:
+        **job_resources("cpu"),
+    shell:
+        launch() + "python -m pipeline validate --train {input.train} {params.held_out} {params.scans} "
+        "--tokenizer {input.tokenizer} {params.data} --out-json {output.json} --out-csv {output.csv} "
+        "--out-drop {output.dropped} --shards-out {output.shards} --failed-report-dir {params.failed_reports}"
+
+
+rule tokenize_shard:
+    input:
+        train=lambda wc: DATA.sets[wc.dataset].path,
+        validation=R.train_set_validation_json("{dataset}"),
+        dropped=R.train_set_dropped("{dataset}"),
+        tokenizer=TOKENIZER,
+    output:
+        part=R.shard_part("{dataset}", "{shard}"),
+        info=R.shard_part("{dataset}", "{shard}").with_suffix(".json"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        layout.log_file("tokenize_shard", f"{RUN}/{{dataset}}/{{shard}}"),
+    params:
+        data=lambda wc: DATA.flags(wc.dataset),
+        shard=shard_flag,
+    resources:
+        **job_resources("cpu"),
+    shell:
+        launch() + "python -m pipeline tokenize-shard --train {input.train} --shard {params.shard} "
+        "--tokenizer {input.tokenizer} {params.data} --drop {input.dropped} --out {output.part}"
+
+
+rule tokenize_dataset:
+    input:
+        unpack(tokenize_inputs),
+    output:
+        train=R.train_set_cache("{dataset}"),
+        stats=R.train_set_stats("{dataset}"),
+        shards=R.train_set_shards("{dataset}", "tokenize"),
+    conda:
+        "../envs/sft.yaml"
+    log:
+        layout.log_file("tokenize_dataset", f"{RUN}/{{dataset}}"),
+    params:
+        data=lambda wc: DATA.flags(wc.dataset),
+        parts=lambda wc, input: optional("--parts", " ".join(input.parts)),
+    resources:
+        **job_resources("cpu"),
+    shell:
+        launch() + "python -m pipeline tokenize --train {input.train} --tokenizer {input.tokenizer} {params.data} "
+        "--drop {input.dropped} {params.parts} --out-train {output.train} --out-stats {output.stats} "
+        "--shards-out {output.shards}"
+
+
+if DATA.split_path("val"):
+
+    rule tokenize_val:
+        # Validated with every training dataset; tokenized once, after the first dataset's validation
+        # passed (not after all: appending a dataset must not re-tokenize the validation set).
         input:
-            unpack(lambda wc: data_inputs()),
+            val=DATA.split_path("val"),
+            validation=R.train_set_validation_json(next(iter(DATA.sets))),
             tokenizer=TOKENIZER,
         output:
-            json=R.validation_json,
-            csv=R.validation_csv,
+            val=R.cache("val"),
+            stats=R.val_stats,
         conda:
             "../envs/sft.yaml"
         log:
-            layout.log_file("validate_dataset", RUN),
+            layout.log_file("tokenize_val", RUN),
         params:
-            val=lambda wc, input: optional("--val", input.get("val")),
-            test=lambda wc, input: optional("--test", input.get("test")),
-            max_length=config["data"]["max_length"],
-            too_long=config["data"]["too_long"],
-            duplicates=config["data"]["duplicates"],
-            reasoning=config["data"]["reasoning"],
-            fields=field_flags(),
-            failed_reports=VALIDATION_FAILED,
+            data=DATA.flags(),
         resources:
             **job_resources("cpu"),
         shell:
-            launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
-            "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
-            "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} --out-json {output.json} "
-            "--out-csv {output.csv} --failed-report-dir {params.failed_reports}"
+            launch() + "python -m pipeline tokenize --val {input.val} --tokenizer {input.tokenizer} {params.data} "
+            "--out-val {output.val} --out-stats {output.stats}"
 
 
-    rule tokenize:
-        input:
-            unpack(lambda wc: data_inputs()),
-            validation=R.validation_json,
-            tokenizer=TOKENIZER,
-        output:
-            train=R.cache("train"),
-            val=R.cache("val") if data_file("val") else [],
-            stats=R.stats,
-        conda:
-            "../envs/sft.yaml"
-        log:
-            layout.log_file("tokenize", RUN),
-        params:
-            val=lambda wc, input, output: f'{optional("--val", input.get("val"))} {optional("--out-val", output.get("val"))}',
-            max_length=config["data"]["max_length"],
-            too_long=config["data"]["too_long"],
-            duplicates=config["data"]["duplicates"],
-            reasoning=config["data"]["reasoning"],
-            fields=field_flags(),
-        resources:
-            **job_resources("cpu"),
-        shell:
-            launch() + "python -m pipeline tokenize --train {input.train} {params.val} --tokenizer {input.tokenizer} "
-            "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-            "--reasoning {params.reasoning} {params.fields} "
-            "--out-train {output.train} --out-stats {output.stats}"
-
-
-# Several training datasets (data.train a list): each validated (with the val / test files: their
-# overlaps) and tokenized by jobs of its own, so adding one runs only its jobs; the run's reports
-# (validation.json/.csv, stats.json) are merged from theirs, each dataset as split train:<name>.
-else:
-
-    rule validate_train_set:
-        input:
-            unpack(train_set_inputs),
-            tokenizer=TOKENIZER,
-        output:
-            json=R.train_set_validation_json("{dataset}"),
-            csv=R.train_set_validation_csv("{dataset}"),
-        conda:
-            "../envs/sft.yaml"
-        log:
-            layout.log_file("validate_train_set", f"{RUN}/{{dataset}}"),
-        params:
-            val=lambda wc, input: optional("--val", input.get("val")),
-            test=lambda wc, input: optional("--test", input.get("test")),
-            max_length=config["data"]["max_length"],
-            too_long=config["data"]["too_long"],
-            duplicates=config["data"]["duplicates"],
-            reasoning=config["data"]["reasoning"],
-            fields=lambda wc: field_flags(TRAIN_SETS[wc.dataset]),
-            failed_reports=lambda wc: R.train_set_validation_failed(wc.dataset),
-        resources:
-            **job_resources("cpu"),
-        shell:
-            launch() + "python -m pipeline validate --train {input.train} {params.val} {params.test} "
-            "--tokenizer {input.tokenizer} --max-length {params.max_length} --too-long {params.too_long} "
-            "--duplicates {params.duplicates} --reasoning {params.reasoning} {params.fields} "
-            "--out-json {output.json} --out-csv {output.csv} --failed-report-dir {params.failed_reports}"
-
-    rule tokenize_train_set:
-        input:
-            train=lambda wc: TRAIN_SETS[wc.dataset]["path"],
-            validation=R.train_set_validation_json("{dataset}"),
-            tokenizer=TOKENIZER,
-        output:
-            train=R.train_set_cache("{dataset}"),
-            stats=R.train_set_stats("{dataset}"),
-        conda:
-            "../envs/sft.yaml"
-        log:
-            layout.log_file("tokenize_train_set", f"{RUN}/{{dataset}}"),
-        params:
-            max_length=config["data"]["max_length"],
-            too_long=config["data"]["too_long"],
-            duplicates=config["data"]["duplicates"],
-            reasoning=config["data"]["reasoning"],
-            fields=lambda wc: field_flags(TRAIN_SETS[wc.dataset]),
-        resources:
-            **job_resources("cpu"),
-        shell:
-            launch() + "python -m pipeline tokenize --train {input.train} --tokenizer {input.tokenizer} "
-            "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-            "--reasoning {params.reasoning} {params.fields} --out-train {output.train} --out-stats {output.stats}"
-
-    if data_file("val"):
-
-        rule tokenize_val:
-            # Validated with every training dataset; tokenized once, after the first dataset's validation
-            # passed (not after all: appending a dataset must not re-tokenize the validation set).
-            input:
-                val=data_file("val"),
-                validation=R.train_set_validation_json(next(iter(TRAIN_SETS))),
-                tokenizer=TOKENIZER,
-            output:
-                val=R.cache("val"),
-                stats=R.val_stats,
-            conda:
-                "../envs/sft.yaml"
-            log:
-                layout.log_file("tokenize_val", RUN),
-            params:
-                max_length=config["data"]["max_length"],
-                too_long=config["data"]["too_long"],
-                duplicates=config["data"]["duplicates"],
-                reasoning=config["data"]["reasoning"],
-                fields=field_flags(),
-            resources:
-                **job_resources("cpu"),
-            shell:
-                launch() + "python -m pipeline tokenize --val {input.val} --tokenizer {input.tokenizer} "
-                "--max-length {params.max_length} --too-long {params.too_long} --duplicates {params.duplicates} "
-                "--reasoning {params.reasoning} {params.fields} --out-val {output.val} --out-stats {output.stats}"
-
-    rule mixed_reports:
-        input:
-            validations=[R.train_set_validation_json(name) for name in TRAIN_SETS],
-            stats=[R.train_set_stats(name) for name in TRAIN_SETS],
-            val_stats=R.val_stats if data_file("val") else [],
-        output:
-            json=R.validation_json,
-            csv=R.validation_csv,
-            stats=R.stats,
-        localrule: True
-        conda:
-            "../envs/sft.yaml"
-        log:
-            layout.log_file("mixed_reports", RUN),
-        params:
-            datasets=" ".join(f"--dataset {name}={R.train_set(name)}" for name in TRAIN_SETS),
-            val_stats=lambda wc, input: optional("--val-stats", input.get("val_stats")),
-        shell:
-            launch() + "python -m pipeline mixed-reports {params.datasets} {params.val_stats} "
-            "--out-json {output.json} --out-csv {output.csv} --out-stats {output.stats}"
+rule data_reports:
+    input:
+        validations=[R.train_set_validation_json(name) for name in DATA.sets],
+        stats=[R.train_set_stats(name) for name in DATA.sets],
+        shards=[R.train_set_shards(name, step) for name in DATA.sets for step in ("validate", "tokenize")],
+        val_stats=R.val_stats if DATA.split_path("val") else [],
+    output:
+        json=R.validation_json,
+        csv=R.validation_csv,
+        stats=R.stats,
+        shards=R.data_shards,
+        html=report(R.data_html, caption="../report/data_html.rst", category="Data"),
+    localrule: True
+    conda:
+        "../envs/sft.yaml"
+    log:
+        layout.log_file("data_reports", RUN),
+    params:
+        datasets=DATA.report_flags(),
+        val_stats=lambda wc, input: optional("--val-stats", input.get("val_stats")),
+    shell:
+        launch() + "python -m pipeline mixed-reports {params.datasets} {params.val_stats} "
+        "--out-json {output.json} --out-csv {output.csv} --out-stats {output.stats} --out-shards {output.shards} "
+        "--out-html {output.html}"
 
 
 rule label_view:
     # The report's label page: the first records of each split as trained, supervised tokens
     # marked, with the split's counts and the validation's chat warnings. No model weights.
     input:
-        train=train_caches(),
-        val=R.cache("val") if data_file("val") else [],
+        train=DATA.train_caches(),
+        val=R.cache("val") if DATA.split_path("val") else [],
         stats=R.stats,
         validation=R.validation_json,
         tokenizer=TOKENIZER,
@@ -253,9 +251,8 @@ rule label_view:
     params:
         records=LABEL_VIEW_RECORDS,
         title=f"Labels of run {RUN}",
-        # Several training datasets: each cache's stats.json lies next to it (the val cache's: the run's).
-        stats=lambda wc, input: optional("--stats", input.stats if TRAIN_SETS is None else None),
+        # Each training cache's stats.json lies next to it (the val cache's: the run's).
     shell:
         launch() + "python -m pipeline labels --cache {input.train} {input.val} --tokenizer {input.tokenizer} "
-        "{params.stats} --validation {input.validation} -n {params.records} --title {params.title:q} "
+        "--validation {input.validation} -n {params.records} --title {params.title:q} "
         "--out {output}"

@@ -11,7 +11,7 @@ rule plan:
         model=model_inputs(),
         tokenizer=TOKENIZER,
         # several training datasets: the plan counts their records for the mix (plan.json `mix`)
-        mix=train_caches() if TRAIN_SETS is not None else [],
+        mix=DATA.mix_caches(),
     output:
         plan=report(V.plan, caption="../report/plan.rst", category="Run",
                     subcategory="{vrun}" if SWEEP else None),

@@ -1,0 +1,179 @@
+"""The library calls that differ between the torch / transformers versions we support, in one place.
+
+Each is chosen by feature detection (does the method, class or keyword exist;
+does the object behave), not by comparing version strings, so a backport or a
+nightly is handled by what it does. The versions tested are those the README
+names (CI installs the declared floors of transformers and peft in a second
+environment, `.ci/run`); the GPU machines lent here carry torch 2.11 and
+transformers 5.17, whose differences from the newest are the reason for most
+entries:
+
+  activation checkpointing  transformers 5.2x renamed `gradient_checkpointing_enable` to
+                            `activation_checkpointing_enable` (the old name stays, deprecated);
+                            5.17 has only the old one
+  DCP async-save stagers    `DefaultStager` exists from torch 2.9; in 2.11 one instance cannot stage
+                            twice (its `_stage` closes itself; fixed later, pytorch#183413), so there
+                            each save gets a new one
+  mask-free attention       transformers' causal-mask builder reads the position ids back to the host
+                            (`.all()`: a device sync) in every forward to look for packed sequences;
+                            a forward that needs no mask skips the builder (`skip_mask_builder`)
+
+Imports of torch and transformers happen inside the functions: this module is
+imported by code that must stay light (`pipeline.config`'s neighbours do not
+import it, but keeping it lazy costs nothing).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextlib import contextmanager
+
+log = logging.getLogger(__name__)
+
+# The attention implementation a mask-free forward runs under (`skip_mask_builder`): SDPA's own
+# function under a name transformers' mask builder does not know, so it returns no mask at once.
+MASK_FREE_SDPA = "sdpa_without_mask_builder"
+
+
+# --- activation checkpointing ---------------------------------------------------------------------
+
+
+def enable_activation_checkpointing(model, **checkpoint_kwargs) -> None:
+    """Turn activation checkpointing on in every checkpointable layer of a transformers `model`
+    (its `GradientCheckpointingLayer`s, whose `gradient_checkpointing` flag then says which
+    recompute); `checkpoint_kwargs` go to `torch.utils.checkpoint.checkpoint`.
+
+    transformers >= 5.2x: `activation_checkpointing_enable`; earlier 5.x (5.17 on the GPU
+    machines): `gradient_checkpointing_enable`, the same function under its old name.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+
+
+# --- torch.distributed.checkpoint stagers ---------------------------------------------------------
+
+
+class SaveStagers:
+    """The `async_stager` each asynchronous DCP save of a stage passes (`for_save`).
+
+    Where a `DefaultStager` can stage more than once (`stager_reusable`), one is kept
+    for the whole stage: it copies each tensor into a CPU buffer allocated at the
+    first save and reused at every later one (pinned on CUDA, so the device-to-host
+    copies run at full speed). Where it cannot (torch 2.11), each save gets a new
+    one (which closes itself as it stages: nothing to close after). Without
+    `DefaultStager` (torch < 2.9) `for_save` returns None and DCP stages into new
+    memory itself. Staging is synchronous in every case: done when `async_save`
+    returns, so the training may change the weights right after.
+    """
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.reuse = stager_reusable()
+        self._current = None
+
+    def for_save(self):
+        """The stager for the next save (the previous save must be complete: its files written)."""
+        if self.reuse is None:
+            return None
+        if not self.reuse:
+            return _new_stager(self.cuda)
+        if self._current is None:
+            self._current = _new_stager(self.cuda)
+        return self._current
+
+    def close(self) -> None:
+        if self._current is not None:
+            self._current.close()
+            self._current = None
+
+
+def _new_stager(cuda: bool):
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                        use_non_blocking_copy=cuda))
+
+
+@functools.cache
+def stager_reusable() -> bool | None:
+    """Can one `DefaultStager` stage several saves? None: torch has no `DefaultStager` (< 2.9).
+
+    Found out by staging a one-element CPU state twice with a throwaway stager: torch
+    2.11's closes its inner copier at the end of each `stage` and fails on the second.
+    """
+    try:
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager  # noqa: F401
+    except ImportError:
+        return None
+    stager = _new_stager(cuda=False)
+    try:
+        state = {"probe": torch.zeros(1)}
+        stager.stage(state)
+        stager.stage(state)
+        return True
+    except Exception as err:  # noqa: BLE001 (whatever the broken reuse raises: KeyError in 2.11)
+        log.info("DCP DefaultStager cannot be reused on torch %s (%s: %s): one per save",
+                 torch.__version__, type(err).__name__, err)
+        return False
+    finally:
+        try:
+            stager.close()
+        except Exception:  # noqa: BLE001 (closing twice is what broke it)
+            pass
+
+
+def async_save(state, *, checkpoint_id: str, process_group, stager):
+    """`torch.distributed.checkpoint.async_save`, passing `stager` only where there is one (the keyword
+    exists from torch 2.9, as `DefaultStager` does)."""
+    import torch.distributed.checkpoint as dcp
+
+    extra = {"async_stager": stager} if stager is not None else {}
+    return dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=process_group, **extra)
+
+
+# --- attention without the mask builder -----------------------------------------------------------
+
+
+@functools.cache
+def _register_mask_free_sdpa() -> str:
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register(MASK_FREE_SDPA, sdpa_attention_forward)
+    return MASK_FREE_SDPA
+
+
+def _full_causal(config) -> bool:
+    """Is every attention layer of this (text) config plain causal: no sliding window, no chunks?"""
+    layer_types = getattr(config, "layer_types", None) or []
+    return (getattr(config, "sliding_window", None) is None and getattr(config, "attention_chunk_size", None) is None
+            and all(kind == "full_attention" for kind in layer_types))
+
+
+@contextmanager
+def skip_mask_builder(model):
+    """Run `model`'s forward inside with no attention mask built: for SDPA forwards that need none
+    (causal attention over rows with no padding the loss reads, and no packed sequences).
+
+    transformers' `create_causal_mask` reads the position ids back to the host in
+    every forward (`find_packed_sequence_indices`: `.all()`, a device sync) and,
+    given a padding mask, the mask too. Under an attention name it has no mask
+    function for, it returns None at once, and SDPA's function then runs its
+    causal kernel (`is_causal`), the same computation as with `sdpa` and no mask.
+    Other attention implementations, and models with sliding-window or chunked
+    layers (whose masks are more than causal), are left as they are. The layers' activation
+    checkpoint recompute needs no mask either: it reuses the forward's (None).
+    """
+    config = model.config
+    if config._attn_implementation != "sdpa" or not _full_causal(config.get_text_config()):
+        yield
+        return
+    config._attn_implementation = _register_mask_free_sdpa()
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"

@@ -1,0 +1,131 @@
+"""The run's datasets as the workflow sees them: one rule family for every training dataset.
+
+A run trains on one or several training datasets (``data.train``: one path, or
+a list; `pipeline.workflow_config.train_sets`): one file is a mix of one. Each
+dataset is validated and tokenized by the same rules, into
+``results/<run>/data/train/<name>/``; a file of ``data.shard_mb`` MiB or more
+is split into shards (`pipeline.data.shards`), each validated and tokenized by
+a job of its own and merged. The run's ``data/validation.json``,
+``validation.csv`` and ``stats.json`` are merged from the datasets' own
+(`pipeline.data.mixed_reports`); ``val`` and ``test`` are checked with every
+training dataset and tokenized once.
+
+`RunData` is what the Snakefile asks: each dataset's path, shards and files,
+the data flags every data command takes (built once: `flags`), the inputs of
+the rules, and the trainer's overrides for the caches. Light on purpose (no
+torch, no record read): the Snakefile imports it at every parse.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import layout
+from pipeline.data.shards import DEFAULT_SHARD_MB, shard_count
+from pipeline.workflow_config import train_sets
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class TrainSet:
+    """One training dataset: its name (a directory and a wildcard value), file, share of the mix, key and role
+    names, and shards."""
+
+    name: str
+    path: str
+    weight: float | None
+    records: int | None
+    columns: dict
+    roles: dict
+    shards: int
+
+
+class RunData:
+    """The data of a run (`config` the validated workflow config; `tree` its `layout.RunTree`; `resolve(value,
+    split)` the path of a dataset value: a demo's split for ``embedded``)."""
+
+    def __init__(self, config: Mapping, tree: layout.RunTree, resolve: Callable[[object, str], str | None]):
+        data = config["data"]
+        self.data, self.tree = data, tree
+        entries = train_sets(data) or train_sets({**data, "train": [{"path": data["train"],
+                                                                      "name": layout.SINGLE_TRAIN_SET}]})
+        shard_mb = data.get("shard_mb", DEFAULT_SHARD_MB)
+        self.sets = {}
+        for name, entry in entries.items():
+            path = resolve(entry["path"], "train")
+            self.sets[name] = TrainSet(name, path, entry["weight"], entry["records"], entry["columns"],
+                                       entry["roles"], shard_count(path, shard_mb))
+        self.mixed = isinstance(data["train"], list)  # several datasets (or a list of one): tokens.mix
+        self.held_out = {split: resolve(data[split], split) for split in ("val", "test")}
+
+    def split_path(self, split: str) -> str | None:
+        """The val / test file, None when the config says null."""
+        return self.held_out[split]
+
+    def flags(self, dataset: str | None = None, *, duplicates: bool = True) -> str:
+        """The data settings every data command takes (``--max-length --too-long --reasoning [--duplicates]``
+        and the dataset's ``--columns`` / ``--roles``): one place, for every rule."""
+        d = self.data
+        text = f"--max-length {d['max_length']} --too-long {d['too_long']} --reasoning {d['reasoning']}"
+        if duplicates:
+            text += f" --duplicates {d['duplicates']}"
+        return f"{text} {self.field_flags(dataset)}".strip()
+
+    def field_flags(self, dataset: str | None = None) -> str:
+        """`--columns ours=theirs,... --roles theirs=ours,...`: data.columns / data.roles, or a training dataset's
+        own on top of them; nothing when empty."""
+        fields = self.sets[dataset].__dict__ if dataset is not None else self.data
+        pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
+        return " ".join(f"{flag} {shlex.quote(pairs(fields[key]))}" for flag, key in
+                        (("--columns", "columns"), ("--roles", "roles")) if fields[key])
+
+    def held_out_inputs(self) -> dict[str, str]:
+        """The val and test files, by split (those the config has)."""
+        return {split: path for split, path in self.held_out.items() if path}
+
+    def shards(self, dataset: str) -> list[int]:
+        """The shard numbers of a dataset, when it is split ([] for one job)."""
+        n = self.sets[dataset].shards
+        return list(range(n)) if n > 1 else []
+
+    def train_caches(self) -> list[Path]:
+        """Every training dataset's token cache, in the config's order: what the stages read."""
+        return [self.tree.train_set_cache(name) for name in self.sets]
+
+    def mix_caches(self) -> list[Path]:
+        """The caches the plan counts for the mix (plan.json `mix`): none for one training file."""
+        return self.train_caches() if self.mixed else []
+
+    def trainer_overrides(self) -> list[str]:
+        """The trainer's cache settings: one file is `tokens.train_cache`; a list is `tokens.mix`
+        (`pipeline.data.mix`); and `tokens.val_cache`."""
+        if self.mixed:
+            entries = []
+            for name, s in self.sets.items():
+                share = "".join(f",{key}:{value}" for key, value in (("weight", s.weight), ("records", s.records))
+                                if value is not None)
+                entries.append(f"{{name:{_hydra_str(name)},cache:{_hydra_str(self.tree.train_set_cache(name))}{share}}}")
+            own = ["tokens.train_cache=null", f"tokens.mix=[{','.join(entries)}]"]
+        else:
+            own = [f"tokens.train_cache={self.tree.train_set_cache(next(iter(self.sets)))}"]
+        val = self.held_out["val"]
+        return own + [f"tokens.val_cache={self.tree.cache('val')}" if val else "tokens.val_cache=null"]
+
+    def wildcard(self) -> str:
+        """The `dataset` wildcard's constraint: one of the datasets' names."""
+        return "|".join(re.escape(name) for name in self.sets)
+
+    def report_flags(self) -> str:
+        """`mixed-reports --dataset name=dir ...`, in the config's order."""
+        return " ".join(f"--dataset {name}={self.tree.train_set(name)}" for name in self.sets)
+
+
+def _hydra_str(text) -> str:
+    """`text` as a quoted Hydra string (backslashes and quotes escaped)."""
+    escaped = str(text).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"

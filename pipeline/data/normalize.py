@@ -1,0 +1,448 @@
+"""One raw record (a decoded JSON object, or a table row) normalized to a `Record`, with every problem it has.
+
+Turns: ``content`` is a string or, in a message list, a list of content parts
+(an assistant turn may carry its reasoning as ``reasoning_content``, kept in
+the normalized message under that key): ``{"type": "text", "text": ...}`` and
+``{"type": "image", "image" | "path" | "url": "a.png"}`` or
+``{"type": "image_url", "image_url": {"url": "a.png"}}`` (local files only).
+
+Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
+(``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
+becomes one. A record must hold exactly as many placeholders as images, all in
+user turns (the model's processor puts each image's tokens where its
+placeholder is, and a label never covers them).
+
+Every record is normalized to a `Record`: roles mapped to user / assistant /
+system, the system prompt first, content parts joined into one string with a
+placeholder per image, image paths resolved against the dataset file's
+directory (a ``save_to_disk`` directory's parent). Plain text records become
+one message of the role `TEXT_ROLE`. Tool calls are kept on their messages: an
+assistant message's ``tool_calls`` (arguments parsed to an object), a ``tool``
+message's ``tool_call_id`` / ``name``, the record's ``tools``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pipeline.data.readers import json_type as _json_type
+from pipeline.data.records import IMAGE_PLACEHOLDER, TEXT_ROLE, Problem, Record
+from pipeline.data.shapes import FieldMap, accepted_text, detect
+
+
+# Image references that are not local files.
+_REMOTE_SCHEMES = ("http://", "https://", "data:")
+
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """One turn as a shape gives it: its role and text, where each is in the record (None: not from the
+    data), the turn dict itself for its extra keys (reasoning), and whether content parts may stand for its text."""
+
+    role: object
+    text: object
+    role_at: str | None
+    text_at: str
+    source: dict | None = None
+    parts: bool = False
+
+
+KEYS_SHOWN = 12  # keys of a record of no shape that its problem lists
+
+Located = Callable[..., None]  # located(reason, message, field): one problem of the record being normalized
+
+
+def normalize_record(
+    raw: object, *, index: int, line: int | None, file: str, kind: str | None, base_dir: str,
+    fields: FieldMap | None = None,
+) -> tuple[Record | None, list[Problem]]:
+    """Normalize one raw record; returns (record or None, every problem found).
+
+    A record with problems is still returned when its turns and images could be
+    read (None otherwise), so its image files are checked too; only a record
+    without problems is clean.
+    """
+    fields = fields or FieldMap()
+    problems: list[Problem] = []
+
+    def problem(reason: str, message: str, field_: str | None = None, id_: str | None = None) -> None:
+        problems.append(Problem(file, reason, message, index=index, line=line, id=id_, field=field_, kind=kind))
+
+    if not isinstance(raw, dict):
+        problem("not_object", f"a record must be a JSON object, found a JSON {_json_type(raw)}")
+        return None, problems
+    view = fields.view(raw)
+    record_id = _record_id(view, fields, problem)
+
+    def located(reason: str, message: str, field_: str | None = None) -> None:
+        problem(reason, message, field_, record_id)
+
+    shape = detect(view)
+    if shape is None:
+        found = ", ".join(repr(k) for k in list(raw)[:KEYS_SHOWN]) or "none"
+        located("missing_turns", f"record has no accepted shape (its keys: {found}); accepted: {accepted_text()}")
+        return None, problems
+    if shape == "ambiguous":
+        located("ambiguous_format", f"record has both {fields.key('conversations')!r} and {fields.key('messages')!r}")
+        return None, problems
+    if shape == "text":
+        return _text_record(view, fields, located, record_id, index, line), problems
+    turns, whole = _SHAPE_TURNS[shape](view, fields, located)
+    if turns is None:
+        return None, problems
+    conversation = _Conversation(base_dir, fields, located)
+    for turn in turns:
+        conversation.add(turn)
+    conversation.add_system(view.get("system"))
+    conversation.check_order(whole)
+    images = conversation.images(view, whole)
+    tools = _tools(view, fields, located)
+    return Record(id=record_id, messages=conversation.messages, images=images, index=index, line=line,
+                  tools=tools), problems
+
+
+def _record_id(view: dict, fields: FieldMap, problem: Callable[..., None]) -> str | None:
+    """The record's id as a string (LLaVA exports often use numeric ids); None, reported, for another type."""
+    record_id = view.get("id")
+    if isinstance(record_id, int) and not isinstance(record_id, bool):
+        return str(record_id)
+    if record_id is not None and not isinstance(record_id, str):
+        problem("bad_id", f"id must be a string or an integer, found a JSON {_json_type(record_id)}", fields.key("id"))
+        return None
+    return record_id
+
+
+class _Conversation:
+    """A conversation's messages as its turns come in, with where each came from (its problems name that)."""
+
+    def __init__(self, base_dir: str, fields: FieldMap, located: Located):
+        self.base_dir, self.fields, self.located = base_dir, fields, located
+        self.messages: list[dict] = []
+        self.part_images: list[str] = []  # images of OpenAI content parts, in order
+        self.parts_ok = True
+        self.turn_at: list[tuple[str | None, str] | None] = []  # message -> (role field, text field); None: system
+        self.roles_known = True
+
+    def add(self, turn: _Turn | None) -> None:
+        """One turn (None: a turn that is no object, reported by its shape)."""
+        located = self.located
+        if turn is None:
+            self.roles_known = False
+            return
+        role = turn.role
+        canonical = self.fields.role(role) if isinstance(role, str) else None
+        if canonical is None:
+            shown = "missing" if role is None else repr(role)
+            located("unknown_role", f"role {shown} is not one of {self.fields.role_names()}", turn.role_at)
+            self.roles_known = False
+        text = turn.text
+        if turn.parts and isinstance(text, list):  # OpenAI content parts
+            text = _content_parts(text, turn.text_at, self.base_dir, self.part_images, located)
+            if text is None:  # reported; the record's images are then unknown too
+                self.parts_ok = False
+                self.messages.append({"role": canonical or "", "content": ""})
+                self.turn_at.append((turn.role_at, turn.text_at))
+                return
+        calls = _tool_calls(turn, canonical, located)
+        if text is not None and not isinstance(text, str):
+            located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", turn.text_at)
+        elif (text is None or not text.strip()) and calls is None:  # a turn that calls tools may say nothing
+            located("empty_text", "text is missing or blank", turn.text_at)
+        message = {"role": canonical or "", "content": text if isinstance(text, str) else ""}
+        self.messages.append(message)
+        self.turn_at.append((turn.role_at, turn.text_at))
+        if calls:
+            message["tool_calls"] = calls
+        if canonical == "tool":  # which call a result answers, for the templates that show it
+            message.update({k: turn.source[k] for k in ("tool_call_id", "name") if isinstance(turn.source.get(k), str)})
+        reasoning = turn.source.get("reasoning_content") if turn.source else None
+        if reasoning is not None:
+            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.reasoning_content"
+            if canonical != "assistant" or not isinstance(reasoning, str):
+                located("bad_reasoning", "reasoning_content must be a string, in an assistant turn", at)
+            elif reasoning.strip():
+                message["reasoning_content"] = reasoning
+
+    def add_system(self, system: object) -> None:
+        """The record's `system` field: the first message (a leading system turn as well is a problem)."""
+        at = self.fields.key("system")
+        if system is not None and not isinstance(system, str):
+            self.located("bad_system", f"'system' must be a string, found a JSON {_json_type(system)}", at)
+        elif system and system.strip():
+            if self.messages and self.messages[0]["role"] == "system":
+                self.located("bad_system", "record has both a 'system' field and a leading system turn", at)
+            else:
+                self.messages.insert(0, {"role": "system", "content": system})
+                self.turn_at.insert(0, None)
+
+    def check_order(self, whole: str) -> None:
+        """The turns alternate as a chat template needs them to, and one of them is the assistant's."""
+        if not self.roles_known:
+            return
+        violation = _order_violation(self.messages)
+        if violation is not None:
+            k, message = violation
+            at = self.fields.key("system") if self.turn_at[k] is None else self.turn_at[k][0] or self.turn_at[k][1]
+            self.located("bad_role_order", message, at)
+        elif not any(m["role"] == "assistant" for m in self.messages):
+            self.located("no_assistant_turn", "the conversation has no assistant turn to learn from", whole)
+
+    def images(self, view: dict, whole: str) -> list[str]:
+        """The record's images (its content parts' or its image field's), and one placeholder for each."""
+        key = self.fields.key
+        images = _images(view, self.base_dir, self.located, self.fields)
+        if self.part_images and images:
+            self.located("bad_image_field", "images given both as content parts and in the record's image field",
+                         key("image"))
+        field_ = next((key(k) for k in ("image", "images") if view.get(k) is not None), whole)  # where the images are
+        images = self.part_images or images
+        if self.parts_ok:
+            texts_at = [key("system") if at is None else at[1] for at in self.turn_at]
+            _placeholder_problems(self.messages, texts_at, images, field_, self.located)
+        return images
+
+
+def _text_record(view: dict, fields: FieldMap, located: Located, record_id, index: int, line: int | None
+                 ) -> Record:
+    """A plain text record: its text as one `TEXT_ROLE` message; images and a system prompt are refused."""
+    at = fields.key("text")
+    text = view.get("text")
+    if not isinstance(text, str):
+        located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", at)
+    elif not text.strip():
+        located("empty_text", "text is missing or blank", at)
+    for extra in ("image", "images", "system", "tools"):
+        if view.get(extra) is not None:
+            located("bad_text_record", f"a plain text record has no {extra!r} (it is trained as it is, without a "
+                    "chat template); give a conversation instead", fields.key(extra))
+    return Record(id=record_id, messages=[{"role": TEXT_ROLE, "content": text if isinstance(text, str) else ""}],
+                  images=[], index=index, line=line)
+
+
+def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] | None:
+    """A turn's ``tool_calls`` normalized (arguments parsed to an object), None when it has none.
+
+    Only an assistant turn may call tools; each call is OpenAI's ``{"type": "function",
+    "function": {"name", "arguments"}}`` (``type`` optional), arguments an object or its JSON text.
+    """
+    calls = turn.source.get("tool_calls") if turn.source else None
+    if calls is None:
+        return None
+    at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.tool_calls"
+    if role != "assistant":
+        located("bad_tool_call", "only an assistant turn may have tool_calls", at)
+        return None
+    if not isinstance(calls, list) or not calls:
+        located("bad_tool_call", f"tool_calls must be a non-empty list, found a JSON {_json_type(calls)}", at)
+        return None
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", {}) if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                arguments = None
+        if (not isinstance(name, str) or not name.strip() or not isinstance(arguments, dict)
+                or call.get("type", "function") != "function"):
+            located("bad_tool_call", "a tool call is {\"type\": \"function\", \"function\": {\"name\": a string, "
+                    "\"arguments\": an object or its JSON text}}", f"{at}[{j}]")
+            return None
+        out.append({"type": "function", "function": {"name": name, "arguments": arguments},
+                    **({"id": call["id"]} if isinstance(call.get("id"), str) else {})})  # Mistral's templates show it
+    return out
+
+
+def _tools(view: dict, fields: FieldMap, located: Located) -> list[dict] | None:
+    """The record's ``tools`` (function schemas for the chat template), None when it has none."""
+    tools = view.get("tools")
+    if tools is None:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        located("bad_tools", f"tools must be a list of function schemas (objects), found a JSON {_json_type(tools)}",
+                fields.key("tools"))
+        return None
+    return tools or None
+
+
+# --- the shapes: each gives its turns (None for one that is not an object) and the field that names them all ---
+
+
+def _turn_list(view: dict, list_key: str, fields: FieldMap, located: Located, *, role_key: str, text_key: str,
+               parts: bool) -> list[_Turn | None] | None:
+    """The turns of a list of turn objects (`list_key`, our name); None (reported) when it is no non-empty list."""
+    name = fields.key(list_key)
+    turns = view[list_key]
+    if not isinstance(turns, list):
+        located("turns_not_list", f"{name!r} must be a list of turns, found a JSON {_json_type(turns)}", name)
+        return None
+    if not turns:
+        located("empty_turns", f"{name!r} is empty", name)
+        return None
+    role_key, text_key = fields.columns.get("role", role_key), fields.columns.get("content", text_key)
+    out: list[_Turn | None] = []
+    for j, turn in enumerate(turns):
+        where = f"{name}[{j}]"
+        if not isinstance(turn, dict):
+            located("turn_not_object", f"turn {j} must be a JSON object, found a JSON {_json_type(turn)}", where)
+            out.append(None)
+            continue
+        out.append(_Turn(turn.get(role_key), turn.get(text_key), f"{where}.{role_key}", f"{where}.{text_key}",
+                         turn, parts))
+    return out
+
+
+def _messages_turns(view, fields, located):
+    turns = _turn_list(view, "messages", fields, located, role_key="role", text_key="content", parts=True)
+    return turns, fields.key("messages")
+
+
+def _conversations_turns(view, fields, located):
+    turns = _turn_list(view, "conversations", fields, located, role_key="from", text_key="value", parts=False)
+    return turns, fields.key("conversations")
+
+
+def _prompt_completion_turns(view, fields, located):
+    """Strings: one user and one assistant turn. Message lists: the prompt's turns, then the completion's."""
+    prompt, completion = view.get("prompt"), view.get("completion")
+    p_name, c_name = fields.key("prompt"), fields.key("completion")
+    if isinstance(prompt, list) and isinstance(completion, list):
+        head = _turn_list(view, "prompt", fields, located, role_key="role", text_key="content", parts=True)
+        tail = _turn_list(view, "completion", fields, located, role_key="role", text_key="content", parts=True)
+        return (None if head is None or tail is None else head + tail), c_name
+    if isinstance(prompt, list) or isinstance(completion, list):
+        located("bad_prompt_completion", f"{p_name!r} and {c_name!r} must both be strings or both be message "
+                f"lists, found a JSON {_json_type(prompt)} and a JSON {_json_type(completion)}", p_name)
+        return None, c_name
+    return [_Turn("user", prompt, None, p_name), _Turn("assistant", completion, None, c_name)], c_name
+
+
+def _alpaca_turns(view, fields, located):
+    """The instruction (a blank line, then the input when there is one) as the user turn; the output as the answer."""
+    instruction, extra = view.get("instruction"), view.get("input")
+    if extra is not None and not isinstance(extra, str):
+        located("text_not_string", f"text must be a string, found a JSON {_json_type(extra)}", fields.key("input"))
+    elif isinstance(instruction, str) and extra and extra.strip():
+        instruction = f"{instruction}\n\n{extra}"
+    return [_Turn("user", instruction, None, fields.key("instruction")),
+            _Turn("assistant", view.get("output"), None, fields.key("output"))], fields.key("output")
+
+
+_SHAPE_TURNS = {
+    "messages": _messages_turns,
+    "conversations": _conversations_turns,
+    "prompt_completion": _prompt_completion_turns,
+    "alpaca": _alpaca_turns,
+}
+
+
+# The turns that may follow a turn: after an assistant turn that calls tools come their results
+# (tool turns), then the assistant goes on.
+_NEXT = {None: ("user",), "user": ("assistant",), "assistant": ("user",), "assistant+calls": ("tool",),
+         "tool": ("tool", "assistant")}
+
+
+def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
+    """First break of: optional system first, then user/assistant alternating from user, where an
+    assistant turn with tool calls is followed by one or more tool turns and then the assistant again.
+
+    Returns (message position, explanation) or None.
+    """
+    start = 1 if messages and messages[0]["role"] == "system" else 0
+    state = None
+    for k in range(start, len(messages)):
+        role = messages[k]["role"]
+        if role == "system":
+            return k, "a system turn is only allowed first"
+        if role not in _NEXT[state]:
+            after = {None: "as the first turn", "assistant+calls": "after an assistant turn with tool_calls"}.get(
+                state, f"after {messages[k - 1]['role']!r}")
+            message = f"turn is {role!r} {after}; user and assistant turns must alternate, starting with user"
+            if "tool" in (role, state) or state == "assistant+calls":
+                message += "; tool turns follow an assistant turn with tool_calls (its results), then the assistant"
+            return k, message
+        state = "assistant+calls" if messages[k].get("tool_calls") else role
+    return None
+
+
+def _content_parts(parts: list, where: str, base_dir: str, images: list[str], located) -> str | None:
+    """An OpenAI content-part list as one string, an `IMAGE_PLACEHOLDER` per image part.
+
+    Appends each image's resolved path to `images`; returns None (after
+    reporting why) for a part it cannot read.
+    """
+    texts = []
+    for k, part in enumerate(parts):
+        at = f"{where}[{k}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image", "image_url"):
+            ref = _image_ref(part)
+            if ref is None:
+                located("bad_image_field", f"an {kind} part needs a local file path "
+                        "('image', 'path' or 'url'; image_url: {'url': ...})", at)
+                return None
+            if ref.startswith(_REMOTE_SCHEMES):
+                located("bad_image_field", f"{ref[:40]!r} is not a local file (only image files on disk are read)", at)
+                return None
+            texts.append(IMAGE_PLACEHOLDER)
+            images.append(_resolve(base_dir, ref.removeprefix("file://")))
+        else:
+            shown = f"type {kind!r}" if kind is not None else f"a JSON {_json_type(part)} without a 'type'"
+            located("bad_content_part", f"content part {k} is {shown}; expected text, image or image_url "
+                    "(a text part needs a string 'text')", at)
+            return None
+    return "".join(texts)
+
+
+def _image_ref(part: dict) -> str | None:
+    if part["type"] == "image_url":
+        value = part.get("image_url")
+        value = value.get("url") if isinstance(value, dict) else value
+    else:
+        value = next((part[k] for k in ("image", "path", "url") if isinstance(part.get(k), str)), None)
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def _placeholder_problems(messages, texts_at: list[str], images, images_field: str, located) -> None:
+    """Every placeholder sits in a user turn, and there is one per image; `texts_at[k]` names message k's text."""
+    count = 0
+    for k, message in enumerate(messages):
+        n = message["content"].count(IMAGE_PLACEHOLDER)
+        count += n
+        if n and message["role"] != "user":
+            located("image_outside_user_turn", f"{IMAGE_PLACEHOLDER} in a {message['role']} turn: images go in user "
+                    "turns (the tokens of an image are never learned)", texts_at[k])
+    if count != len(images):
+        located("image_placeholder_mismatch", f"{count} {IMAGE_PLACEHOLDER} placeholder(s) in the turns but "
+                f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
+
+
+def _resolve(base_dir: str, path: str) -> str:
+    return os.path.normpath(os.path.join(base_dir, path))
+
+
+def _images(raw: dict, base_dir: str, located, fields: FieldMap) -> list[str]:
+    """The record's image paths, resolved against the dataset file's directory."""
+    present = [key for key in ("image", "images") if raw.get(key) is not None]
+    if not present:
+        return []
+    if len(present) > 1:
+        located("bad_image_field", f"record has both {fields.key('image')!r} and {fields.key('images')!r}",
+                fields.key("image"))
+        return []
+    key = present[0]
+    value = raw[key]
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(p, str) and p.strip() for p in items):
+        located("bad_image_field", f"'{fields.key(key)}' must be a non-empty path string or a list of them",
+                fields.key(key))
+        return []
+    return [_resolve(base_dir, p) for p in items]
