@@ -123,6 +123,18 @@ def git_commit() -> str | None:
         return None
 
 
+def git_tree(rev: str, root: Path, paths: list[str], what: str) -> Path:
+    """`paths` of commit `rev` (`git archive`), unpacked into a new dir `root`; `what` names the tree
+    in the error a shallow clone gets."""
+    root.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev, *paths], cwd=REPO, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"{what}: git archive {rev} failed in {REPO} (a shallow clone lacks it; `git fetch --unshallow`):\n"
+                 f"{archive.stderr.decode()[-2000:]}")
+    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
+    return root
+
+
 def command_line(script: str) -> str:
     """The command that reproduces this run, from the repository root."""
     return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(script, REPO), *sys.argv[1:]])
@@ -186,6 +198,13 @@ def workflow_overrides() -> list[str]:
 BENCH_OVERRIDES = ["alerts.tps_drop_fraction=0"]
 
 
+def resolved_config(overrides: list[str]) -> str:
+    """config/train/ with these overrides, resolved as the workflow resolves it (the text `plan` takes)."""
+    from pipeline import config as train_config
+
+    return train_config.to_yaml(train_config.resolve(REPO / "config" / "train", "config", overrides))
+
+
 def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fraction: float = 0.05,
              chunks: int = 2, single_stage: bool = False) -> dict:
     """plan.json + train_config.yaml through `python -m pipeline plan` (in process).
@@ -201,10 +220,9 @@ def plan_run(root: Path, default: dict, *, total: int, overrides: list[str], fra
     base = [f"model.path={default['model']}", f"{KEY_TRAIN_CACHE}={default['train']}",
             f"{KEY_VAL_CACHE}={default['val']}"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config", "--export-weights", "raw",
-            "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
-    for o in _overriding([*base, *BENCH_OVERRIDES, *overrides], SMOKE_OVERRIDES if SMOKE else []):
-        args += ["--override", o]
+            "--resolved-config", resolved_config(_overriding([*base, *BENCH_OVERRIDES, *overrides],
+                                                             SMOKE_OVERRIDES if SMOKE else [])),
+            "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
     from contextlib import redirect_stdout
     import io
 

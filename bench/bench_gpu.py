@@ -52,7 +52,8 @@ positions supervised; L layers, d hidden, V vocabulary):
     LoRA actual     (4 N_layers + 6 N_lora) T + 4 V d S + 6 L d T^2   per record (the headline)
     6N convention   6 (N_layers + N_head + N_lora) T + 6 L d T^2
 
-N_layers = the decoder layers' matmul weights, N_head = V d (counted whether
+N_layers = the decoder layers' matmul weights (of a mixture of experts the active ones: top_k of
+the E experts' fused weights, which a token runs through), N_head = V d (counted whether
 or not it is tied to the embeddings: the matmul runs), N_lora = the LoRA A/B
 matrices. "LoRA actual" is the useful work this trainer does, and the count
 LoRA throughput is quoted in (NeMo AutoModel's 402 TFLOP/s for Llama-3-8B LoRA
@@ -160,6 +161,12 @@ def _build_model_dir(path: Path, preset: dict, seq_len: int) -> dict:
     tok.save_pretrained(path)
     in_layers = sum(m.weight.numel() for n, m in model.named_modules()
                     if isinstance(m, torch.nn.Linear) and ".layers." in n)
+    # A mixture of experts: a token runs through top_k of the E experts' fused weights (the active parameters).
+    from pipeline.model.targets import fused_expert_weights
+
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if experts:
+        in_layers += sum(p.numel() for _, p in fused_expert_weights(model)) * config.num_experts_per_tok // experts
     info = {"params_total": sum(p.numel() for p in model.parameters()), "params_layers_matmul": in_layers,
             "layers": config.num_hidden_layers, "hidden": config.hidden_size, "vocab": config.vocab_size}
     return info
@@ -233,7 +240,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     """One trainer run (`arm` at `seq_len`) on a fresh cache; returns its metrics rows, the data's shape
     and what the plan and the stage decided."""
     from pipeline import config as train_config
-    from pipeline.model import loading, memory
+    from pipeline.model import memory
 
     records = args.steps * args.global_batch
     shape = build_cache(tmp / "train.safetensors", records=records, seq_len=seq_len, vocab=info["vocab"],
@@ -253,10 +260,12 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     chosen = re.search(r"activation checkpointing (\d+) of \d+ layers|activation checkpointing off", proc.stdout)
     rows = [json.loads(x) for x in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
     shapes = memory.read_shapes(str(tmp.parent / "model"))
+    attention = memory.resolved_attention(cfg.model) or "sdpa"  # as the trainer child resolves it on the GPU
     estimate = memory.estimate(cfg, shapes, memory.Run(
         micro_batch=train_config.batch_split(cfg, 1)[0], length=max(n for n, _ in shape), world=1, sharded=False,
         checkpointed=int(chosen.group(1) or 0) if chosen else 0, precision=precision,
-        packed=loading.packing(cfg)))  # a packed row under SDPA has a (row x row) mask to count
+        # Packed micro-batches (pipeline.planning.packing) hold no more tokens, and no wider mask, than padded ones.
+        attention=attention))
     return {"cfg": cfg, "shape": shape, "rows": [r for r in rows if "loss" in r][args.warmup:],
             "checkpointing": chosen.group(0) if chosen else "activation checkpointing unknown",
             "estimate_mb": estimate.total / 2**20}

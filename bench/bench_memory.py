@@ -51,13 +51,7 @@ SHAPE = dict(model_type="llama", hidden_size=256, num_hidden_layers=4, num_atten
 
 def _tree(rev: str, root: Path) -> Path:
     """The package and trainer config of commit `rev`, unpacked under `root`."""
-    root.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev, "pipeline", "config"], cwd=C.REPO, capture_output=True)
-    if archive.returncode != 0:
-        sys.exit(f"the 'before' trainer: git archive {rev} failed in {C.REPO} (a shallow clone lacks it; "
-                 f"`git fetch --unshallow`):\n{archive.stderr.decode()[-2000:]}")
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive.stdout, check=True)
-    return root
+    return C.git_tree(rev, root, ["pipeline", "config"], "the 'before' trainer")
 
 
 def _model(root: Path) -> Path:
@@ -76,6 +70,22 @@ def _model(root: Path) -> Path:
     return root
 
 
+def _config_args(tree: Path, env: dict, work: Path, overrides: list[str]) -> list[str]:
+    """The plan's trainer config arguments as `tree`'s planner takes them: the resolved text, resolved by
+    `tree`'s own package (since issue 34: pipeline/planning/run_config.py), or its config dir and overrides."""
+    conf = tree / "config" / "train"
+    if not (tree / "pipeline" / "planning" / "run_config.py").is_file():
+        return ["--train-config-dir", str(conf), "--train-config-name", "config",
+                *[a for o in overrides for a in ("--override", o)]]
+    resolve = ("import sys; from pipeline import config as c; "
+               "print(c.to_yaml(c.resolve(sys.argv[1], 'config', sys.argv[2:])), end='')")
+    proc = subprocess.run([sys.executable, "-c", resolve, str(conf), *overrides], env=env, cwd=work,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"resolving the trainer config with {tree} failed:\n{proc.stderr[-3000:]}")
+    return ["--resolved-config", proc.stdout]
+
+
 def _run(tree: Path, work: Path, model: Path, cache: Path, *, keys: dict, updates: int, threads: int) -> dict:
     """Plan (with `tree`'s own planner and config, whose key names are `keys`) and train one stage under
     the probe; its figures."""
@@ -86,11 +96,8 @@ def _run(tree: Path, work: Path, model: Path, cache: Path, *, keys: dict, update
                  "optim.global_batch=8",
                  "optim.micro_batch=8", "checkpoint.save_every=0", *C.BENCH_OVERRIDES]
     plan = [sys.executable, "-m", "pipeline", "plan", "--total-updates", str(updates), "--pilot-fraction", "0.5",
-            "--num-chunks", "1", "--train-config-dir", str(tree / "config" / "train"),
-            "--train-config-name", "config", "--export-weights", "raw",
+            "--num-chunks", "1", *_config_args(tree, env, work, overrides), "--export-weights", "raw",
             "--out-plan", str(work / "plan.json"), "--out-config", str(work / "train_config.yaml")]
-    for o in overrides:
-        plan += ["--override", o]
     # cwd=work: `python -m` puts the working directory first on sys.path, and the repository root would
     # shadow `tree`'s package.
     proc = subprocess.run(plan, env=env, cwd=work, capture_output=True, text=True)

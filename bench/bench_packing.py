@@ -97,7 +97,7 @@ def _child_trl(args) -> None:
 
     from pipeline import config as train_config
     from pipeline.data.cache import TokenCache
-    from pipeline.model.loading import lora_targets
+    from pipeline.model.targets import resolve as lora_targets
 
     cfg = train_config.load(args.config)
     order = json.loads(Path(args.order).read_text())
@@ -113,7 +113,7 @@ def _child_trl(args) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    targets = lora_targets(model, cfg)
+    targets = lora_targets(model, cfg.lora, cfg.moe).modules
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=targets, use_rslora=cfg.lora.use_rslora, bias="none", task_type="CAUSAL_LM")
     per_device, accum = int(args.rows), int(args.accum)

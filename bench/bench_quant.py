@@ -171,11 +171,8 @@ def _run(name: str, work: Path, model: Path, cache: Path, *, updates: int, seq_l
     overrides = [f"model.path={model}", f"{C.KEY_TRAIN_CACHE}={cache}", f"{C.KEY_VAL_CACHE}=null",
                  *C.BENCH_OVERRIDES, *COMMON, *ARMS[name]]
     args = ["--total-updates", str(updates), "--pilot-fraction", "0.5", "--num-chunks", "1",
-            "--train-config-dir", str(C.REPO / "config" / "train"), "--train-config-name", "config",
-            "--export-weights", "raw", "--max-length", str(seq_len),
+            "--resolved-config", C.resolved_config(overrides), "--export-weights", "raw", "--max-length", str(seq_len),
             "--out-plan", str(work / "plan.json"), "--out-config", str(work / "train_config.yaml")]
-    for o in overrides:
-        args += ["--override", o]
     assert planner.main(args) == 0
     plan = json.loads((work / "plan.json").read_text())
     plan["stages"] = [{"name": "all", "start": 0, "end": updates}]

@@ -92,7 +92,7 @@ def _child_trl(args) -> None:
 
     from pipeline import config as train_config
     from pipeline.data.cache import TokenCache
-    from pipeline.model.loading import lora_targets
+    from pipeline.model.targets import resolve as lora_targets
 
     cfg = train_config.load(args.config)
     total = json.loads(Path(args.plan).read_text())["total_updates"]
@@ -132,7 +132,7 @@ def _child_trl(args) -> None:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     # The layer names our trainer adapts: `lora.target_modules` may be [all-linear], which peft takes
     # only as the bare string "all-linear" (in a list it is a layer name, and matches nothing).
-    targets = lora_targets(model, cfg)
+    targets = lora_targets(model, cfg.lora, cfg.moe).modules
     lora = LoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
                       target_modules=targets, use_rslora=cfg.lora.use_rslora, bias="none", task_type="CAUSAL_LM")
     _, accum = train_config.batch_split(cfg, 1)

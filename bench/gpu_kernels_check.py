@@ -1,6 +1,8 @@
 """On a CUDA GPU: the checks of issue 32 that need one, each a PASS / FAIL line and a JSON record.
 
     python bench/gpu_kernels_check.py --out OUT.json      # bench/gpu_check.sh runs it
+    python bench/gpu_kernels_check.py --smoke --out OUT.json   # on a CPU, fp32: the checks that need no CUDA
+                                                             # (3, 4, 6), so the script's own path is tested
 
 1. host syncs: a mask-free TokenLoss forward + backward with torch.cuda.set_sync_debug_mode("warn"): 0 syncs;
 2. the compiled chunk loss: micro-batches with different supervised counts compile one graph;
@@ -30,9 +32,10 @@ from pipeline import config as train_config  # noqa: E402
 from pipeline.model import kernels, loading  # noqa: E402
 from pipeline.model.loss import TokenLoss, collate  # noqa: E402
 
-DEV = torch.device("cuda")
+DEV = torch.device("cuda")  # main() sets the CPU for --smoke
 SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=4)
+BF16 = True  # autocast in the checks that compare bf16 paths (main() turns it off for --smoke)
 results: dict = {}
 
 
@@ -70,7 +73,7 @@ def batch(lengths=(300, 257, 128, 64), seed=1):
 
 def loss_and_grads(loss_model, b, bf16: bool):
     loss_model.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", torch.bfloat16, enabled=bf16):
+    with torch.autocast(DEV.type, torch.bfloat16, enabled=bf16):
         loss = loss_model(b)
     loss.backward()
     return loss.detach().float(), {n: p.grad.float() for n, p in loss_model.named_parameters() if p.grad is not None}
@@ -87,17 +90,25 @@ def compare(name, a, b, bf16: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--smoke", action="store_true", help="on the CPU in fp32: only the checks that need no CUDA")
     args = ap.parse_args()
     import peft
     import transformers
 
+    global DEV, BF16
+    if args.smoke:
+        DEV, BF16 = torch.device("cpu"), False
     results["versions"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-                           "peft": peft.__version__, "gpu": torch.cuda.get_device_name(0),
+                           "peft": peft.__version__, "gpu": torch.cuda.get_device_name(0) if DEV.type == "cuda" else None,
                            "liger": importlib.util.find_spec("liger_kernel") is not None,
                            "cce": importlib.util.find_spec("cut_cross_entropy") is not None}
     print(results["versions"], flush=True)
     checks = [check_syncs, check_compile, check_fused_lora, check_fused_losses, check_liger, check_compat]
     for check in checks:
+        if DEV.type != "cuda" and check in (check_syncs, check_compile, check_liger):  # Liger is Triton: CUDA only
+            results[check.__name__] = {"ok": True, "skipped": "needs CUDA"}
+            print(f"SKIP {check.__name__}: needs CUDA", flush=True)
+            continue
         try:
             check()
         except Exception as err:  # noqa: BLE001 (each check reports on its own; the others still run)
@@ -110,13 +121,13 @@ def main() -> None:
 def check_syncs() -> None:
     loss_model = TokenLoss(model())
     b = batch()
-    loss_and_grads(loss_model, b, True)  # warm: kernels chosen, compiled chunk built
+    loss_and_grads(loss_model, b, BF16)  # warm: kernels chosen, compiled chunk built
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            loss_and_grads(loss_model, b, True)
+            loss_and_grads(loss_model, b, BF16)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     syncs = [str(w.message)[:120] for w in seen if "ynchroniz" in str(w.message)]
@@ -130,15 +141,15 @@ def check_compile() -> None:
     torch._dynamo.utils.counters.clear()
     loss_model = TokenLoss(model())
     for seed, lengths in enumerate([(300, 257, 128, 64), (511, 20, 33, 400), (90, 91, 92, 93), (1000, 7, 8, 9)]):
-        loss_and_grads(loss_model, batch(lengths, seed), True)
+        loss_and_grads(loss_model, batch(lengths, seed), BF16)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     record("compiled chunk loss: one graph across micro-batch shapes", graphs == 1, graphs=graphs)
 
 
 def check_fused_lora() -> None:
     b = batch()
-    compare("lora.fused vs peft's forward", loss_and_grads(TokenLoss(model("lora.fused=true")), b, True),
-            loss_and_grads(TokenLoss(model()), b, True), True)
+    compare("lora.fused vs peft's forward", loss_and_grads(TokenLoss(model("lora.fused=true")), b, BF16),
+            loss_and_grads(TokenLoss(model()), b, BF16), BF16)
 
 
 def check_fused_losses() -> None:
@@ -148,7 +159,7 @@ def check_fused_losses() -> None:
             results[f"fused_loss={kind}"] = {"ok": True, "skipped": "not installed"}
             print(f"SKIP fused_loss={kind}: not installed", flush=True)
             continue
-        for bf16 in (False, True):
+        for bf16 in (False, True) if BF16 else (False,):
             lm = model()
             fused, plain = TokenLoss(lm, fused_loss=kind), TokenLoss(lm)
             compare(f"model.fused_loss={kind} vs chunked", loss_and_grads(fused, b, bf16),
@@ -161,14 +172,14 @@ def check_liger() -> None:
         print("SKIP model.liger_kernels: not installed", flush=True)
         return
     b = batch()
-    plain = loss_and_grads(TokenLoss(model()), b, True)
-    compare("model.liger_kernels vs plain decoder", loss_and_grads(TokenLoss(model(liger=True)), b, True), plain, True)
+    plain = loss_and_grads(TokenLoss(model()), b, BF16)
+    compare("model.liger_kernels vs plain decoder", loss_and_grads(TokenLoss(model(liger=True)), b, BF16), plain, BF16)
 
 
 def check_compat() -> None:
     lm = model()
     compat.enable_activation_checkpointing(lm.get_base_model(), use_reentrant=False)
-    loss_and_grads(TokenLoss(lm), batch(), True)
+    loss_and_grads(TokenLoss(lm), batch(), BF16)
     record("activation checkpointing through compat", True, reusable_dcp_stager=compat.stager_reusable())
 
 

@@ -40,6 +40,7 @@ BENCHES = {  # name -> script (default arguments)
     "eval_ranks": "bench_eval_ranks.py",
     "quant": "bench_quant.py",
     "step": "bench_step.py",
+    "load": "bench_load.py",
     "kernels": "bench_kernels.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
@@ -121,6 +122,7 @@ def build_results(results: Path = C.RESULTS) -> str:
     fsdp_mems = [(n, _load(results, n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")]
     eval_ranks, quant = _load(results, "eval_ranks"), _load(results, "quant")
     step = _load(results, "step")
+    workflow_load = _load(results, "load")
     data, merge = _parse_md(results, "data"), _parse_md(results, "merge")
     table: list[tuple] = []  # (figure, value, goal, source)
     sources: list[tuple[str, dict]] = []
@@ -263,6 +265,15 @@ def build_results(results: Path = C.RESULTS) -> str:
                   ("mask-free vs masked step: max abs diff of the mean loss / of the gradients",
                    f"{f['loss_diff']:.2g} / {f['grad_diff']:.2g}",
                    "<= 1e-6: " + ("met" if max(f["loss_diff"], f["grad_diff"]) <= 1e-6 else "NOT met"), s)]
+    if workflow_load:
+        f, s = workflow_load["figures"], src("load", workflow_load)
+        before, after = f["before"], f["after"]
+        table += [(f"`snakemake -n -q` of the default config, {workflow_load['before']} (before) / this tree (after): "
+                   "wall s; CPU s; peak RSS; torch imported",
+                   f"{before['wall_s']:.2f} / {after['wall_s']:.2f}; {before['cpu_s']:.2f} / {after['cpu_s']:.2f}; "
+                   f"{before['rss_mb']:.0f} / {after['rss_mb']:.0f} MiB; {'yes' if 'torch' in before['heavy'] else 'no'}"
+                   f" / {'yes' if 'torch' in after['heavy'] else 'no'}",
+                   "no torch at load: " + ("met" if "torch" not in after["heavy"] else "NOT met"), s)]
     kernels = _load(results, "kernels")
     if kernels:
         s = src("kernels", kernels)

@@ -14,6 +14,7 @@ from pipeline.errors import ERROR_FILE_ENV, UserError
 
 COMMANDS = {
     "prepare-base": ("pipeline.demo.cli", "embedded default: tiny base model, tokenizer, demo dataset"),
+    "demo-benchmark": ("pipeline.demo.benchmark", "embedded default: its lm-eval task over the held-out words"),
     "fetch-model": ("pipeline.storage.hub", "download a hub model into the Hugging Face cache, pin its commit"),
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
@@ -24,7 +25,7 @@ COMMANDS = {
     "labels": ("pipeline.data.labels", "records of a token cache with the supervised tokens marked (text / HTML)"),
     "train-config-reference": ("pipeline.config_reference",
                               "docs/train_config.yaml: every trainer setting, its default and doc (generated)"),
-    "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; resolve the trainer config"),
+    "plan": ("pipeline.planning.plan", "split total updates into pilot / chunks / tail; check and write the resolved trainer config"),
     "train": ("pipeline.train.stage", "train one stage (run under torchrun)"),
     "status": ("pipeline.train.status", "where each stage of a run is (files only: works from a login node)"),
     "pilot-gate": ("pipeline.evaluate.gate", "sanity checks on the pilot before the chunks start"),
@@ -35,6 +36,10 @@ COMMANDS = {
     "merge": ("pipeline.export.merge", "streaming LoRA merge, shard by shard"),
     "verify-merge": ("pipeline.export.verify", "merged logits vs base + adapter"),
     "smoke-test": ("pipeline.evaluate.smoke", "merged model answers held-out prompts"),
+    "benchmark": ("pipeline.evaluate.benchmarks", "score one set of weights on one lm-eval task (offline, cached by content)"),
+    "benchmark-report": ("pipeline.evaluate.bench_report", "lm-eval scores of base vs the trained weights: table, plot, page"),
+    "benchmark-card": ("pipeline.export.card:main_benchmarks", "the benchmark scores into the export dirs' model cards"),
+    "fetch-benchmarks": ("pipeline.evaluate.bench_data", "the data of lm-eval tasks into the local caches (--check: offline)"),
     "chat": ("pipeline.export.chat", "answer a prompt with an export dir (merged or adapter), its chat template"),
     "sweep-prune": ("pipeline.evaluate.compare:main_prune", "a sweep's prune point: which variants go on"),
     "sweep-compare": ("pipeline.evaluate.compare:main_compare", "a sweep's comparison table, plot, best variant"),

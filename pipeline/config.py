@@ -4,7 +4,7 @@ Every setting's default and doc live here, once (`setting`); the reference a
 user reads, docs/train_config.yaml, is generated from them
 (`python -m pipeline train-config-reference`, pipeline/config_reference.py).
 `config/train/` holds one YAML group per dataclass below (model, lora, vision,
-ema, optim, precision, distributed, checkpoint, validation, alerts, tokens), each
+moe, ema, optim, precision, distributed, checkpoint, validation, alerts, tokens), each
 option holding only what it changes (`lora=full`, `distributed=fsdp`); `resolve()`
 composes them with the user's overrides through Hydra's compose API and merges
 the result onto these dataclasses, so an unknown key, a wrong type or a value
@@ -19,6 +19,7 @@ every rank would otherwise create its own timestamped output dir and log file.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import typing
 from dataclasses import dataclass, field
 from enum import Enum
@@ -69,6 +70,9 @@ class Switch(Choice):
 
 
 class Attention(Choice):
+    """`model.attn_implementation`: auto is resolved per model and machine (`pipeline.model.attention`)."""
+
+    auto = "auto"
     sdpa = "sdpa"
     eager = "eager"
     flash_attention_2 = "flash_attention_2"
@@ -151,7 +155,11 @@ class ModelConfig:
                      "layer; auto = the fewest layers (the first ones) with which the memory estimate fits "
                      "(the plan prints the choice, k of n layers)")
     attn_implementation: Attention = setting(
-        Attention.sdpa, "attention kernel (flash_attention_2 needs `pip install flash-attn`)")
+        Attention.auto, "attention kernel; auto = the best the model supports and the machine has: "
+                        "flash_attention_2 on a CUDA GPU with flash-attn installed (`pip install flash-attn`), "
+                        "else sdpa, else eager (GPT-OSS: its attention sinks have no SDPA kernel); the plan "
+                        "prints the choice and why (pipeline.model.attention). A value the model does not "
+                        "support fails at plan")
     compile: bool = setting(False, "torch.compile each decoder layer (a GPU feature; the first updates compile)")
     fused_loss: FusedLoss = setting(
         FusedLoss.auto, "the LM head + cross-entropy: chunked = ours (chunks of logits recomputed in the backward); "
@@ -220,6 +228,22 @@ class VisionConfig:
 
 
 @dataclass
+class MoeConfig:
+    """Mixture-of-experts models (Qwen3-MoE, Mixtral, OLMoE, GPT-OSS, Qwen3-Next, ...); a dense model
+    ignores it. What LoRA adapts on them (`lora.target_modules`) and the router loss
+    (`pipeline.model.targets`, `pipeline.model.router`)."""
+
+    router_aux_loss: bool = setting(True, "add the model's own load-balancing loss (transformers' "
+                                          "load_balancing_loss_func over every router's logits) to the training "
+                                          "loss, where the model defines one (its config's router_aux_loss_coef); "
+                                          "logged per update as router_loss. Validation losses leave it out")
+    router_aux_loss_coef: float | None = setting(None, "the load-balancing loss's weight; null = the model "
+                                                       "config's router_aux_loss_coef")
+    train_router: bool = setting(False, "also adapt each router's weight (LoRA, as the experts); false: the "
+                                        "routers stay frozen")
+
+
+@dataclass
 class EmaConfig:
     """Exponential moving averages of the trained weights, each an fp32 shadow."""
 
@@ -278,7 +302,9 @@ class DistributedConfig:
     strategy: Strategy = setting(Strategy.ddp, "ddp: a full replica per rank; fsdp: FSDP2 (fully_shard per "
                                                "decoder layer + root) for models that do not fit one device; its "
                                                "checkpoints hold dcp/ shards instead of adapter/ + ema/")
-    timeout_s: int = setting(1800, "collective timeout (seconds)")
+    timeout_s: int = setting(1800, "collective timeout (seconds): how long a rank waits for the others in one "
+                                   "collective (gloo: each operation; NCCL: its watchdog) before the stage fails, "
+                                   "so a node that stops answering ends the job instead of hanging it")
     hsdp: bool = setting(False, "fsdp: replicate across nodes, shard within a node (collectives stay in a node)")
     meta_init: bool = setting(True, "fsdp: build empty, shard, read each rank's shards of the base (false: "
                                     "each rank loads it all)")
@@ -372,6 +398,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     vision: VisionConfig = field(default_factory=VisionConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -430,6 +457,8 @@ def _check(cfg: TrainConfig) -> None:
         problems.append(f"model.quantization={cfg.model.quantization} quantizes a frozen base, but lora.enabled=false "
                         "trains every weight (full fine-tuning needs float weights): set model.quantization=none, or "
                         "train LoRA adapters (lora.enabled=true)")
+    if cfg.moe.router_aux_loss_coef is not None and not cfg.moe.router_aux_loss_coef >= 0:
+        problems.append("moe.router_aux_loss_coef must be >= 0 (or null: the model's own)")
     if cfg.vision.loader_workers < 0:
         problems.append("vision.loader_workers must be >= 0")
     problems += _lora_variant_problems(cfg)
@@ -591,6 +620,13 @@ def to_typed(raw: Any) -> TrainConfig:
 def to_yaml(cfg: TrainConfig) -> str:
     """The resolved config as train_config.yaml holds it (what `load` reads back)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def config_id(text: str) -> str:
+    """The identity of a resolved config: sha256 of its text as `to_yaml` writes it (train_config.yaml).
+    What the trained stages depend on, so the workflow keys the plan on it: a comment or an unused
+    group file changes nothing, a changed resolved value changes it."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load(path: Path) -> TrainConfig:

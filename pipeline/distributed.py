@@ -37,7 +37,11 @@ class Dist:
 
 
 def setup(backend: str = "auto", timeout_s: int = 1800) -> Dist:
-    """Read torchrun's environment, pick the device, init the process group if needed."""
+    """Read torchrun's environment, pick the device, init the process group if needed.
+
+    `timeout_s` bounds every collective (gloo: each operation; NCCL: its watchdog aborts the
+    process group): a rank whose peer stopped answering fails after it instead of waiting forever.
+    """
     rank = int(os.environ.get("RANK", 0))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))

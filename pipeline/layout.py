@@ -17,7 +17,7 @@ ADAPTER_DIR = "adapter"  # PEFT dir (adapter_config.json + adapter_model.safeten
 MODEL_DIR = "model"  # full fine-tuning: HF safetensors weights of the trained model
 EMA_DIR = "ema"  # ema/<rate>/ : PEFT dir (or model dir) holding the fp32 shadow
 TRAINING_STATE_DIR = "training_state"
-CONFIG_FILE = "config.yaml"  # resolved trainer config, read back by later stages
+CHECKPOINT_CONFIG_FILE = "config.yaml"  # the run's train_config.yaml (TRAIN_CONFIG_FILE) as the checkpoint was trained with
 MANIFEST_FILE = "MANIFEST.json"  # written last: its presence means "complete"
 
 # files inside training_state/
@@ -66,6 +66,8 @@ PROFILE_SUMMARY = "summary.json"  # seconds and shares of the time per category
 # --- the training stage's progress line (`pipeline.train.monitor.Progress`) ---
 PROGRESS_ENV = "SFT_PROGRESS"  # "0": no line on the terminal (the log keeps its lines)
 PROGRESS_TTY_ENV = "SFT_PROGRESS_TTY"  # the terminal Snakemake runs in (/dev/pts/N), set by pipeline.launch
+RDZV_ENDPOINT_ENV = "SFT_RDZV_ENDPOINT"  # a multi-rank stage's rendezvous host:port, set by pipeline.launch
+RANK_QUIET = "stopped answering"  # how pipeline.watch says a rank went quiet (the launcher shows those lines)
 
 # --- exit codes the workflow understands ---
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a checkpoint was saved, retry to resume
@@ -111,12 +113,14 @@ VARIANTS_DIR = "variants"  # a sweep's variant: results/<run>/variants/<name>/ (
 TRACKER_DIR = "tracker"  # the experiment tracker's state and errors.jsonl
 TOKENIZER_DIR = "tokenizer"  # the run's tokenizer and chat template (`prepare_tokenizer`)
 BASE_MODEL_DIR = "model"  # an embedded demo's base model (`prepare_base`): results/<demo>/model/
+ARCHIVE_DIR = "archive"  # archive/<when>-<old config id>/: outputs of an earlier config (planning/guard.py)
 
 # files of a run dir
 PLAN_FILE = "plan.json"
 TRAIN_CONFIG_FILE = "train_config.yaml"  # the resolved trainer config every stage trains with
 PILOT_REPORT_FILE = "pilot_report.json"
 HUB_MODEL_FILE = "model.json"  # a hub model's pinned commit (`fetch_model`)
+ARCHIVED_FILE = "ARCHIVED.json"  # in an archive dir: what it holds and why it was moved
 
 # data/
 VALIDATION_JSON = "validation.json"
@@ -139,6 +143,18 @@ BASE_EVAL = "base"
 SUMMARY_CSV = "summary.csv"
 LOSS_PLOT = "loss.png"
 VAL_LOSS_PLOT = "val_loss.png"
+# eval/bench/<weights>/<task>.json: one lm-eval benchmark job's scores (`python -m pipeline benchmark`);
+# the base model's in the run dir (shared by a sweep's variants), the trained weights' in each variant's.
+BENCH_DIR = "bench"
+BENCH_SUFFIX = ".json"
+BENCH_CACHE_DIR = "cache"  # eval/bench/cache/<key>.json (run dir): scores by weights content + task + settings
+BENCH_BASE = "base"  # the weights name of the base model (evaluate.benchmarks.weights)
+BENCHMARKS_CSV = "benchmarks.csv"  # task, metric, base, final, delta and their standard errors
+BENCHMARKS_PLOT = "benchmarks.png"
+BENCHMARK_CARDS = "benchmarks.md"  # export/: the benchmark sections `benchmark-card` put into the model cards
+# The embedded demo's own benchmark (`demo-benchmark`): a multiple-choice lm-eval task over local JSONL,
+# data/bench/<DEMO_BENCH_TASK>.yaml and .jsonl in the demo's dir (`evaluate.benchmarks.tasks: [embedded]`).
+DEMO_BENCH_TASK = "repeat_choice"
 
 # report/: the pages of `snakemake --report`
 OVERVIEW_PAGE = "overview.html"  # the report's landing page
@@ -148,6 +164,7 @@ PLAN_PAGE = "plan.html"
 PILOT_GATE_PAGE = "pilot_gate.html"
 LABELS_PAGE = "labels.html"  # what the run trains on, shared by a sweep's variants
 DATA_PAGE = "data.html"  # the training datasets: files, records, shards and each shard's time
+BENCHMARKS_PAGE = "benchmarks.html"  # the lm-eval benchmarks: base vs the trained weights
 
 # export/<name>/: Hugging Face dirs (from_pretrained), each with its model card
 ADAPTER_FINAL = "adapter_final"
@@ -209,6 +226,11 @@ class RunTree:
 
     def cache(self, split: str) -> Path:
         return self.root / DATA_DIR / f"{split}{CACHE_SUFFIX}"
+
+    def demo_bench_task(self, suffix: str = ".yaml") -> Path:
+        """data/bench/<DEMO_BENCH_TASK>.yaml (the lm-eval task) and .jsonl (its documents) of a demo
+        (`demo-benchmark`, pipeline.demo.benchmark, writes them into the demo's data dir)."""
+        return self.root / DATA_DIR / BENCH_DIR / f"{DEMO_BENCH_TASK}{suffix}"
 
     @property
     def stats(self) -> Path:
@@ -305,6 +327,28 @@ class RunTree:
     def val_loss_plot(self) -> Path:
         return self.root / EVAL_DIR / VAL_LOSS_PLOT
 
+    def benchmark(self, weights: str, task: str) -> Path:
+        """eval/bench/<weights>/<task>.json: one (weights, lm-eval task) benchmark job's scores."""
+        return self.benchmarks_of(weights) / f"{task}{BENCH_SUFFIX}"
+
+    def benchmarks_of(self, weights: str) -> Path:
+        """eval/bench/<weights>/: every benchmark score of one weights set."""
+        return self.root / EVAL_DIR / BENCH_DIR / weights
+
+    @property
+    def benchmark_cache(self) -> Path:
+        """eval/bench/cache/: benchmark scores by content key (undeclared: Snakemake deletes a job's
+        outputs before it runs; a rerun on the same weights, task and settings copies them from here)."""
+        return self.root / EVAL_DIR / BENCH_DIR / BENCH_CACHE_DIR
+
+    @property
+    def benchmarks_csv(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_CSV
+
+    @property
+    def benchmarks_plot(self) -> Path:
+        return self.root / EVAL_DIR / BENCHMARKS_PLOT
+
     # report/: the pages of `snakemake --report` (summarize writes all but labels.html)
     @property
     def overview_html(self) -> Path:
@@ -335,6 +379,10 @@ class RunTree:
         return self.root / REPORT_DIR / DATA_PAGE
 
     @property
+    def benchmarks_html(self) -> Path:
+        return self.root / REPORT_DIR / BENCHMARKS_PAGE
+
+    @property
     def exports(self) -> Path:
         return self.root / EXPORT_DIR
 
@@ -351,8 +399,16 @@ class RunTree:
         return self.exports / SMOKE_TEST_FILE
 
     @property
+    def benchmark_cards(self) -> Path:
+        return self.exports / BENCHMARK_CARDS
+
+    @property
     def tracker(self) -> Path:
         return self.root / TRACKER_DIR
+
+    def archive(self, name: str) -> Path:
+        """archive/<name>/: a run's trained outputs of an earlier config, moved aside (planning/guard.py)."""
+        return self.root / ARCHIVE_DIR / name
 
     # a sweep: its variants and their comparison
     def variant(self, name: str) -> RunTree:

@@ -327,17 +327,24 @@ class Tracker:
 
     def log_final(self, metrics: dict[str, float], *, marker: str = "final") -> None:
         """Metrics of the finished run (the smoke test's exact match) at the run's last update; once."""
-        plan = _read_json(self.tree.plan) or {}
-        step = int(plan.get("total_updates", 0))
+        step = self.last_update()
+        self.log_once([(k, v, step) for k, v in metrics.items()], marker=marker, what="final metrics")
 
+    def last_update(self) -> int:
+        """The run's last update (plan.json's total_updates; 0 before it is planned)."""
+        return int((_read_json(self.tree.plan) or {}).get("total_updates", 0))
+
+    def log_once(self, points: list[tuple[str, float, int]], *, marker: str, what: str = "metrics") -> None:
+        """(name, value, update) points, sent once per tracker run: `tracker/logged/<marker>.json` records
+        that they were (a job that runs again, or another job with the same marker, sends nothing)."""
         def send(backend):
             path = self.dir / "logged" / f"{marker}.json"
             if (_read_json(path) or {}).get("run_id") == backend.run_id:
                 return
-            backend.log_metrics([(k, float(v), step) for k, v in metrics.items() if _numeric(v)])
+            backend.log_metrics([(k, float(v), step) for k, v, step in points if _numeric(v)])
             _write_json(path, {"run_id": backend.run_id})
 
-        self._guard("logging final metrics", send)
+        self._guard(f"logging {what}", send)
 
     def log_artifacts(self, paths) -> None:
         def send(backend):

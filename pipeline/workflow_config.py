@@ -47,6 +47,26 @@ def schema_problems(config: dict, schema_path: Path, command_line: Mapping | Non
     return problems
 
 
+def fill_defaults(config: dict, schema_path: Path) -> None:
+    """Give every key the JSON schema has a default for, and `config` leaves out, that default, in
+    place (what Snakemake's `validate` does). `config` has passed `schema_problems`."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    check_properties = jsonschema.Draft202012Validator.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, here):
+        if isinstance(instance, dict):
+            for name, spec in properties.items():
+                if "default" in spec:
+                    instance.setdefault(name, spec["default"])
+        yield from check_properties(validator, properties, instance, here)
+
+    filling = jsonschema.validators.extend(jsonschema.Draft202012Validator, {"properties": set_defaults})
+    filling(schema).validate(config)
+
+
 def schema_defaults(schema: dict, prefix: str = "") -> dict[str, object]:
     """Dotted key -> default of every leaf the JSON schema gives a default (objects are walked)."""
     out = {}

@@ -1,8 +1,8 @@
 """Fixtures shared across the test packages.
 
 `tiny`: a tiny real model, dataset and token caches for the trainer, evaluation
-and export tests (helpers to run stages on it: trainkit.py). `tiny_llava` and
-`tiny_qwen2_vl`: the same for two vision-language families (vlmkit.py).
+and export tests (helpers to run stages on it: kits/train.py). `tiny_llava` and
+`tiny_qwen2_vl`: the same for two vision-language families (kits/vlm.py).
 
 `local_default_run` is the reference the workflow and SLURM tests compare with:
 one cold `snakemake --cores all` of the embedded default in a copy of the
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runkit import copy_workflow, snakemake
+from kits.run import copy_workflow, snakemake
 
 # Before any test module imports torch: CUDA reads the variable once, when first asked.
 SESSION_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -155,7 +155,7 @@ def tiny_mixed(tiny, tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tiny_llava(tmp_path_factory) -> dict:
     """A tiny random LLaVA, the demo colour questions with their images, train/val caches."""
-    from vlmkit import make_vlm_data, save_llava
+    from kits.vlm import make_vlm_data, save_llava
 
     root = tmp_path_factory.mktemp("tiny_llava")
     return make_vlm_data(root, save_llava(root / "model"))
@@ -164,7 +164,7 @@ def tiny_llava(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def tiny_qwen2_vl(tmp_path_factory) -> dict:
     """A tiny random Qwen2-VL, the demo colour questions with their images, train/val caches."""
-    from vlmkit import make_vlm_data, save_qwen2_vl
+    from kits.vlm import make_vlm_data, save_qwen2_vl
 
     root = tmp_path_factory.mktemp("tiny_qwen2_vl")
     return make_vlm_data(root, save_qwen2_vl(root / "model"))

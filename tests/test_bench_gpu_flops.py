@@ -70,3 +70,16 @@ def test_a_packed_row_under_sdpa_counts_its_block_mask():
     assert packed.total - padded.total == (4 * 512) ** 2 * 3
     flash = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation="flash_attention_2"))
     assert memory.estimate(flash, shapes, dataclasses.replace(run, packed=True)).total == padded.total
+
+
+def test_a_mixture_of_experts_counts_the_active_experts_per_token(tmp_path):
+    """FLOPs per token (and so MFU) count top_k of the E experts' weights, as the tokens run through them."""
+    preset = {"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+              "num_experts": 8, "num_experts_per_tok": 2}
+    info = bench_gpu._build_model_dir(tmp_path / "m", preset, seq_len=64)
+    attention = 2 * (32 * 32 + 2 * 16 * 32 + 32 * 32)  # q, k, v, o of two layers
+    router = 2 * 8 * 32  # not a Linear: a token's router matmul is left out, as the norms are
+    experts = 2 * 8 * 3 * 32 * 16  # gate, up and down of 8 experts in two layers
+    assert info["params_layers_matmul"] == attention + experts * 2 // 8
+    assert info["params_total"] > attention + experts + router

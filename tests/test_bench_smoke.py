@@ -44,7 +44,9 @@ SCRIPTS = {
     "bench_eval_ranks": ("--out-dir", ["eval_ranks.json", "eval_ranks.md"]),
     "bench_quant": ("--out-dir", ["quant.json", "quant.md"]),
     "bench_step": ("--out-dir", ["step.json", "step.md"]),
+    "bench_load": ("--out-dir", ["load.json", "load.md"]),
     "bench_kernels": ("--out-dir", ["kernels.json", "kernels.md"]),
+    "gpu_kernels_check": ("--out", ["kernels_check.json"]),
     "run_all": ("--out", ["RESULTS.md"]),
 }
 

@@ -38,7 +38,7 @@ def transformers_5_17(monkeypatch):
 def test_activation_checkpointing_on_the_first_layers_with_either_name(request, old_name_only):
     """The loader's checkpointing (`model.activation_checkpointing`) works where transformers has only
     the old method name (5.17, the GPU machines' version: the call crashed there), with the same gradients."""
-    from pipeline.model import loading
+    from pipeline.model import base
 
     if old_name_only:
         request.getfixturevalue("transformers_5_17")
@@ -46,8 +46,8 @@ def test_activation_checkpointing_on_the_first_layers_with_either_name(request, 
     grads = {}
     for k in (0, 2):
         model = _tiny_llama().train()
-        loading._for_training(model, k)
-        assert [m.gradient_checkpointing for m in loading.decoder_layers(model)] == [True] * k + [False] * (3 - k)
+        base.for_training(model, k)
+        assert [m.gradient_checkpointing for m in base.decoder_layers(model)] == [True] * k + [False] * (3 - k)
         model(input_ids=ids, labels=ids).loss.backward()
         grads[k] = [p.grad for p in model.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(grads[0], grads[2]))

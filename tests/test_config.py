@@ -27,7 +27,7 @@ def test_overrides_apply_and_groups_compose():
      "model.activation_checkpointing: Invalid value 'sometimes', expected one of [auto, on, off]"),
     ("tokens.packing=maybe", "tokens.packing: Invalid value 'maybe', expected one of [auto, on, off]"),
     ("model.attn_implementation=flash", "model.attn_implementation: Invalid value 'flash', expected one of "
-                                        "[sdpa, eager, flash_attention_2, flash_attention_3, flex_attention]"),
+                                        "[auto, sdpa, eager, flash_attention_2, flash_attention_3, flex_attention]"),
     ("model.gpu_memory_gb=-1", "model.gpu_memory_gb"),
     ("validation.batch_size=0", "validation.batch_size must be positive"),
     ("lora.init=pissa", "lora.init='pissa' is not supported: it rewrites the base weights"),

@@ -9,14 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from kits.train import resolved_config
 
 from pipeline import distributed
 from pipeline.errors import UserError
 from pipeline.model import memory
-from pipeline.planning import plan
-
-CONF = Path(__file__).resolve().parents[1] / "config" / "train"
-
+from pipeline.planning import checks, plan
 
 def _gpu_host(monkeypatch, count: int) -> list:
     """torch.cuda as on a host with `count` GPUs; returns the devices `set_device` was given."""
@@ -55,16 +53,15 @@ def test_a_rank_with_a_gpu_of_its_own_takes_it(monkeypatch):
 
 def test_the_workflow_config_asking_more_processes_than_gpus_per_node_is_refused():
     with pytest.raises(UserError) as err:
-        plan.world_size(2, 4, 8)
+        checks.world_size(2, 4, 8)
     assert "train.nproc=8" in str(err.value) and "train.gpus_per_node=4" in str(err.value)
-    assert plan.world_size(2, 8, 8) == 16
-    assert plan.world_size(1, 0, 2) == 2  # gpus_per_node 0: a CPU run, any number of processes
+    assert checks.world_size(2, 8, 8) == 16
+    assert checks.world_size(1, 0, 2) == 2  # gpus_per_node 0: a CPU run, any number of processes
 
 
 def _plan_args(tmp_path, world: int) -> list[str]:
     return ["--total-updates", "8", "--pilot-fraction", "0.25", "--num-chunks", "1",
-            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw",
-            "--override", "model.path=/m", "--override", "tokens.train_cache=/t",
+            *resolved_config(["model.path=/m", "tokens.train_cache=/t"]), "--export-weights", "raw",
             "--world-size", str(world), "--out-plan", str(tmp_path / "plan.json"),
             "--out-config", str(tmp_path / "train_config.yaml")]
 

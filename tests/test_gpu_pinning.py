@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainkit import REPO, pipeline_env
+from kits.train import REPO, pipeline_env
 
 PROBE = r'''
 import json, os, subprocess, sys

@@ -42,7 +42,9 @@ def tree(tmp_path_factory) -> Path:
     ("pipeline/train/ema.py", "import pipeline.evaluate.metrics"),  # train and evaluate stay apart
     ("pipeline/layout.py", "import pipeline.config"),  # a cycle through the bottom layer
     ("pipeline/planning/schedule.py", "import torch"),  # the Snakefile's imports stay light
+    ("pipeline/planning/run_config.py", "import pipeline.model.memory"),  # torch, one module away
     ("pipeline/launch/run.py", "import transformers"),
+    ("pipeline/planning/benchmarks.py", "import lm_eval"),  # lm-eval only in the benchmark jobs
     ("pipeline/data/tokenize.py", "import peft"),  # data needs no model library
 ])
 def test_a_planted_import_breaks_the_check(tree, module, planted):

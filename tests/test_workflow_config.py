@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+import pytest
 import yaml
 
+from pipeline import layout, tracker
+from pipeline.data import chat, records, tokenize, tokenize_cli, validate
+from pipeline.export import merge
+from pipeline.planning import checks, guard
+from pipeline.data.shapes import CANONICAL_ROLES, OUR_COLUMNS
+from pipeline.storage import dtypes
 from pipeline.workflow_config import default_differences, path_problems, schema_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,8 +29,9 @@ def test_the_shipped_config_has_no_problem():
 
 
 # Keys the shipped config sets apart from the schema's defaults, on purpose: the tiny demo model's
-# trainer overrides, and the EMA rate it exports (one of those overrides' ema.rates).
-DELIBERATE = {"train.overrides", "export.ema_rate"}
+# trainer overrides, the EMA rate it exports (one of those overrides' ema.rates), and the demo's own
+# benchmark task (a config without evaluate.benchmarks scores nothing: no new jobs for its runs).
+DELIBERATE = {"train.overrides", "export.ema_rate", "evaluate.benchmarks.tasks"}
 
 
 def test_the_shipped_config_states_the_schema_defaults():
@@ -115,7 +124,7 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
 
     config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
     assert schema_problems(config, SCHEMA, command_line) == [
-        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, "
+        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, shard_mb, "
         "test, too_long, train, val) (from --config)",
         "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
     assert sources([], command_line) == "config/config.yaml, --config data schedule"
@@ -144,3 +153,59 @@ def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
         "data.train[1]: dataset name 'chat' is also data.train[0]'s (names default to the file name): "
         "give each a distinct `name:`",
         "data.train[1] (chat): give a weight or records, not both"]
+
+
+# --- allowed values: the schema's lists are the code's ------------------------------------------
+
+# Schema key (":keys" a mapping's names, ":values" its values, "[]" a list's items) -> the Python
+# list of the values the code accepts there. A list the schema gains must be tied here.
+TIED = {
+    "on_config_change": guard.MODES,
+    "data.too_long": tokenize.TOO_LONG_POLICIES,
+    "data.duplicates": records.DUPLICATE_POLICIES,
+    "data.reasoning": chat.REASONING_POLICIES,
+    "data.columns:keys": OUR_COLUMNS,
+    "data.roles:values": CANONICAL_ROLES,
+    "data.train[].columns:keys": OUR_COLUMNS,
+    "data.train[].roles:values": CANONICAL_ROLES,
+    "export.weights": checks.EXPORT_WEIGHTS,
+    # the weights a benchmark scores: the base model's name there, and the export dirs
+    "evaluate.benchmarks.weights[]": (layout.BENCH_BASE, layout.MERGED, layout.ADAPTER_FINAL, layout.ADAPTER_EMA,
+                                      layout.ADAPTER_BEST, layout.ADAPTER_BEST_EMA),
+    "export.dtype": dtypes.CLI_CHOICES,
+    "tracker.kind": tracker.KINDS,
+}
+
+
+def _enums(node: dict, path: str = ""):
+    """(key, allowed values) of every `enum` in a JSON schema, named as TIED names them."""
+    if "enum" in node:
+        yield path, node["enum"]
+    for key, sub in (node.get("properties") or {}).items():
+        yield from _enums(sub, f"{path}.{key}" if path else key)
+    for part, suffix in (("items", "[]"), ("propertyNames", ":keys"), ("additionalProperties", ":values")):
+        if isinstance(node.get(part), dict):
+            yield from _enums(node[part], path + suffix)
+
+
+def test_every_allowed_value_list_of_the_schema_is_the_codes():
+    found = dict(_enums(yaml.safe_load(SCHEMA.read_text())))
+    assert set(found) == set(TIED), "a list of allowed values in the schema that no test ties to the code"
+    differ = {key: (values, list(TIED[key])) for key, values in found.items() if sorted(values) != sorted(TIED[key])}
+    assert not differ, f"schema values != the code's (schema, code): {differ}"
+
+
+def _choices(parser: argparse.ArgumentParser, option: str) -> tuple:
+    return tuple(next(a for a in parser._actions if option in a.option_strings).choices)
+
+
+@pytest.mark.parametrize("command", [validate._parser, tokenize_cli._parser])
+def test_the_data_commands_take_the_values_the_schema_allows(command):
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]["data"]["properties"]
+    for key in ("too_long", "duplicates", "reasoning"):
+        assert sorted(_choices(command(), f"--{key.replace('_', '-')}")) == sorted(schema[key]["enum"]), key
+
+
+def test_the_export_commands_take_the_values_the_schema_allows():
+    schema = yaml.safe_load(SCHEMA.read_text())["properties"]["export"]["properties"]
+    assert sorted(_choices(merge._parser(), "--dtype")) == sorted(schema["dtype"]["enum"])

@@ -103,7 +103,7 @@ class Checkpoint:
     @property
     def config_path(self) -> Path:
         """The resolved trainer config the run trained with."""
-        return self.path / layout.CONFIG_FILE
+        return self.path / layout.CHECKPOINT_CONFIG_FILE
 
     @property
     def progress(self) -> dict:

@@ -238,4 +238,4 @@ def write_snapshot(snap: Snapshot, root: Path) -> None:
     (state / layout.PROGRESS_FILE).write_text(json.dumps(snap.progress, indent=1))
     for rank, rng in enumerate(snap.rng):
         _write_rng(rng, state, rank)
-    (root / layout.CONFIG_FILE).write_text(snap.config_yaml)
+    (root / layout.CHECKPOINT_CONFIG_FILE).write_text(snap.config_yaml)

@@ -93,6 +93,24 @@ class RunData:
         n = self.sets[dataset].shards
         return list(range(n)) if n > 1 else []
 
+    def validate_inputs(self, dataset: str) -> dict[str, object]:
+        """A training dataset's validation job's inputs: the file, the val / test files it is checked
+        with (their overlaps), the run's tokenizer, and its shards' scans when it is split."""
+        return {"train": self.sets[dataset].path, **self.held_out_inputs(), "tokenizer": self.tree.tokenizer,
+                "scans": [self.tree.shard_scan(dataset, k) for k in self.shards(dataset)]}
+
+    def tokenize_inputs(self, dataset: str) -> dict[str, object]:
+        """A validated training dataset's tokenization job's inputs: the file, its validation, the copies
+        duplicates=drop leaves out, the run's tokenizer, and its shards' parts when it is split."""
+        tree = self.tree
+        return {"train": self.sets[dataset].path, "validation": tree.train_set_validation_json(dataset),
+                "dropped": tree.train_set_dropped(dataset), "tokenizer": tree.tokenizer,
+                "parts": [tree.shard_part(dataset, k) for k in self.shards(dataset)]}
+
+    def shard_flag(self, dataset: str, shard: str) -> str:
+        """`<shard>/<shards>`: a shard job's `--shard`."""
+        return f"{shard}/{self.sets[dataset].shards}"
+
     def train_caches(self) -> list[Path]:
         """Every training dataset's token cache, in the config's order: what the stages read."""
         return [self.tree.train_set_cache(name) for name in self.sets]

@@ -8,7 +8,7 @@ gives the training render).
 
 For a built-in template (`pipeline.data.chat.BUILTIN_TEMPLATES`), each turn
 marker that the vocabulary cannot write as one token is added as a special
-token; `CHAT_FILE` (``chat.json``) records them with their ids, so training
+token; `CHAT_FILE` (``chat.json``, `pipeline.data.run_tokenizer`: how every stage reads it) records them with their ids, so training
 can grow the embeddings and train those rows, and export can merge them.
 Markers the vocabulary has (a Llama 3 base has ``<|eot_id|>``) are used as they are.
 
@@ -24,24 +24,13 @@ import shutil
 from pathlib import Path
 
 from pipeline.data.chat import BUILTIN_TEMPLATES, SETTING, TOKENIZER_OWN, resolve_template
+from pipeline.data.run_tokenizer import CHAT_FILE
 from pipeline.data.vision import is_vision_language
 from pipeline.errors import UserError
 from pipeline.storage import hub
 
-CHAT_FILE = "chat.json"
 # Files of a model dir that are not part of its tokenizer / processor.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
-
-
-def read_chat(tokenizer_dir: str | Path) -> dict:
-    """The run tokenizer's `CHAT_FILE`; {} for a tokenizer dir that has none (a model dir)."""
-    path = Path(tokenizer_dir) / CHAT_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def added_token_ids(tokenizer_dir: str | Path) -> list[int]:
-    """Ids of the special tokens the run added to the base vocabulary (their rows must be trained)."""
-    return sorted(read_chat(tokenizer_dir).get("added_tokens", {}).values())
 
 
 def _needs_adding(tokenizer, token: str) -> bool:

@@ -34,7 +34,7 @@ import pandas as pd
 from pipeline import layout
 from pipeline.errors import UserError
 from pipeline.planning.sweep import prune
-from pipeline.evaluate.summarize import fmt_cell, html_page, html_table
+from pipeline.evaluate.pages import fmt_cell, html_page, html_table
 from pipeline.storage.publish import write_json, write_text
 
 def _stopped_at(name: str, stages: list[str], decisions: list[dict]) -> tuple[list[str], str | None]:

@@ -26,8 +26,9 @@ import torch
 
 from pipeline import config as train_config
 from pipeline.checkpoint.reader import open_checkpoint
+from pipeline.data import run_tokenizer
 from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
-from pipeline.model import loading, precision as prec
+from pipeline.model import base, loading, precision as prec
 from pipeline.model.loss import Collator, TokenLoss, validation_loss
 from pipeline.model.prompts import Prompts
 
@@ -63,8 +64,8 @@ def evaluate(args) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = prec.choose(cfg.precision.mode, device, init_scale=cfg.precision.init_scale)
     prec.use_tf32(device, cfg.precision.tf32)
-    images = loading.image_text(cfg)  # a vision-language model's processor; None for a text model
-    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(cfg.model.tokenizer or cfg.model.path), images)
+    images = base.image_text(cfg.model)  # a vision-language model's processor; None for a text model
+    prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(run_tokenizer.path(cfg.model)), images)
     val = Collator(TokenCache(cfg.tokens.val_cache), prompts.pad_token_id, images=images) if cfg.tokens.val_cache else None
     examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     samples = getattr(args, "samples", SAMPLES)
@@ -72,11 +73,11 @@ def evaluate(args) -> dict:
     t0 = time.time()
 
     if ckpt is None:  # the base model, before any training
-        model = loading.load_base(cfg, prec.weights_dtype(cfg.model.dtype, precision), device,
-                                  compute_dtype=precision.dtype or torch.float32)  # quantized as the stages train it
+        model = base.load_base(cfg.model, prec.weights_dtype(cfg.model.dtype, precision), device,
+                               compute_dtype=precision.dtype or torch.float32)  # quantized as the stages train it
         # Rows for the special tokens the run's template added (the validation data holds them), as
         # every stage starts from: the base before training is the same grown model.
-        loading.grow_vocabulary(model, cfg)
+        loading.grow_vocabulary(model, cfg.model.tokenizer)
         row = _evaluate_current(model, prompts, val, examples, cfg, device, precision, args.max_new_tokens, samples)
         result["rows"].append({"weights": "base", **row})
     else:

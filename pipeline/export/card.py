@@ -12,6 +12,12 @@ The export commands (`consolidate`, `export-best`, `merge`) write it with the
 from the run files it declares as inputs. The merged dir is smoke-tested after it
 is written, so its card has the stages' evaluations, not its own smoke test
 (`results/<run>/export/smoke_test.json`, and the report, have that).
+
+Benchmarks are scored after the dir is written (the jobs read it), so their section
+(`write_benchmarks`: lm-eval scores of these weights beside the base model's) is put
+into the card afterwards, by `benchmark-report`, between markers that a later report
+replaces; an export job that writes the dir again writes a card without it, and the
+report that follows the new scores puts it back.
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ from pathlib import Path
 import yaml
 
 from pipeline import layout
-from pipeline.data.prepare import CHAT_FILE
+from pipeline.data.run_tokenizer import CHAT_FILE
 
 CARD_FILE = "README.md"
+BENCH_BEGIN, BENCH_END = "<!-- benchmarks -->", "<!-- /benchmarks -->"  # the benchmark section's bounds
 
 
 def add_card_args(ap: argparse.ArgumentParser) -> None:
@@ -176,6 +183,10 @@ def build_card(dst: Path, *, run: str | None, plan: dict, stats: dict, config: d
         lines += _table(["setting", "value"], [[label, _get(config, key)] for label, key in _HYPERPARAMETERS
                                                if _get(config, key) is not None])
         lines.append("")
+        adapted = _read_json(dst / "adapter_config.json")
+        if adapted.get("target_parameters"):  # a mixture of experts: say that the experts are adapted too
+            lines += [f"LoRA adapts the layers {', '.join(sorted(adapted.get('target_modules') or []))} and the fused "
+                      f"weights {', '.join(sorted(adapted['target_parameters']))} (experts; peft target_parameters).", ""]
 
     if plan.get("stages"):
         lines += ["## Schedule", "", f"{plan.get('total_updates')} optimizer updates in {len(plan['stages'])} stages "
@@ -218,4 +229,64 @@ def build_card(dst: Path, *, run: str | None, plan: dict, stats: dict, config: d
     return "\n".join(lines).replace("\n\n\n", "\n\n")
 
 
-__all__ = ["CARD_FILE", "add_card_args", "build_card", "card_requested", "write_card", "write_cards"]
+def benchmark_lines(rows: list[dict]) -> list[str]:
+    """The card's benchmark section: one row per (task, metric) with the base model's score, these
+    weights' score and the difference, each with its standard error (rows: benchmarks.csv's)."""
+    def pm(value, stderr):
+        return "-" if value is None else _fmt(value) + (f" ± {_fmt(stderr)}" if stderr is not None else "")
+
+    def shots(row):
+        return "default" if row.get("num_fewshot") is None else int(row["num_fewshot"])
+
+    version = next((r["lm_eval"] for r in rows if r.get("lm_eval")), "?")
+    lines = [BENCH_BEGIN, "## Benchmarks", "",
+             f"lm-evaluation-harness {version}, the base model and these weights on the same documents "
+             "(± the standard error; the difference's is paired where the metric is a mean over documents):", ""]
+    lines += _table(["task", "metric", "n", "few-shot", "chat template", "base model", "this model", "difference"],
+                    [[r["task"], r["metric"], r.get("n"), shots(r), "yes" if r.get("chat_template") in (True, "True") else "no",
+                      pm(r.get("base"), r.get("base_stderr")), pm(r.get("final"), r.get("final_stderr")),
+                      pm(r.get("delta"), r.get("delta_stderr"))] for r in rows])
+    return lines + ["", BENCH_END]
+
+
+def write_benchmarks(dst: Path | str, rows: list[dict]) -> None:
+    """Put the benchmark section into `dst`'s card (README.md), in place of an earlier one, before
+    "How to use"; a dir without a card is left alone."""
+    card = Path(dst) / CARD_FILE
+    if not card.is_file():
+        return
+    text = card.read_text()
+    if BENCH_BEGIN in text and BENCH_END in text:
+        text = text[:text.index(BENCH_BEGIN)] + text[text.index(BENCH_END) + len(BENCH_END):].lstrip("\n")
+    section = "\n".join(benchmark_lines(rows)) + "\n\n"
+    anchor = text.find("## How to use")
+    text = text[:anchor] + section + text[anchor:] if anchor >= 0 else text.rstrip("\n") + "\n\n" + section
+    card.write_text(text)
+
+
+def main_benchmarks(argv: list[str]) -> int:
+    """`python -m pipeline benchmark-card --table eval/benchmarks.csv --dirs export/merged ... --out FILE`:
+    each export dir's card gets the rows of its own weights (benchmarks.csv `weights` = the dir's name);
+    `--out` (export/benchmarks.md) collects the sections written."""
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline benchmark-card", description=main_benchmarks.__doc__)
+    ap.add_argument("--table", type=Path, required=True, help="eval/benchmarks.csv (pipeline.evaluate.bench_report)")
+    ap.add_argument("--dirs", type=Path, nargs="+", required=True, help="the scored export dirs")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    bench = pd.read_csv(args.table).astype(object)
+    bench = bench.where(bench.notna(), None)
+    sections = []
+    for dst in args.dirs:
+        rows = [r for r in bench.to_dict("records") if r["weights"] == dst.name]
+        if rows:
+            write_benchmarks(dst, rows)
+            sections += [f"# {dst.name}", "", *benchmark_lines(rows), ""]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(sections) + "\n")
+    return 0
+
+
+__all__ = ["BENCH_BEGIN", "BENCH_END", "CARD_FILE", "add_card_args", "benchmark_lines", "build_card",
+           "card_requested", "main_benchmarks", "write_benchmarks", "write_card", "write_cards"]

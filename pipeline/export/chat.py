@@ -22,7 +22,6 @@ Vision-language exports are refused (use transformers' AutoProcessor directly).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,50 +31,13 @@ from pipeline.errors import UserError
 
 
 def load(export_dir: Path | str, *, base: Path | str | None = None, device: str | torch.device = "cpu"):
-    """(model in eval mode on `device`, `Prompts`) of an export dir: a model dir or a PEFT adapter dir."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from pipeline.data.vision import config_is_vision_language
-    from pipeline.export.tokenizer import is_tokenizer_dir, vocab_rows
+    """(model in eval mode on `device`, `Prompts`) of an export dir: a model dir or a PEFT adapter dir
+    (`pipeline.model.exported.load`: an adapter on its grown base)."""
+    from pipeline.model import exported
     from pipeline.model.prompts import Prompts
 
-    export_dir = Path(export_dir)
-    if not export_dir.is_dir():
-        raise UserError(f"{export_dir} is not a directory")
-    adapter_config = export_dir / "adapter_config.json"
-    if adapter_config.is_file():
-        base = base or json.loads(adapter_config.read_text()).get("base_model_name_or_path")
-        if not base:
-            raise UserError(f"{adapter_config} names no base model: pass --base")
-        if not Path(base).is_dir() and Path(base).exists():
-            from pipeline.storage.hub import model_dir  # a hub model's model.json
-
-            base = model_dir(base)
-        model_source = base
-    elif (export_dir / "config.json").is_file():
-        model_source = export_dir
-    else:
-        raise UserError(f"{export_dir} is neither a model dir (config.json) nor a PEFT adapter dir (adapter_config.json)")
-    if not is_tokenizer_dir(export_dir):
-        raise UserError(f"{export_dir} carries no tokenizer (tokenizer_config.json): export it again with --tokenizer")
-    try:
-        config = AutoConfig.from_pretrained(model_source)
-    except OSError as err:
-        raise UserError(f"cannot load the base model {model_source} of {export_dir}: {err}; "
-                        "pass --base with its local dir") from err
-    if config_is_vision_language(config):
-        raise UserError(f"{export_dir} is a vision-language model: `chat` is text-only; load it with "
-                        "AutoModelForImageTextToText and AutoProcessor (see the README)")
-    tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_source)
-    if adapter_config.is_file():
-        from peft import PeftModel
-
-        rows = vocab_rows(export_dir) or len(tokenizer)
-        if rows > model.get_input_embeddings().weight.shape[0]:
-            model.resize_token_embeddings(rows)  # the run added tokens: the adapter holds their rows
-        model = PeftModel.from_pretrained(model, export_dir)
-    return model.to(device).eval(), Prompts(tokenizer)
+    model, tokenizer = exported.load(export_dir, base=base, device=device)
+    return model, Prompts(tokenizer)
 
 
 @torch.no_grad()

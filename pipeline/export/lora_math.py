@@ -35,6 +35,13 @@ What is merged, and how (mirroring peft's LoRA layers):
   Rows beyond the base's (a grown vocabulary) must all be listed: the output
   then has the grown shape, and the merged config's `vocab_size` follows.
 
+* a weight adapted through peft's `target_parameters` (`ParamWrapper`: fused
+  expert weights, a router's weight) has keys like a Linear's
+  (`<module>.lora_A.weight`), told apart by `fused`: the wrappers the adapter
+  config makes in the base's architecture, and where the base stores each
+  weight (`pipeline.model.expert_keys`); its delta is added per expert, in the
+  layout peft uses (`pipeline.export.expert_math`, `ExpertTarget`).
+
 Base keys: the adapter names modules as the live model does; `stored_key`
 (default: the name itself) maps such a name to the key the base stores it
 under, where the two differ (`pipeline.model.base_keys`).
@@ -55,6 +62,10 @@ from typing import Callable, Mapping
 import torch
 
 from pipeline.errors import UserError
+from pipeline.export import expert_math
+from pipeline.export.dora_math import check_magnitude, dora_rescale
+from pipeline.export.expert_math import ExpertTarget, FusedWeight
+from pipeline.export.token_math import TokenRows, token_indices, token_rows, token_rows_merged
 from pipeline.storage import dtypes
 
 ADAPTER_PREFIX = "base_model.model."
@@ -72,7 +83,6 @@ _UNSUPPORTED = {
     "alora_invocation_tokens": "activated LoRA acts only after its invocation tokens and cannot be merged",
     "use_qalora": "QALoRA targets quantized layers",
     "layer_replication": "layer replication changes the model's layer list",
-    "target_parameters": "LoRA on raw parameters (e.g. fused MoE experts) is not supported",
     "megatron_config": "Megatron-parallel LoRA layers are not supported",
     "use_bdlora": "block-diagonal LoRA is not supported",
     "arrow_config": "Arrow routing mixes several adapters at run time",
@@ -100,6 +110,7 @@ class LoraSettings:
     modules_to_save: tuple[str, ...] = ()
     # peft trainable_token_indices: {module name (or a dotted suffix) or "": row ids}; "" = the list form
     token_indices: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    target_parameters: tuple[str, ...] = ()  # weights adapted by peft's ParamWrapper (fused experts)
 
     def rows_for(self, module: str) -> tuple[int, ...] | None:
         """The trained rows of `module` (peft's rule: a key names the module or a dotted suffix of it)."""
@@ -115,17 +126,6 @@ class Replacement:
 
     base_key: str
     adapter_key: str
-
-
-@dataclass(frozen=True)
-class TokenRows:
-    """A base embedding / head tensor whose `indices` rows the adapter's trained values replace;
-    `rows`: the output's row count (more than the base's when the vocabulary grew)."""
-
-    base_key: str
-    adapter_key: str
-    indices: tuple[int, ...]
-    rows: int
 
 
 @dataclass(frozen=True)
@@ -175,18 +175,11 @@ def parse_adapter_config(config: Mapping) -> LoraSettings:
             fan_in_fan_out=bool(config.get("fan_in_fan_out", False)),
             use_dora=bool(config.get("use_dora", False)),
             modules_to_save=tuple(config.get("modules_to_save") or ()),
-            token_indices=_token_indices(config.get("trainable_token_indices")),
+            token_indices=token_indices(config.get("trainable_token_indices")),
+            target_parameters=tuple(config.get("target_parameters") or ()),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"adapter config lacks a valid r / lora_alpha: {err}") from None
-
-
-def _token_indices(value) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    if not value:
-        return ()
-    if isinstance(value, Mapping):
-        return tuple((str(k), tuple(int(i) for i in v)) for k, v in value.items())
-    return (("", tuple(int(i) for i in value)),)
 
 
 def output_shape(target, base_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -226,16 +219,23 @@ def plan_targets(
     base_shapes: Mapping[str, tuple[int, ...]],
     settings: LoraSettings,
     stored_key: Callable[[str], str] = lambda name: name,
-) -> dict[str, LoraTarget | Replacement | TokenRows]:
+    fused: Mapping[str, FusedWeight] | None = None,
+) -> dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget]:
     """Map every adapter tensor to the base tensor it modifies (keyed by base key).
 
     Checks, each a UserError naming the keys: every adapter key is a LoRA
     A/B tensor or a tensor of a `modules_to_save` module, each module has both
     halves, the base stores `<module>.weight` (a tied, unstored weight such as
     `lm_head.weight` counts as missing), the shapes fit, and the rank agrees
-    with the config. `stored_key`: live name -> the base's key for it.
+    with the config. `stored_key`: live name -> the base's key for it. `fused`: the adapter's
+    ParamWrapper modules (adapter module name -> `FusedWeight`), which an adapter config with
+    `target_parameters` needs (`pipeline.model.expert_keys`).
     """
-    plan: dict[str, LoraTarget | Replacement | TokenRows] = {}
+    fused = dict(fused or {})
+    if settings.target_parameters and not fused:
+        raise UserError(f"adapter adapts target_parameters {list(settings.target_parameters)} (fused expert "
+                        "weights): merging it needs the base's architecture (pipeline.export.merge.merge_dirs)")
+    plan: dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget] = {}
     halves: dict[tuple[str, str], dict[str, str]] = {}
     base_layers: dict[str, str] = {}
     magnitudes: dict[str, str] = {}
@@ -257,7 +257,8 @@ def plan_targets(
             magnitudes[match["module"]] = key
             continue
         if match := _TOKENS_KEY.fullmatch(key):
-            target = _token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes, settings, stored_key)
+            target = token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes,
+                                settings.rows_for(match["module"]), stored_key)
             plan[target.base_key] = target
             continue
         match = _LINEAR_KEY.fullmatch(key)
@@ -274,6 +275,13 @@ def plan_targets(
     for (module, kind), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:
             raise UserError(f"adapter module {module} has only its lora_{''.join(pair)} tensor")
+        if module in fused:  # a ParamWrapper: the stored tensors holding its weight
+            for target in expert_math.targets(module, pair, fused.pop(module), adapter_shapes,
+                                              *scaling_for(settings, module)):
+                if target.base_key in plan:
+                    raise UserError(f"base tensor {target.base_key} is targeted twice")
+                plan[target.base_key] = target
+            continue
         base_key = stored_key(f"{module}.weight")
         if base_key not in base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
@@ -285,7 +293,7 @@ def plan_targets(
                             settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None),
                             magnitudes.pop(module, None))
         _check_shapes(target, adapter_shapes[target.a_key], adapter_shapes[target.b_key], base_shapes[base_key])
-        _check_magnitude(target, settings.use_dora, adapter_shapes)
+        check_magnitude(target, settings.use_dora, adapter_shapes)
         if target.base_layer_key and tuple(adapter_shapes[target.base_layer_key]) != tuple(base_shapes[base_key]):
             raise UserError(f"adapter's saved {module} is {tuple(adapter_shapes[target.base_layer_key])}, the base's "
                             f"{tuple(base_shapes[base_key])}: a resized vocabulary is not supported")
@@ -294,41 +302,10 @@ def plan_targets(
         raise UserError(f"adapter saves full base layers of non-LoRA modules: {', '.join(sorted(base_layers))}")
     if magnitudes:
         raise UserError(f"adapter has DoRA magnitudes of modules without a LoRA pair: {', '.join(sorted(magnitudes))}")
+    if fused:
+        raise UserError(f"adapter config's target_parameters adapt {', '.join(f.param for f in fused.values())}, "
+                        "but the adapter has no LoRA pair for them")
     return plan
-
-
-def _check_magnitude(target: LoraTarget, use_dora: bool, adapter_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Under DoRA every LoRA module has its magnitude, one value per output feature (rows of B);
-    without DoRA none has one (peft would ignore it: merging it would change the model)."""
-    if use_dora and target.magnitude_key is None:
-        raise UserError(f"adapter config sets use_dora, but module {target.module} has no lora_magnitude_vector")
-    if not use_dora and target.magnitude_key is not None:
-        raise UserError(f"adapter has {target.magnitude_key}, but its config does not set use_dora")
-    if target.magnitude_key is not None:
-        features = adapter_shapes[target.b_key][0]
-        if tuple(adapter_shapes[target.magnitude_key]) != (features,):
-            raise UserError(f"adapter's {target.magnitude_key} is {tuple(adapter_shapes[target.magnitude_key])}; "
-                            f"({features},) expected (one per output feature of {target.module})")
-
-
-def _token_rows(key: str, module: str, shape: tuple, base_shapes: Mapping[str, tuple[int, ...]],
-                settings: LoraSettings, stored_key: Callable[[str], str]) -> TokenRows:
-    indices = settings.rows_for(module)
-    if indices is None:
-        raise UserError(f"adapter has {key}, but its config's trainable_token_indices lists no rows for {module}")
-    base_key = stored_key(f"{module}.weight")
-    if base_key not in base_shapes:
-        raise UserError(f"adapter trains token rows of {module}, but the base stores no tensor {base_key!r}")
-    base_shape = tuple(base_shapes[base_key])
-    if len(base_shape) != 2 or shape != (len(indices), base_shape[1]):
-        raise UserError(f"adapter's {key} is {shape}; {len(indices)} rows of the base's {base_key} {base_shape} "
-                        "expected")
-    rows = max(base_shape[0], max(indices) + 1)
-    untrained = sorted(set(range(base_shape[0], rows)) - set(indices))
-    if untrained:
-        raise UserError(f"adapter grows {base_key} to {rows} rows but trains none of rows {untrained[:5]}: their "
-                        "values are not in the adapter")
-    return TokenRows(base_key, key, tuple(indices), rows)
 
 
 def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
@@ -343,10 +320,14 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
 
-def merged(target: LoraTarget | Replacement | TokenRows, base_weight: torch.Tensor,
-           adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, or the base
-    with the trained token rows put in (grown when the vocabulary grew); cast, checked finite."""
+def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget, base_weight: torch.Tensor,
+           adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None,
+           pieces: expert_math.Pieces | None = None) -> torch.Tensor:
+    """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, the base
+    with the trained token rows put in (grown when the vocabulary grew), or a fused weight's stored
+    tensor with its experts' deltas (`pieces`: `expert_math.merged`); cast, checked finite."""
+    if isinstance(target, ExpertTarget):
+        return expert_math.merged(target, base_weight, adapter, out_dtype, pieces)
     if isinstance(target, TokenRows):
         return token_rows_merged(target, base_weight, adapter[target.adapter_key], out_dtype)
     if isinstance(target, Replacement):
@@ -358,21 +339,6 @@ def merged(target: LoraTarget | Replacement | TokenRows, base_weight: torch.Tens
     magnitude = adapter[target.magnitude_key] if target.magnitude_key else None
     return merge_weight(source_weight(target, base_weight, adapter), adapter[target.a_key], adapter[target.b_key],
                         target, out_dtype, magnitude)
-
-
-def token_rows_merged(target: TokenRows, base_weight: torch.Tensor, values: torch.Tensor,
-                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`base_weight` (its rows unchanged) grown to `target.rows`, the trained rows set to `values`,
-    as peft's forward computes it (`index_copy` of the values; every grown row is among them)."""
-    out_dtype = out_dtype or base_weight.dtype
-    if not dtypes.fits(values.to(torch.float32), out_dtype):
-        raise UserError(f"{target.adapter_key} has values that are not finite in {out_dtype}")
-    if base_weight.dtype != out_dtype and not dtypes.fits(base_weight, out_dtype):
-        raise UserError(f"{target.base_key}: values that are not finite in {out_dtype}")
-    out = torch.empty((target.rows, *base_weight.shape[1:]), dtype=out_dtype)
-    out[: base_weight.shape[0]] = base_weight
-    out.index_copy_(0, torch.tensor(target.indices), values.to(out_dtype))
-    return out
 
 
 def source_weight(target: LoraTarget, base_weight: torch.Tensor, adapter: Mapping[str, torch.Tensor]):
@@ -389,7 +355,7 @@ def merge_weight(
     magnitude: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """W + s * B @ A, summed in fp32, cast to `out_dtype` (default: W's dtype); with a DoRA
-    `magnitude` m, that sum V rescaled per output feature to m / ||V|| * V (`_dora_rescale`).
+    `magnitude` m, that sum V rescaled per output feature to m / ||V|| * V (`dora_math.dora_rescale`).
 
     Raises UserError if the result holds inf/nan (an overflowing cast or a
     broken adapter): writing such a model would fail much later and obscurely.
@@ -403,27 +369,11 @@ def merge_weight(
     else:
         merged.addmm_(b32, a32, alpha=target.scaling)
     if magnitude is not None:
-        _dora_rescale(merged, magnitude, target)
+        dora_rescale(merged, magnitude, target)
     out_dtype = out_dtype or weight.dtype
     if not dtypes.fits(merged, out_dtype):
         raise UserError(f"merging {target.module} gives values that are not finite in {out_dtype}")
     return merged.to(out_dtype)
-
-
-def _dora_rescale(merged: torch.Tensor, magnitude: torch.Tensor, target: LoraTarget) -> None:
-    """In place: V (fp32, = W + s*B@A) times m / ||V|| per output feature, as peft's DoRA merge.
-
-    peft (`DoraLinearLayer.get_weight_norm`, `DoraLinearVariant.merge_*`) takes
-    the L2 norm of each output feature's weights over the inputs, of the base
-    weight plus the scaled delta (the base as loaded, before any merge): dim 1
-    of a Linear weight (out, in); a fan_in_fan_out weight (in, out) and an
-    Embedding (vocab, dim) hold their output features along dim 1, so the norm
-    runs over dim 0 and the factor scales columns. The norm is a constant to
-    peft (detached in training); here there is no graph anyway.
-    """
-    dim = 0 if target.transposed else 1
-    factor = magnitude.to(torch.float32) / torch.linalg.norm(merged, dim=dim)
-    merged.mul_(factor.unsqueeze(dim))
 
 
 def merge_state_dict(

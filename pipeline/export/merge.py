@@ -10,7 +10,9 @@ time with `safe_open`, tensor by tensor (a handle per tensor, so no more than
 one tensor of the base is ever mapped in); each LoRA target gets
 W + s * B @ A in fp32 (under DoRA rescaled per output feature by its magnitude
 vector, which the adapter holds whole; `pipeline.export.lora_math`; a module the adapter saved
-whole, PEFT `modules_to_save`, replaces the base tensor), is cast to the output
+whole, PEFT `modules_to_save`, replaces the base tensor; a fused expert weight adapted by peft's
+`ParamWrapper` gets each expert's delta, in the fused tensor or in the per-expert tensors the
+base stores it as, `pipeline.export.expert_math` and `pipeline.model.expert_keys`), is cast to the output
 dtype and checked finite, and is streamed into the output shard of the same
 name (`safetensors_stream.StreamingWriter`), so peak memory is the adapter
 plus a few copies of the largest tensor, far below one shard.
@@ -55,7 +57,9 @@ from pipeline.errors import UserError
 from pipeline.export import lora_math
 from pipeline.export.card import add_card_args, write_cards
 from pipeline.export.tokenizer import carry_tokenizer, is_tokenizer_dir
+from pipeline.export.expert_math import FusedWeight
 from pipeline.model.base_keys import BaseKeys
+from pipeline.model.expert_keys import ExpertLayout, param_wrappers
 from pipeline.storage import dtypes, hf_dir
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
@@ -99,11 +103,12 @@ def merge_dirs(
     weights = hf_dir.find_weights(base, "--base")
     adapter_config, adapter_tensors = read_adapter(adapter)
     settings = lora_math.parse_adapter_config(adapter_config)
+    base_shapes = {key: tuple(spec.shape) for key, spec in weights.all_specs.items()}
+    keys = BaseKeys(base, set(weights.all_specs))
+    layout = ExpertLayout(base, base_shapes, keys) if settings.target_parameters else None
     plan = lora_math.plan_targets(
-        {key: tuple(t.shape) for key, t in adapter_tensors.items()},
-        {key: spec.shape for key, spec in weights.all_specs.items()},
-        settings,
-        BaseKeys(base, set(weights.all_specs)),
+        {key: tuple(t.shape) for key, t in adapter_tensors.items()}, base_shapes, settings, keys,
+        _fused(base, adapter_config, layout) if layout is not None else None,
     )
     grown = {t.rows for t in plan.values() if isinstance(t, lora_math.TokenRows)
              and t.rows > weights.all_specs[t.base_key].shape[0]}
@@ -121,7 +126,7 @@ def merge_dirs(
         for file, specs in weights.specs.items():
             written[file] = [TensorSpec(s.name, dtypes.output_dtype(s.dtype, requested),
                                         lora_math.output_shape(plan.get(s.name), s.shape)) for s in specs]
-            _merge_shard(base / file, stage / file, written[file], plan, adapter_tensors)
+            _merge_shard(base / file, stage / file, written[file], plan, adapter_tensors, _Pieces(layout))
             log.info("merged %s", file)
         if weights.index is not None:
             hf_dir.write_index(stage, written, weights.index.get("metadata"))
@@ -140,7 +145,33 @@ def merge_dirs(
     }
 
 
-def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adapter: dict) -> None:
+def _fused(base: Path, adapter_config: dict, layout: ExpertLayout) -> dict[str, FusedWeight]:
+    """The adapter's ParamWrapper modules and the stored tensors holding each one's weight."""
+    out = {}
+    for module, wrapped in param_wrappers(base, adapter_config).items():
+        slices = layout.slices(wrapped.param, wrapped.shape)
+        out[module] = FusedWeight(wrapped.param, wrapped.experts, wrapped.layout, wrapped.shape,
+                                  tuple((s.key, s.expert, s.piece) for s in slices))
+    return out
+
+
+class _Pieces:
+    """One expert's delta cut into the tensors the base stores it as (`ExpertLayout.split`), kept for
+    the few experts last asked: an expert's pieces (gate, up) come one after the other in a shard."""
+
+    def __init__(self, layout: ExpertLayout | None, keep: int = 4):
+        self.layout, self.keep, self.cache = layout, keep, {}
+
+    def __call__(self, target, delta):
+        key = (target.param, target.expert)
+        if key not in self.cache:
+            self.cache[key] = self.layout.split(target.param, delta())
+            while len(self.cache) > self.keep:
+                self.cache.pop(next(iter(self.cache)))
+        return self.cache[key]
+
+
+def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adapter: dict, pieces: _Pieces) -> None:
     metadata = {**hf_dir.ST_METADATA, **(read_metadata(src) or {})}
     with StreamingWriter(dst, specs, metadata) as writer:
         for spec in specs:
@@ -150,7 +181,7 @@ def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adap
             if target is None:
                 tensor = hf_dir.cast_checked(tensor, spec.dtype, spec.name)
             else:
-                tensor = lora_math.merged(target, tensor, adapter, spec.dtype)
+                tensor = lora_math.merged(target, tensor, adapter, spec.dtype, pieces)
             writer.write(spec.name, tensor)
             del tensor  # drop before the next read: peak stays one tensor
 

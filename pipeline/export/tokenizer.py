@@ -1,10 +1,10 @@
 """The run's tokenizer in every exported dir, so inference renders prompts as training did.
 
 Training renders conversations with the run's tokenizer dir (``results/<run>/tokenizer``,
-`pipeline.data.prepare`): its chat template, and the special tokens it added. An
-exported dir that carried the base's tokenizer files instead would render
-another prompt (or none: a base model has no template) and split the added
-turn markers into characters. `carry_tokenizer` therefore replaces the base's
+written by `pipeline.data.prepare`, read through `pipeline.data.run_tokenizer`): its chat
+template, and the special tokens it added. An exported dir that carried the base's
+tokenizer files instead would render another prompt (or none: a base model has no
+template) and split the added turn markers into characters. `carry_tokenizer` therefore replaces the base's
 tokenizer files in an export with the run's, and makes generation stop at the
 end-of-turn marker the template closes assistant turns with
 (``generation_config.json`` ``eos_token_id`` includes it).
@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.data.prepare import CHAT_FILE, read_chat
+from pipeline.data.run_tokenizer import CHAT_FILE, read_chat, vocab_rows
 from pipeline.errors import UserError
 from pipeline.storage.hf_dir import WEIGHT_FILE
 
@@ -73,17 +73,6 @@ def stop_at_end_of_turn(dst: Path, end_of_turn_id: int | None, base: Path | str 
         eos.append(int(end_of_turn_id))
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-
-
-def vocab_rows(tokenizer_dir: Path | str | None) -> int | None:
-    """Rows the embeddings need for the run's tokenizer when it added tokens; None when it added none."""
-    if tokenizer_dir is None:
-        return None
-    chat = read_chat(tokenizer_dir)
-    added = chat.get("added_tokens") or {}
-    if not added:
-        return None
-    return max(int(chat.get("vocab_size") or 0), max(added.values()) + 1)
 
 
 __all__ = ["CHAT_FILE", "TOKENIZER_FILES", "carry_tokenizer", "is_tokenizer_dir", "stop_at_end_of_turn", "vocab_rows"]

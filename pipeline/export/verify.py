@@ -59,7 +59,7 @@ import torch
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
-from pipeline.model.loading import auto_class
+from pipeline.model.base import auto_class
 from pipeline.model.quantization import one_cpu_kernel, quantization_config
 from pipeline.storage import dtypes, hf_dir
 from pipeline.storage.hub import model_dir
@@ -118,6 +118,15 @@ def _trained_token_rows(adapter: Path) -> list[int]:
     return sorted({int(i) for rows in lists for i in rows})
 
 
+def _text_probes(vocab: int, token_rows: list[int], probes: int, seq_len: int, seed: int) -> dict:
+    """`probe_ids` as model inputs, each probe starting with the rows the adapter trained as tokens
+    (added tokens: random ids would hardly ever reach them)."""
+    ids = probe_ids(vocab, probes, seq_len, seed)
+    head = token_rows[:seq_len]
+    ids[:, :len(head)] = torch.tensor(head, dtype=ids.dtype)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
 @torch.no_grad()
 def _logits(model, inputs: dict, device: str) -> torch.Tensor:
     model.eval()
@@ -146,11 +155,7 @@ def verify(
 
     base, adapter, merged, out = Path(base), Path(adapter), Path(merged), Path(out)
     refuse_overlaps({"--out": out}, {"--base": base, "--adapter": adapter})
-    if tolerance != "auto":
-        try:
-            fixed_tolerance = float(tolerance)
-        except ValueError:
-            raise UserError(f"--tolerance must be 'auto' or a number, not {tolerance!r}") from None
+    fixed_tolerance = _fixed_tolerance(tolerance)
     if probes < 1 or seq_len < 1:
         raise UserError("--probes and --seq-len must be positive")
     compute = dtypes.BY_NAME[compute_dtype]
@@ -169,10 +174,7 @@ def verify(
         if vision:
             inputs = image_probes(base, config, probes, seq_len, seed, Path(workdir))
         else:
-            ids = probe_ids(vocab, probes, seq_len, seed)
-            head = token_rows[:seq_len]
-            ids[:, :len(head)] = torch.tensor(head, dtype=ids.dtype)
-            inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+            inputs = _text_probes(vocab, token_rows, probes, seq_len, seed)
     model_class = auto_class(config)
     quantized = _quantized_base(train_config, compute)
 
@@ -199,20 +201,8 @@ def verify(
     actual = _logits(candidate, inputs, device)
     del candidate
 
-    diff = (actual - expected).abs()
-    max_diff = float(diff.max())
-    scale = float(expected.abs().max())
-    relative = dtypes.relative_logit_tolerance(stored, compute)
-    tol = fixed_tolerance if tolerance != "auto" else relative * max(1.0, scale)
-    passed = bool(torch.isfinite(actual).all()) and max_diff <= tol
     report = {
-        "passed": passed,
-        "max_abs_diff": max_diff,
-        "mean_abs_diff": float(diff.mean()),
-        "tolerance": tol,
-        "tolerance_mode": "auto" if tolerance == "auto" else "fixed",
-        "relative_tolerance": relative if tolerance == "auto" else None,
-        "logit_scale": scale,
+        **_comparison(actual, expected, dtypes.relative_logit_tolerance(stored, compute), fixed_tolerance),
         "merged_dtype": dtypes.config_name(stored) if stored else None,
         "compute_dtype": dtypes.config_name(compute),
         "device": device,
@@ -244,6 +234,33 @@ def verify(
     return report
 
 
+def _fixed_tolerance(tolerance: str) -> float | None:
+    """--tolerance as a number; None for `auto` (relative to the logits' scale and the dtypes)."""
+    if tolerance == "auto":
+        return None
+    try:
+        return float(tolerance)
+    except ValueError:
+        raise UserError(f"--tolerance must be 'auto' or a number, not {tolerance!r}") from None
+
+
+def _comparison(actual: torch.Tensor, expected: torch.Tensor, relative: float, fixed: float | None) -> dict:
+    """Whether the merged model's logits (`actual`) match base + adapter's (`expected`): within `fixed`,
+    or with `fixed` None within `relative` x the logits' scale (at least 1), and all finite."""
+    diff = (actual - expected).abs()
+    max_diff, scale = float(diff.max()), float(expected.abs().max())
+    tol = fixed if fixed is not None else relative * max(1.0, scale)
+    return {
+        "passed": bool(torch.isfinite(actual).all()) and max_diff <= tol,
+        "max_abs_diff": max_diff,
+        "mean_abs_diff": float(diff.mean()),
+        "tolerance": tol,
+        "tolerance_mode": "auto" if fixed is None else "fixed",
+        "relative_tolerance": relative if fixed is None else None,
+        "logit_scale": scale,
+    }
+
+
 def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
     """(a description, transformers' BitsAndBytesConfig) of the run's quantized base, or None (no
     `train_config`, or a float base): what `pipeline.model.loading.load_base` loads the stages' base with."""
@@ -254,7 +271,7 @@ def _quantized_base(train_config: Path | str | None, compute: torch.dtype):
     from pipeline import config as trainer_config
 
     cfg = trainer_config.to_typed(OmegaConf.load(train_config))  # only its model.* settings are read
-    quantization = quantization_config(cfg, compute)
+    quantization = quantization_config(cfg.model, compute)
     if quantization is None:
         return None
     model = cfg.model

@@ -1,4 +1,4 @@
-"""`python -m pipeline.launch --log LOG [--gpus 0|N|all] [--train --nodes M --nproc auto|N] -- CMD...`
+"""`python -m pipeline.launch --log LOG [--gpus 0|N|all] [--train --nodes M --nproc auto|N ...] -- CMD...`
 
 Runs CMD (with `--train`: `-m pipeline train ...`, started as one process, under
 torchrun, or as one torchrun per node) with its output in LOG, on GPUs of its
@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nproc", default="auto", help="training processes per node: auto (one per GPU) or N")
     ap.add_argument("--nodes", type=int, default=1, help="training nodes (SLURM: one torchrun per node)")
     ap.add_argument("--rdzv-endpoint", default=None, help="c10d rendezvous host:port (default: derived)")
+    ap.add_argument("--rdzv-port", type=int, default=None,
+                    help="the rendezvous port on the first node (default: derived from the SLURM job id)")
+    ap.add_argument("--rdzv-timeout", type=int, default=None,
+                    help="seconds the nodes' agents wait for every node to join (default: torchrun's 600)")
+    ap.add_argument("--socket-ifname", default=None,
+                    help="network interface of the ranks' collectives (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME)")
     ap.add_argument("--print-command", action="store_true", help="print the command line(s) and exit")
     args = ap.parse_args(argv[:split])
     cmd = argv[split + 1:]
@@ -100,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     cmds = [cmd]
     if args.train:
         nproc = torchrun.processes(args.nproc, devices.ids if devices else gpus.present())
-        cmds = torchrun.commands(cmd, torchrun.topology(args.nodes, nproc, args.rdzv_endpoint))
+        per_node = len(devices.ids) if devices else int(args.gpus) if args.gpus.isdigit() else 0
+        topo = torchrun.topology(args.nodes, nproc, args.rdzv_endpoint, port=args.rdzv_port,
+                                 gpus_per_node=per_node, join_timeout_s=args.rdzv_timeout)
+        cmds = torchrun.commands(cmd, topo)
+        env.update(torchrun.network_env(topo, args.socket_ifname, env))
     if args.print_command:
         print("\n".join(shlex.join(c) for c in cmds))
         return 0

@@ -25,22 +25,29 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from pipeline.errors import ERROR_FILE_ENV
-from pipeline.layout import EXIT_PREEMPTED
+from pipeline.layout import EXIT_PREEMPTED, RANK_QUIET
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Failure|Interrupt|Exit)\b.*")
 _PREEMPTED = "preempted at update"
 _MAX_LINES = 40
+KILL_GRACE_S = 30.0  # after a sibling failed, as SLURM's default KillWait
+# srun's word on a task of a multi-node stage that ended badly, and the ranks' per-node start lines
+# (pipeline.watch.node_line), which say which node rank and address that host had.
+_SRUN_TASK_ENDED = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$", re.M)
+_NODE_LINE = re.compile(r"node rank (\d+) of \d+: host (\S+), address (\S+),")
 
 
 def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> int:
     """Run the commands side by side (output appended to `log`); returns the first non-zero exit code.
 
-    Several commands: the agents of one job on this machine (`pipeline.launch.torchrun`).
-    A command killed by signal N counts as exit code 128 + N.
+    Several commands: the agents of one job on this machine (`pipeline.launch.torchrun`); when
+    one fails, the others are ended (`_wait`). A command killed by signal N counts as exit code
+    128 + N.
     """
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +72,7 @@ def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> in
 
         previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED}
         try:
-            codes = [proc.wait() for proc in procs]
+            codes = _wait(procs)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -77,6 +84,31 @@ def run(cmds: list[list[str]], log: Path, *, env: dict, preemptible: bool) -> in
     return code
 
 
+def _wait(procs: list[subprocess.Popen], grace_s: float = KILL_GRACE_S) -> list[int]:
+    """Every process's exit code. Once one has failed, the others get SIGTERM (and SIGCONT, should
+    they be stopped), and SIGKILL `grace_s` later: the agents of a job on this machine end as
+    `srun --kill-on-bad-exit` ends them across nodes, instead of waiting on ranks that are gone."""
+    failed_at, ended = None, []
+    while None in (codes := [proc.poll() for proc in procs]):
+        if failed_at is None and any(codes):
+            failed_at = time.monotonic()
+            for proc, code in zip(procs, codes):
+                if code is None:
+                    ended += [proc.pid, *_descendants(proc.pid)]
+                    _signal_tree(proc.pid, signal.SIGTERM)
+                    _signal_tree(proc.pid, signal.SIGCONT)
+        elif failed_at is not None and time.monotonic() - failed_at > grace_s:
+            for proc in procs:
+                _signal_tree(proc.pid, signal.SIGKILL)
+        time.sleep(0.2)
+    for pid in ended:  # a rank its agent left behind (torchrun starts them in sessions of their own)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return codes
+
+
 def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preemptible: bool) -> int:
     """Tell the terminal (and the end of the log) why the command failed; returns the exit code."""
     text = log.read_text(errors="replace")
@@ -85,6 +117,7 @@ def _report_failure(cmd: list[str], log: Path, errors: Path, code: int, preempti
         reasons = [line for line in text.splitlines() if _PREEMPTED in line][-1:]
     else:
         reasons = _messages(errors) or _reasons_from_log(text, code)
+        reasons += _quiet_ranks(text) + _first_node_ended(text)
     shown = [line for reason in reasons for line in reason.splitlines()][:_MAX_LINES]
     block = "\n".join([f"pipeline: {_name(cmd)} failed (exit {code}):", *(f"  {line}" for line in shown),
                        f"  full log: {log}"])
@@ -103,6 +136,24 @@ def _messages(errors: Path) -> list[str]:
         if message.strip() and message.strip() not in seen:
             seen.append(message.strip())
     return seen
+
+
+def _quiet_ranks(text: str) -> list[str]:
+    """What rank 0 logged of ranks that went quiet before the failure (`pipeline.watch`): on GPUs
+    NCCL's watchdog ends a stuck rank without an error message of its own, this is then the word."""
+    found = [line.split("pipeline.distributed: ", 1)[1] for line in text.splitlines()
+             if RANK_QUIET in line and "WARNING pipeline.distributed: " in line]
+    return list(dict.fromkeys(found))[:4]
+
+
+def _first_node_ended(text: str) -> list[str]:
+    """The node whose task srun saw end first (a multi-node stage), with its node rank and address."""
+    m = _SRUN_TASK_ENDED.search(text)
+    if not m:
+        return []
+    host, task, how = m.groups()
+    known = {h: f" (node rank {rank}, address {address})" for rank, h, address in _NODE_LINE.findall(text)}
+    return [f"srun: the first task to end was task {task} on node {host}{known.get(host, '')}: {how}"]
 
 
 def _reasons_from_log(text: str, code: int) -> list[str]:

@@ -28,7 +28,7 @@ def _meta_model(base: Path):
     """The base's architecture on the meta device."""
     from transformers import AutoConfig
 
-    from pipeline.model.loading import auto_class
+    from pipeline.model.base import auto_class
 
     try:
         config = AutoConfig.from_pretrained(base)
@@ -57,8 +57,11 @@ class BaseKeys:
         from transformers.core_model_loading import revert_weight_conversion
 
         model = _meta_model(self.base)
-        # One distinct placeholder per name: the reverted dict is matched back by identity.
-        placeholders = {name: torch.empty(0) for name, _ in model.named_parameters(remove_duplicate=False)}
+        # One distinct placeholder per name, of its shape (a fused expert weight's conversion cuts it
+        # along its dims): the reverted dict is matched back by identity, so a weight transformers
+        # stores as several tensors (experts: `pipeline.model.expert_keys`) maps to none of them.
+        placeholders = {name: torch.empty(p.shape, device="meta")
+                        for name, p in model.named_parameters(remove_duplicate=False)}
         reverted = revert_weight_conversion(model, dict(placeholders))
         by_id = {id(t): key for key, t in reverted.items()}
         return {name: by_id[id(t)] for name, t in placeholders.items() if id(t) in by_id}

@@ -32,7 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import config_is_vision_language
-from pipeline.model import kernels
+from pipeline.model import kernels, router
 # Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
 from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 
@@ -92,6 +92,10 @@ class TokenLoss(torch.nn.Module):
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
         self.fused = kernels.fused_loss(fused_loss, head, head.weight.device)
         self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
+        # A mixture-of-experts model's load-balancing loss, added in training (`pipeline.model.router`);
+        # `router_sum` collects its weighted values (detached) until the update takes them.
+        self.router = router.defined(hf_model(lm))
+        self.router_sum: torch.Tensor | None = None
         if check:
             self.check_head()
 
@@ -108,13 +112,26 @@ class TokenLoss(torch.nn.Module):
         # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache. A
         # mask-free forward skips transformers' mask builder, which would read the position ids back
         # to the host (a device sync per forward) to look for packed sequences there are none of.
+        balance = self.router is not None and self.training
+        extra = {"output_router_logits": balance} if self.router is not None else {}
         with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
-            hidden = hf.base_model(**inputs, use_cache=False).last_hidden_state
-        picked = hidden.flatten(0, 1).index_select(0, batch.loss_index)
+            out = hf.base_model(**inputs, use_cache=False, **extra)
+        picked = out.last_hidden_state.flatten(0, 1).index_select(0, batch.loss_index)
         head = hf.get_output_embeddings()
         if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
-            return self.fused(picked, head.weight, head.bias, batch.targets)
-        return linear_cross_entropy_sum(picked, head, batch.targets, self.chunk)
+            loss = self.fused(picked, head.weight, head.bias, batch.targets)
+        else:
+            loss = linear_cross_entropy_sum(picked, head, batch.targets, self.chunk)
+        if balance:  # + coef * load-balancing loss * supervised tokens (`pipeline.model.router`)
+            added, weighted = self.router.term(out.router_logits, inputs.get("attention_mask"), batch.supervised)
+            loss = loss + added
+            self.router_sum = weighted if self.router_sum is None else self.router_sum + weighted
+        return loss
+
+    def take_router_sum(self) -> torch.Tensor | None:
+        """The weighted load-balancing losses added since the last call (None: none added), and reset."""
+        taken, self.router_sum = self.router_sum, None
+        return taken
 
     @torch.no_grad()
     def check_head(self) -> None:

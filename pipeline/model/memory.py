@@ -23,7 +23,7 @@ Per GPU, in bytes:
                   and the rest (embeddings, norms, head) in the weights dtype;
                   a forward or backward dequantizes one layer's weight at a time
                   (the largest: one projection in the compute dtype)
-  LoRA weights    r x (in + out) per targeted projection, fp32
+  LoRA weights    r x (in + out) per targeted projection (x E for a layer's fused experts), fp32
   gradients       one fp32 value per trained parameter
   optimizer       AdamW: two fp32 moments per trained parameter
   EMA shadows     one fp32 copy of the trained parameters per rate
@@ -34,7 +34,9 @@ Per GPU, in bytes:
                     attention   a(3q + 2kv) + 4 heads   q,k,v after RoPE, output,
                                 o_proj input, logsumexp (SDPA/flash; eager adds
                                 (4 + a) x heads x T for its probabilities)
-                    MLP         4aI             gate, up, act(gate), product
+                    MLP         4aI             gate, up, act(gate), product (mixture of
+                                                experts: 4a(kI_e + I_s), the k experts a token
+                                                runs through and a shared expert)
                     LoRA        (a + 1) x in    per target when lora.dropout > 0
                                                 (the dropped input and its mask)
                   (a = bytes of the compute dtype, H hidden, I intermediate,
@@ -47,6 +49,11 @@ Per GPU, in bytes:
                   only after the backward has freed the later layers'.
   loss            one chunk of logits (`pipeline.model.loss`): rows x vocab x
                   (2a + 12) bytes
+  MoE, LoRA on    peft's ParamWrapper computes each MoE layer's expert weights
+  fused experts   plus their LoRA delta (all E experts, compute dtype) in the
+                  forward, and autograd keeps that copy until the layer's
+                  backward: one per layer not checkpointed (one in flight for
+                  the checkpointed ones)
   packed mask     a packed micro-batch under SDPA / eager: the (tokens x tokens)
                   block-diagonal mask, (1 + a) bytes per element
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
@@ -58,6 +65,15 @@ when there is more than one process (`NCCL_BYTES`), and a fragmentation margin
 `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, which keeps fragmentation
 small: `pipeline.launch.__main__.allocator_env`).
 
+Parameter counts (`pipeline.model.shapes`): the Llama-shaped formula of `Shapes` from config.json, or,
+where the architecture can be built on the meta device (`model_shapes`: nothing
+read, nothing allocated), the model's own counts (`Counts`): every parameter,
+the experts' (all E of them: the memory estimate holds every expert), the
+parameters a token runs through (the active ones: top-k of E experts, for
+throughput and MFU), and the LoRA parameters of the resolved targets
+(`pipeline.model.targets`). Activations keep the formula (hybrids' Mamba and
+linear-attention layers are counted as attention layers).
+
 It is an estimate of the steady state, not a measurement: it ignores the
 evaluation forward (smaller than a training step). Checked against a measured
 peak: `bench/bench_gpu.py`.
@@ -65,14 +81,12 @@ peak: `bench/bench_gpu.py`.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.config import ALL_LINEAR, Quantization, TrainConfig, batch_split
+from pipeline.config import ALL_LINEAR, LoraConfig, ModelConfig, Quantization, TrainConfig, batch_split
 from pipeline.model.loss import chunk_tokens
-
-log = logging.getLogger(__name__)
+from pipeline.model.shapes import Shapes, model_shapes, read_shapes  # noqa: F401  (memory.model_shapes, ...)
 
 GiB = 2**30
 MiB = 2**20
@@ -96,62 +110,6 @@ _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
-class Shapes:
-    """The sizes of a decoder-only transformer that memory depends on."""
-
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-
-    @classmethod
-    def from_config(cls, config: dict) -> Shapes:
-        """From a Hugging Face config dict (a vision-language model's `text_config`)."""
-        c = config.get("text_config") or config
-        hidden, heads = c["hidden_size"], c["num_attention_heads"]
-        return cls(hidden=hidden, layers=c["num_hidden_layers"], heads=heads,
-                   kv_heads=c.get("num_key_value_heads") or heads, head_dim=c.get("head_dim") or hidden // heads,
-                   intermediate=c["intermediate_size"], vocab=c["vocab_size"],
-                   tied=bool(config.get("tie_word_embeddings", c.get("tie_word_embeddings", False))))
-
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """(in, out) features of each Llama-style projection of a layer (the LoRA targets)."""
-        q, kv, h, i = self.heads * self.head_dim, self.kv_heads * self.head_dim, self.hidden, self.intermediate
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
-
-    @property
-    def layer_params(self) -> int:
-        return sum(a * b for a, b in self.projections().values()) + 2 * self.hidden
-
-    @property
-    def root_params(self) -> int:
-        """Outside the decoder layers: embeddings, final norm, an untied head."""
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.root_params
-
-
-def read_shapes(model_path: str, trust_remote_code: bool = False) -> Shapes | None:
-    """The shapes from the model's config.json (a local dir or a hub id); None when unavailable."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).to_dict()
-        return Shapes.from_config(config)
-    except (OSError, ValueError, KeyError) as err:
-        where = str(err).splitlines()[0] if Path(model_path).is_dir() else "not a model dir (yet), nor a hub id in reach"
-        log.warning("no memory estimate: cannot read the config of %s (%s)", model_path, where)
-        return None
-
-
-@dataclass(frozen=True)
 class Run:
     """What of the run the estimate depends on besides the model's shapes."""
 
@@ -161,7 +119,15 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
-    packed: bool = False  # each micro-batch one row of micro_batch x length tokens (tokens.packing)
+    # Each micro-batch one row of micro_batch x length tokens. The trainer's packing (pipeline.planning.packing)
+    # keeps SDPA / eager rows at most `length` wide (a padded row's mask) and gives flash attention no mask.
+    packed: bool = False
+    attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
+
+    def attention_kernel(self, model: ModelConfig) -> str:
+        if self.attention is not None:
+            return self.attention
+        return "sdpa" if model.attn_implementation == "auto" else str(model.attn_implementation)
 
     def describe(self, layers: int) -> str:
         return (f"{self.precision}, {self.world} GPU{'s' if self.world > 1 else ''}"
@@ -202,7 +168,7 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
     w = _DTYPE_BYTES[weight_name]
     trained = _lora_params(cfg, shapes) if lora else shapes.params
     shard = run.world if run.sharded else 1
-    parts = _weights(cfg, shapes, weight_name, run.precision, shard)
+    parts = _weights(cfg.model, shapes, weight_name, run.precision, shard)
     if lora:
         parts["LoRA weights (fp32)"] = trained * 4 // shard
     parts["gradients (fp32)"] = trained * 4 // shard
@@ -213,8 +179,13 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
         parts["FSDP unsharded root + 2 layers"] = (shapes.root_params + 2 * shapes.layer_params) * w
     tokens = run.micro_batch * run.length
     parts["activations"] = tokens * _activation_bytes_per_token(cfg, shapes, run, a, residual=w)
+    if lora and shapes.counts is not None and shapes.counts.fused_adapted:
+        layers = shapes.counts.moe_layers
+        k = min(run.checkpointed, layers)
+        kept = layers - k + (1 if k else 0)
+        parts["expert weights + LoRA delta (ParamWrapper)"] = kept * shapes.counts.expert_layer * a // shard
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
-    if run.packed and not str(cfg.model.attn_implementation).startswith("flash_attention"):
+    if run.packed and not run.attention_kernel(cfg.model).startswith("flash_attention"):
         # SDPA and eager keep packed sequences apart with a block-diagonal (row x row) mask that
         # transformers builds as booleans; the kernels take it as an additive bias in the compute
         # dtype. Flash-attention's varlen kernel needs none.
@@ -242,20 +213,21 @@ def quantized_bytes(kind: str, rows: int, cols: int, double: bool = True) -> int
     return -(-n // 2) + constants
 
 
-def _weights(cfg: TrainConfig, shapes: Shapes, weight_name: str, precision: str, shard: int) -> dict[str, int]:
+def _weights(model: ModelConfig, shapes: Shapes, weight_name: str, precision: str, shard: int) -> dict[str, int]:
     """The base weights' parts: one in `weight_name`, or with `model.quantization` the decoder layers'
     linear weights quantized, the rest in `weight_name`, and one dequantized projection in flight."""
     w = _DTYPE_BYTES[weight_name]
-    kind = cfg.model.quantization
+    kind = model.quantization
     if kind == "none":
         return {f"weights ({weight_name})": shapes.params * w // shard}
-    proj = shapes.projections().values()
+    proj = shapes.linear_projections().values()
     linear = shapes.layers * sum(i * o for i, o in proj)
-    stored = shapes.layers * sum(quantized_bytes(kind, o, i, cfg.model.quant_double) for i, o in proj)
-    double = " + double quant" if cfg.model.quant_double and kind != "int8" else ""
-    compute = precision if cfg.model.quant_compute_dtype == "auto" or kind == "int8" else cfg.model.quant_compute_dtype
+    stored = shapes.layers * sum(quantized_bytes(kind, o, i, model.quant_double) for i, o in proj)
+    double = " + double quant" if model.quant_double and kind != "int8" else ""
+    compute = precision if model.quant_compute_dtype == "auto" or kind == "int8" else model.quant_compute_dtype
+    rest = "embeddings, norms, head" + (", fused experts" if shapes.experts else "")
     return {f"weights ({kind}{double}: linear layers)": stored // shard,
-            f"weights ({weight_name}: embeddings, norms, head)": (shapes.params - linear) * w // shard,
+            f"weights ({weight_name}: {rest})": (shapes.params - linear) * w // shard,
             f"dequantized projection in flight ({compute})": max(i * o for i, o in proj) * _DTYPE_BYTES[compute]}
 
 
@@ -265,25 +237,29 @@ def _weights_dtype(cfg: TrainConfig, precision: str) -> str:
     return precision if cfg.model.dtype == "auto" else cfg.model.dtype
 
 
-def _targets(cfg: TrainConfig, shapes: Shapes) -> list[tuple[int, int]]:
+def _targets(lora: LoraConfig, shapes: Shapes) -> list[tuple[int, int]]:
     """(in, out) of each targeted projection of a layer; `[all-linear]` targets every one."""
     proj = shapes.projections()
-    names = list(proj) if list(cfg.lora.target_modules) == [ALL_LINEAR] else cfg.lora.target_modules
+    names = list(proj) if list(lora.target_modules) == [ALL_LINEAR] else lora.target_modules
     return [proj[t] for t in names if t in proj]
 
 
 def _lora_params(cfg: TrainConfig, shapes: Shapes) -> int:
-    return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg, shapes))
+    if shapes.counts is not None:
+        return shapes.counts.lora
+    return shapes.layers * sum(cfg.lora.r * (i + o) for i, o in _targets(cfg.lora, shapes))
 
 
 def _activation_bytes_per_token(cfg: TrainConfig, shapes: Shapes, run: Run, a: int, residual: int) -> int:
     h, i = shapes.hidden, shapes.intermediate
+    if shapes.experts:  # a token runs through its top-k experts and the shared one
+        i = shapes.top_k * shapes.expert_intermediate + shapes.shared_intermediate
     q, kv = shapes.heads * shapes.head_dim, shapes.kv_heads * shapes.head_dim
     layer = 2 * (4 * h + a * h) + a * (3 * q + 2 * kv) + 4 * shapes.heads + 4 * a * i
-    if cfg.model.attn_implementation == "eager":
+    if run.attention_kernel(cfg.model) == "eager":
         layer += (4 + a) * shapes.heads * run.length
     if cfg.lora.enabled:
-        targets = _targets(cfg, shapes)
+        targets = _targets(cfg.lora, shapes)
         layer += sum(cfg.lora.r * a for _ in targets)
         if cfg.lora.dropout > 0:
             layer += sum((a + 1) * fan_in for fan_in, _ in targets)
@@ -325,12 +301,12 @@ def checkpointed_layers(cfg: TrainConfig, shapes: Shapes | None, run: Run, limit
 
 
 def decide(cfg: TrainConfig, shapes: Shapes | None, *, world: int, sharded: bool, precision: str, length: int,
-           limit: int | None) -> Run:
+           limit: int | None, attention: str | None = None) -> Run:
     """The run a stage trains, activation checkpointing decided: the one function the plan and the
     stage both call, so they estimate the same micro-batch (the derived one, `batch_split`) and
-    choose the same layers."""
+    choose the same layers. `attention`: the resolved `model.attn_implementation`."""
     run = Run(micro_batch=batch_split(cfg, world)[0], length=length, world=world, sharded=sharded,
-              checkpointed=0, precision=precision)
+              checkpointed=0, precision=precision, attention=attention)
     return replace(run, checkpointed=checkpointed_layers(cfg, shapes, run, limit))
 
 
@@ -422,11 +398,11 @@ def longest_record(cache_path: str | None) -> int | None:
     return int(lengths.max()) if lengths.size else None
 
 
-def gpu_budget(cfg: TrainConfig, gpu_bytes: int | None, world: int) -> int | None:
+def gpu_budget(model: ModelConfig, gpu_bytes: int | None, world: int) -> int | None:
     """The allocator's budget per GPU (`budget`) of a GPU of `model.gpu_memory_gb`, else of `gpu_bytes`
     (the GPU found); None with neither (a CPU)."""
-    if cfg.model.gpu_memory_gb is not None:
-        gpu_bytes = int(cfg.model.gpu_memory_gb * GiB)
+    if model.gpu_memory_gb is not None:
+        gpu_bytes = int(model.gpu_memory_gb * GiB)
     return None if gpu_bytes is None else budget(gpu_bytes, world)
 
 
@@ -440,8 +416,21 @@ def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision:
     import torch
 
     found = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    limit = gpu_budget(cfg, found, world)
+    limit = gpu_budget(cfg.model, found, world)
     needs_shapes = limit is not None or cfg.model.activation_checkpointing != "auto"
-    shapes = read_shapes(cfg.model.path, cfg.model.trust_remote_code) if needs_shapes else None
-    run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit)
+    shapes = model_shapes(cfg) if needs_shapes else None
+    run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit,
+                 attention=resolved_attention(cfg.model, device) if needs_shapes else None)
     return run.checkpointed, (estimate(cfg, shapes, run) if shapes is not None else None)
+
+
+def resolved_attention(model: ModelConfig, device=None) -> str | None:
+    """`model.attn_implementation` resolved on `device` (`pipeline.model.attention`); None when the
+    model's config cannot be read."""
+    from pipeline.errors import UserError
+    from pipeline.model import base
+
+    try:
+        return base.attention_choice(model.attn_implementation, base.hf_config(model), device)[0]
+    except (OSError, ValueError, UserError):
+        return None

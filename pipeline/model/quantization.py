@@ -5,26 +5,27 @@ transformers' `BitsAndBytesConfig` quantizes the base's linear layers as
 (bitsandbytes 0.49+ runs its 4-bit and 8-bit layers there, forward and
 backward). This module says how (`quantization_config`), what to fix after
 the load on a CPU (`one_cpu_kernel`, `off_the_file`), and what is refused, at
-plan time, naming the keys (`check_quantization`, `refuse_quantized_sharded`).
+plan time, naming the keys (`check_quantization`; a quantized base sharded by FSDP:
+`pipeline.planning.checks.refuse_quantized_sharded`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from pipeline.config import TrainConfig
+from pipeline.config import ModelConfig, TrainConfig
 from pipeline.errors import UserError
 from pipeline.storage import dtypes
 
 QUANT_EXTRA = 'pip install -e ".[quant]"'
 
 
-def described(cfg: TrainConfig) -> str:
+def described(model: ModelConfig) -> str:
     """The words error messages about the base add: ' with model.quantization=nf4' (none for a float base)."""
-    return "" if cfg.model.quantization == "none" else f" with model.quantization={cfg.model.quantization}"
+    return "" if model.quantization == "none" else f" with model.quantization={model.quantization}"
 
 
-def quantization_config(cfg: TrainConfig, compute_dtype: torch.dtype):
+def quantization_config(model: ModelConfig, compute_dtype: torch.dtype):
     """transformers' `BitsAndBytesConfig` for `model.quantization` (None: a float base).
 
     nf4 / fp4 store 4 bits per weight in blocks of 64 with one absmax per
@@ -33,25 +34,25 @@ def quantization_config(cfg: TrainConfig, compute_dtype: torch.dtype):
     (row-wise int8, outlier columns in fp16). The output head is left in float
     by transformers. UserError when bitsandbytes is not installed.
     """
-    kind = cfg.model.quantization
+    kind = model.quantization
     if kind == "none":
         return None
-    require_bitsandbytes(cfg)
+    require_bitsandbytes(model)
     from transformers import BitsAndBytesConfig
 
     if kind == "int8":
         return BitsAndBytesConfig(load_in_8bit=True)
-    compute = compute_dtype if cfg.model.quant_compute_dtype == "auto" else dtypes.BY_NAME[cfg.model.quant_compute_dtype]
+    compute = compute_dtype if model.quant_compute_dtype == "auto" else dtypes.BY_NAME[model.quant_compute_dtype]
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(kind), bnb_4bit_compute_dtype=compute,
-                              bnb_4bit_use_double_quant=cfg.model.quant_double)
+                              bnb_4bit_use_double_quant=model.quant_double)
 
 
-def require_bitsandbytes(cfg: TrainConfig) -> None:
+def require_bitsandbytes(model: ModelConfig) -> None:
     """UserError naming the setting and the extra when a quantized base is asked for without bitsandbytes."""
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise UserError(f"model.quantization={cfg.model.quantization} needs bitsandbytes, which is not installed: "
+        raise UserError(f"model.quantization={model.quantization} needs bitsandbytes, which is not installed: "
                         f"{QUANT_EXTRA} (or set model.quantization=none)")
 
 
@@ -98,7 +99,7 @@ def one_cpu_kernel(model) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def check_quantization(cfg: TrainConfig) -> None:
+def check_quantization(model: ModelConfig) -> None:
     """At plan time: UserError, naming the keys, when bitsandbytes cannot load this base quantized.
 
     bitsandbytes must be installed, and the base must be stored unquantized:
@@ -106,30 +107,16 @@ def check_quantization(cfg: TrainConfig) -> None:
     `quantization_config`: GPTQ, AWQ, a saved bitsandbytes model) has no float
     weights for the merge to add the adapter to.
     """
-    if cfg.model.quantization == "none":
+    if model.quantization == "none":
         return
-    require_bitsandbytes(cfg)
+    require_bitsandbytes(model)
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     stored = getattr(config, "quantization_config", None)
     if stored:
         method = stored.get("quant_method", "?") if isinstance(stored, dict) else getattr(stored, "quant_method", "?")
-        raise UserError(f"model.quantization={cfg.model.quantization}: the base {cfg.model.path} is stored quantized "
+        raise UserError(f"model.quantization={model.quantization}: the base {model.path} is stored quantized "
                         f"already (config.json quantization_config, quant_method={method}); QLoRA here quantizes an "
                         "unquantized base as it loads, and the merge adds the adapter to its float weights: "
                         "use the unquantized model (model in config/config.yaml)")
-
-
-FSDP_QUANTIZED_ERROR = ("model.quantization={quantization} with distributed.strategy=fsdp over {world}: the FSDP "
-                        "strategy reads the base into per-rank shards of float tensors (fully_shard of a meta "
-                        "skeleton), which bitsandbytes' packed 4-bit / 8-bit weights and their quantization "
-                        "constants are not; a quantized base trains with distributed.strategy=ddp (each rank holds "
-                        "the whole quantized base: 4-bit makes it about 0.3x of bf16), or use "
-                        "model.quantization=none with fsdp")
-
-
-def refuse_quantized_sharded(cfg: TrainConfig, world: str) -> None:
-    """UserError naming both settings when a quantized base would be sharded with FSDP."""
-    if cfg.model.quantization != "none" and cfg.distributed.strategy == "fsdp":
-        raise UserError(FSDP_QUANTIZED_ERROR.format(quantization=cfg.model.quantization, world=world))

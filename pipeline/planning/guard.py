@@ -19,15 +19,15 @@ derived from the old config (plan, train_config.yaml, stages, evaluations,
 exports, reports, tracker state, scratch checkpoints) into
 `results/<vrun>/archive/<when>-<old config id>/` before any job runs, and the
 run retrains. Shared work stays in place: the validated and tokenized data, the
-run's tokenizer, the base model's evaluation, a hub model's pin, the label page,
-a sweep's variants and comparison, earlier archives.
+run's tokenizer, the base model's evaluation and benchmark scores (and the
+benchmark scores by content key), a hub model's pin, the label page, a sweep's
+variants and comparison, earlier archives.
 
 Torch-free: the Snakefile imports it at every start.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -35,17 +35,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipeline import config as train_config
+from pipeline import layout
 from pipeline.planning.schedule import Stage
 
 MODES = ("stop", "archive")
-ARCHIVE_DIR = "archive"
-STAGES_DIR = "stages"
-PLAN_FILE = "plan.json"
-CONFIG_FILE = "train_config.yaml"
 # Under results/<vrun>/: made from the data and the base model, not from the trainer config (or
 # holding other runs: a sweep's variants and its comparison, earlier archives). Never archived.
-SHARED = {"data", "tokenizer", "model.json", ARCHIVE_DIR, "variants", "sweep"}
-SHARED_FILES = {"eval/base.json", "report/labels.html"}
+SHARED = {layout.DATA_DIR, layout.TOKENIZER_DIR, layout.HUB_MODEL_FILE, layout.ARCHIVE_DIR, layout.VARIANTS_DIR,
+          layout.SWEEP_DIR}
+# Deeper down (paths of files or dirs): the base model's evaluation and benchmark scores, and the
+# benchmark scores by content key (pipeline/evaluate/benchmarks.py: valid for whatever config scored them).
+_HERE = layout.RunTree("")  # paths relative to a run dir
+SHARED_FILES = {_HERE.evaluation(layout.BASE_EVAL).as_posix(), _HERE.labels_html.as_posix(),
+                _HERE.benchmarks_of(layout.BENCH_BASE).as_posix(), _HERE.benchmark_cache.as_posix()}
 ABSENT = "(not set)"
 
 
@@ -128,16 +130,17 @@ def trained(vdir: Path, scratch: Path, order: list[str] = ()) -> list[str]:
     def key(path: Path):
         return rank.get(path.name, len(rank)), path.name
 
-    done = [p.name for p in sorted((vdir / STAGES_DIR).glob("*"), key=key) if p.is_dir()]
-    started = [p.name for p in sorted(scratch.glob("*"), key=key) if p.name not in done and any(p.glob("step_*"))]
+    done = [p.name for p in sorted(layout.RunTree(vdir).stages.glob("*"), key=key) if p.is_dir()]
+    started = [p.name for p in sorted(scratch.glob("*"), key=key)
+               if p.name not in done and any(p.glob(layout.STEP_GLOB))]
     return done + [f"{name} (in progress)" for name in started]
 
 
 def check(vrun: str, label: str, cfg: train_config.TrainConfig, stages: list[Stage], *,
-          results: Path = Path("results"), work: Path = Path("work")) -> ChangedRun | None:
+          results: Path = Path(layout.RESULTS), work: Path = Path(layout.WORK)) -> ChangedRun | None:
     """The run's changes when it has trained anything with another config than `cfg` and `stages`."""
     vdir = results / vrun
-    old_config, plan_file = vdir / CONFIG_FILE, vdir / PLAN_FILE
+    old_config, plan_file = layout.RunTree(vdir).train_config, layout.RunTree(vdir).plan
     plan = json.loads(plan_file.read_text()) if plan_file.is_file() else None
     done = trained(vdir, work / vrun, [s["name"] for s in (plan or {}).get("stages", [])])
     if not done or not old_config.is_file():
@@ -148,23 +151,23 @@ def check(vrun: str, label: str, cfg: train_config.TrainConfig, stages: list[Sta
     changes = config_changes(old_text, cfg) + (schedule_changes(plan, stages) if plan is not None else [])
     if not changes:
         return None
-    return ChangedRun(vrun, label, changes, done, hashlib.sha256(old_text.encode()).hexdigest())
+    return ChangedRun(vrun, label, changes, done, train_config.config_id(old_text))
 
 
-def stop_message(changed: list[ChangedRun], *, results: str = "results") -> str:
+def stop_message(changed: list[ChangedRun], *, results: str = layout.RESULTS) -> str:
     """Why the workflow refuses to run: every changed run and key, and the ways on."""
     lines = ["these results were trained with another config than the one given now; running on would "
              "retrain them in place, deleting what they trained:"]
     for run in changed:
         lines.append(f"  {run.label} in {results}/{run.vrun}, trained {', '.join(run.trained)}; changed since "
-                     f"(old -> now, old from {CONFIG_FILE} and {PLAN_FILE}):")
+                     f"(old -> now, old from {layout.TRAIN_CONFIG_FILE} and {layout.PLAN_FILE}):")
         lines += [f"    {change}" for change in run.changes]
     lines += [
         "To go on, either",
         "  - keep those results and train this config as a new run: give it a new `run:` name "
         "(e.g. --config run=<new-name>), or",
         f"  - set `on_config_change: archive` (e.g. --config on_config_change=archive): each run's plan, stages, "
-        f"evaluations, exports and reports move into {results}/<run>/{ARCHIVE_DIR}/<date>-<old config id>/ when "
+        f"evaluations, exports and reports move into {results}/<run>/{layout.ARCHIVE_DIR}/<date>-<old config id>/ when "
         "the run starts, and it retrains (its data, tokenizer and base evaluation stay), or",
         "  - undo the change.",
     ]
@@ -177,25 +180,27 @@ def archive_name(run: ChangedRun, now: float | None = None) -> str:
     return f"{stamp}-{run.old_id[:8]}"
 
 
-def to_archive(vdir: Path) -> list[Path]:
-    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED)."""
+def to_archive(vdir: Path, under: Path | None = None) -> list[Path]:
+    """What `archive` moves out of results/<vrun>: all of it but the shared work (SHARED, SHARED_FILES);
+    a dir that holds shared work is gone into (`under`: the dir being gone through)."""
     moved = []
-    for path in sorted(vdir.iterdir()):
-        if path.name in SHARED:
+    for path in sorted((under or vdir).iterdir()):
+        rel = path.relative_to(vdir).as_posix()
+        if rel in SHARED or rel in SHARED_FILES:
             continue
-        if path.is_dir() and any(f.startswith(f"{path.name}/") for f in SHARED_FILES):
-            moved += [p for p in sorted(path.iterdir()) if p.relative_to(vdir).as_posix() not in SHARED_FILES]
+        if path.is_dir() and any(f.startswith(f"{rel}/") for f in SHARED_FILES):
+            moved += to_archive(vdir, path)
         else:
             moved.append(path)
     return moved
 
 
-def archive(run: ChangedRun, name: str, *, results: Path = Path("results"), work: Path = Path("work")) -> Path:
+def archive(run: ChangedRun, name: str, *, results: Path = Path(layout.RESULTS), work: Path = Path(layout.WORK)) -> Path:
     """Move a changed run's trained outputs into results/<vrun>/archive/<name>/ (scratch
     checkpoints of work/<vrun>/ into its work/), keeping their paths relative to the run.
     Each move is a rename on one file system (nothing copied, nothing half-written)."""
     vdir, scratch = results / run.vrun, work / run.vrun
-    dest = vdir / ARCHIVE_DIR / name
+    dest = layout.RunTree(vdir).archive(name)
     dest.mkdir(parents=True, exist_ok=False)
     for path in to_archive(vdir):
         target = dest / path.relative_to(vdir)
@@ -203,10 +208,10 @@ def archive(run: ChangedRun, name: str, *, results: Path = Path("results"), work
         shutil.move(path, target)
     if scratch.is_dir():
         for path in sorted(scratch.iterdir()):
-            if path.name != "variants":  # a sweep's variants under the plain run's scratch
-                (dest / "work").mkdir(exist_ok=True)
-                shutil.move(path, dest / "work" / path.name)
-    (dest / "ARCHIVED.json").write_text(json.dumps({
+            if path.name != layout.VARIANTS_DIR:  # a sweep's variants under the plain run's scratch
+                (dest / layout.WORK).mkdir(exist_ok=True)
+                shutil.move(path, dest / layout.WORK / path.name)
+    (dest / layout.ARCHIVED_FILE).write_text(json.dumps({
         "run": run.vrun, "old_config_id": run.old_id, "trained": run.trained,
         "changes": [asdict(c) for c in run.changes]}, indent=2) + "\n")
     return dest

@@ -82,6 +82,14 @@ class RunSampler:
         mine = idx[rank * per_rank:(rank + 1) * per_rank]
         return [mine[i:i + micro] for i in range(0, len(mine), micro)]
 
+    def micro_batch_places(self, rank: int, world: int, count: int) -> list[int]:
+        """Where each of this rank's `count` micro-batches of an update sits among the update's
+        micro-batches (all ranks, in the order one process would run them), as
+        `rank_micro_batches` deals them."""
+        if self.lengths is not None:
+            return [rank + i * world for i in range(count)]
+        return [rank * count + i for i in range(count)]
+
     def epoch_of(self, step: int) -> float:
         """Epochs done before update `step` (a mixed run's: mixed epochs)."""
         return step * self.global_batch / (self.mix.size if self.mix is not None else self.n)

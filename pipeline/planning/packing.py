@@ -108,7 +108,7 @@ class Packing:
 
 
 def decide(setting: str, *, implementation: str, model_type: str | None, vision_language: bool,
-           device: str = "cuda", per_record: bool = False) -> Packing:
+           device: str = "cuda", per_record: bool = False, where: str = "the model") -> Packing:
     """`tokens.packing` resolved for a model (see the module docstring for where packing is exact).
 
     auto: packed where exact, padded elsewhere; on: packed, UserError where it
@@ -118,7 +118,7 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
     implementation the model runs (the resolved one, not `auto`); `device` the
     type of the training device; `per_record`: the model can attend record by
     record without a mask (`pipeline.model.packed_attention.runs_per_record`),
-    which SDPA then does on a CPU (`CPU_SDPA`).
+    which SDPA then does on a CPU (`CPU_SDPA`); `where` names the model in an error.
     """
     setting, implementation = str(setting), str(implementation)
     if setting == "off":
@@ -126,7 +126,7 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
     if vision_language:
         why = "a vision-language model: its image inputs and position ids (Qwen2-VL's 3-D ones) are per record"
         if setting == "on":
-            raise UserError(f"tokens.packing=on: {why}, so its micro-batches are not packed; use "
+            raise UserError(f"tokens.packing=on: {where} is {why}, so its micro-batches are not packed; use "
                             "tokens.packing=auto or off")
         return Packing(None, why + " (padded micro-batches)")
     if implementation not in PATHS:

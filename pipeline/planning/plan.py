@@ -1,31 +1,30 @@
-"""The run's plan: its stages, its resolved trainer config, and the checks that span both configs.
+"""The run's plan: its stages, its resolved trainer config, and the checks that need the model.
 
     python -m pipeline plan --total-updates 300 --pilot-fraction 0.05 --num-chunks 2 \\
-        --resolved-config '{"seed": 0, "optim": {"lr": 0.002, ...}, ...}' \\
+        --resolved-config "$(cat train_config.yaml)" \\
         --export-weights ema --export-ema-rate 0.98 [--world-size 8] --max-length 2048 \\
         --out-plan results/<run>/plan.json --out-config results/<run>/train_config.yaml
 
 The trainer config is resolved once, when the workflow loads
-(`workflow/rules/common.smk`): the `plan` rule hands that resolution over as
-JSON (`--resolved-config`) and the plan writes it as it is. Outside the
-workflow (tests, benchmarks) `--train-config-dir/--train-config-name/--override`
-resolve it here instead.
-
-Two configs meet here: the workflow's (`config/config.yaml`: the schedule,
-what to export, how many processes) and the trainer's (`config/train/` plus
-`train.overrides`, resolved by Hydra). Some rules tie them together and would
-otherwise fail only after all training (consolidate picking an EMA rate that
-was never kept); `cross_check` names both keys of every such problem at once.
-The workflow runs the same checks when it loads (`workflow/rules/common.smk`),
-so `snakemake` refuses such a config before any job starts.
+(`pipeline.planning.run_config`): the `plan` rule hands over its text, which
+the plan checks again (`pipeline.config.to_typed`, `pipeline.planning.checks.cross_check`)
+and writes as it is, so its sha256 is the `config_id` the workflow keyed the
+plan on. Tests and benchmarks hand over `pipeline.config.to_yaml` of a
+`pipeline.config.resolve` the same way.
 
 A base model given by hub id is recorded as `model: {repo_id, revision}`, the
 commit the `fetch_model` job pinned (model.path is then its model.json), and
 read from the Hugging Face cache like a local dir.
 
-With the base model at hand (a local dir), `plan` also resolves the LoRA
-targets against the model's layers, so a `lora.target_modules` that matches
-nothing fails here, listing the layers it could adapt, not in the pilot.
+With the base model at hand (a local dir), `plan` also builds its skeleton on
+the meta device (`pipeline.model.loading.plan_model`: no weight read) and
+prints the attention kernel `model.attn_implementation` resolves to and why,
+what LoRA adapts per module kind with the parameter counts (attention, experts,
+router, ...; `pipeline.model.targets`) and the router loss of a mixture of
+experts. A `lora.target_modules` that matches nothing, a target peft would
+refuse, a `lora.dropout` its fused-expert wrapper cannot take, an attention
+kernel the model does not support, FSDP on a mixture of experts: each fails
+here, naming the setting, not in the pilot.
 
 Memory: from the model's config.json alone (`pipeline.model.memory`), the
 plan estimates what one GPU holds during training (weights, gradients,
@@ -45,19 +44,13 @@ micro-batches are packed, by which attention path, and the padding fraction of
 the tokens computed with padded micro-batches and with packed ones, over the
 run's own order (its first `REPORT_UPDATES` updates); plan.json keeps them.
 
-A quantized base is checked here too: bitsandbytes installed, a base stored
-unquantized, and not with FSDP (`cross_check`; each error names the keys).
-
-The identity of the trainer config is its resolved content (`config_id`): the
-workflow keys the plan on it, so a comment or an unused group file in
-`config/train/` changes nothing, and a changed resolved value retrains from the
-pilot.
+A quantized base is checked here too: bitsandbytes installed and a base stored
+unquantized (`pipeline.model.quantization.check_quantization`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from dataclasses import asdict, replace
@@ -67,43 +60,13 @@ import numpy as np
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
-from pipeline.layout import ema_tag
 from pipeline.data.mix import from_config as mix_from_config
 from pipeline.model import memory
 from pipeline.planning import packing
+from pipeline.planning.checks import EXPORT_WEIGHTS, cross_check
 from pipeline.planning.schedule import plan_stages
 from pipeline.storage import hub
 from pipeline.storage.publish import write_text
-
-
-def config_id(cfg: train_config.TrainConfig) -> str:
-    """sha256 of the resolved config as train_config.yaml holds it: what the trained stages depend on."""
-    return hashlib.sha256(train_config.to_yaml(cfg).encode()).hexdigest()
-
-
-def resolved_json(cfg: train_config.TrainConfig) -> str:
-    """The resolved config as `--resolved-config` takes it: `to_typed` of it writes the same
-    train_config.yaml, so its sha256 is `config_id(cfg)`."""
-    from omegaconf import OmegaConf
-
-    return json.dumps(OmegaConf.to_container(OmegaConf.structured(cfg)), separators=(",", ":"))
-
-
-def world_size(nodes: int, gpus_per_node: int | str, nproc: int | str) -> int | None:
-    """Ranks of a training stage when the workflow config fixes them (None: decided by the GPUs found).
-
-    Raises when the config itself asks for more processes per node than GPUs per
-    node: each process needs a GPU of its own (CUDA: "invalid device ordinal").
-    """
-    if nproc != "auto":
-        if gpus_per_node != "auto" and 0 < int(gpus_per_node) < int(nproc):
-            raise UserError(f"train.nproc={nproc} processes per node but train.gpus_per_node={gpus_per_node}: "
-                            f"each process needs a GPU of its own; set train.nproc to at most {gpus_per_node} "
-                            "(or auto: one per GPU)")
-        return nodes * int(nproc)
-    if gpus_per_node != "auto":
-        return nodes * max(1, int(gpus_per_node))
-    return None
 
 
 def gpu_count_problem(world: int | None) -> str | None:
@@ -126,50 +89,13 @@ def gpu_count_problem(world: int | None) -> str | None:
             f"{count} (or auto: one per GPU); to train on the CPU instead, hide the GPUs (CUDA_VISIBLE_DEVICES=)")
 
 
-def cross_check(cfg: train_config.TrainConfig, *, export_weights: str, export_ema_rate: float | None,
-                world: int | None) -> list[str]:
-    """Problems between the workflow config and the resolved trainer config, each naming both keys."""
-    problems = []
-    rates = list(cfg.ema.rates)
-    shown = f"ema.rates={rates}"
-    if export_ema_rate is not None and ema_tag(export_ema_rate) not in {ema_tag(r) for r in rates}:
-        problems.append(f"export.ema_rate={export_ema_rate} is not one of the trainer's {shown}: "
-                        "choose a rate the run keeps, or add it to ema.rates (train.overrides)")
-    if export_weights == "ema" and not rates:
-        problems.append(f"export.weights=ema needs EMA weights, but the trainer keeps none ({shown}): "
-                        "set export.weights: raw, or give ema.rates")
-    if export_weights == "ema" and export_ema_rate is None and len(rates) > 1:
-        problems.append(f"export.weights=ema with several rates ({shown}): set export.ema_rate to the one to export")
-    if cfg.distributed.strategy == "fsdp" and world != 1 and cfg.model.tokenizer and Path(cfg.model.tokenizer).is_dir():
-        # FSDP reads the base into shards of its stored shapes: no rows for added tokens yet.
-        from pipeline.model.loading import refuse_added_tokens_sharded
-
-        try:
-            refuse_added_tokens_sharded(cfg)
-        except UserError as err:
-            problems.append(str(err))
-    if cfg.distributed.strategy == "fsdp" and cfg.model.quantization != "none" and world != 1:
-        from pipeline.model.quantization import refuse_quantized_sharded
-
-        try:
-            refuse_quantized_sharded(cfg, f"{world} ranks" if world else "the GPUs found (train.nproc=auto)")
-        except UserError as err:
-            problems.append(str(err))
-    if world is not None:
-        try:
-            train_config.batch_split(cfg, world)
-        except UserError as err:
-            problems.append(str(err))
-    return problems
-
-
 def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length: int | None) -> str | None:
     """Print the memory estimate; return why the run cannot fit its GPUs, or None.
 
     GPUs: `world` of them (None: as many as this process sees), each with
     `model.gpu_memory_gb` or, unset, the smallest memory among those seen.
     """
-    shapes = memory.read_shapes(cfg.model.path, cfg.model.trust_remote_code)
+    shapes = memory.model_shapes(cfg)
     caches = [m.cache for m in cfg.tokens.mix] or [cfg.tokens.train_cache]
     length = max_length or max((memory.longest_record(c) or 0 for c in caches), default=0) or None
     if shapes is None or length is None:
@@ -177,9 +103,14 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         return None
     count, found = memory.gpus_found()
     world = world or max(count, 1)
-    limit = memory.gpu_budget(cfg, found, world)
+    limit = memory.gpu_budget(cfg.model, found, world)
     run = memory.decide(cfg, shapes, world=world, sharded=cfg.distributed.strategy == "fsdp" and world > 1,
-                        precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit)
+                        precision=memory.gpu_precision(cfg.precision.mode), length=length, limit=limit,
+                        attention=memory.resolved_attention(cfg.model))
+    if shapes.experts:
+        print(f"parameters: {shapes.params:,} in all (the memory estimate holds every expert), "
+              f"{shapes.active_params:,} active per token ({shapes.top_k} of {shapes.experts} experts: throughput "
+              "and MFU count these)")
     if limit is None:
         print(memory.estimate(cfg, shapes, run).table())
         print("memory: no GPU found and no model.gpu_memory_gb: not checked")
@@ -234,9 +165,12 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     longest = max(capacity, memory.longest_record(cfg.tokens.val_cache) or 0)  # validation runs the same attention
     # The plan does not know which device the stages get (under SLURM it runs without their GPUs):
     # it says what each would do where they differ (SDPA: record by record on a CPU).
-    gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=attention_implementation(cfg),
-                               model_type=config.model_type, vision_language=config_is_vision_language(config),
-                               device=device, per_record=packed_attention.runs_per_record(config, longest))
+    # Each with the kernel `model.attn_implementation` resolves to there (auto: flash-attention on a GPU
+    # where the flash-attn package is importable here too).
+    gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=memory.resolved_attention(cfg.model, device)
+                               or "sdpa", model_type=config.model_type,
+                               vision_language=config_is_vision_language(config), device=device,
+                               per_record=packed_attention.runs_per_record(config, longest), where=cfg.model.path)
                 for device in ("cuda", "cpu"))
     mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
     sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,
@@ -258,19 +192,27 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
             "updates_counted": len(steps), "world": world}
 
 
-def attention_implementation(cfg: train_config.TrainConfig) -> str:
-    """The attention implementation the stages will run (packing's path depends on it)."""
-    return str(cfg.model.attn_implementation)
-
-
 def _model_config(cfg: train_config.TrainConfig):
     """The base model's transformers config, or None where it cannot be read here."""
-    from transformers import AutoConfig
+    from pipeline.model import base
 
     try:
-        return AutoConfig.from_pretrained(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)
+        return base.hf_config(cfg.model)
     except (OSError, ValueError, KeyError):
         return None
+
+
+def _parsed(text: str):
+    """The resolved config's text read as `pipeline.config.load` reads train_config.yaml (UserError: not a mapping)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    try:
+        raw = OmegaConf.create(text)
+    except Exception as err:  # OmegaConf and its YAML reader raise several types for bad text
+        raise UserError(f"--resolved-config is not YAML: {err}") from None
+    if not isinstance(raw, DictConfig):
+        raise UserError(f"--resolved-config is not a trainer config (a mapping of its groups): {text[:80]!r}")
+    return raw
 
 
 def _rate(text: str) -> float | None:
@@ -283,14 +225,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--total-updates", type=int, required=True)
     ap.add_argument("--pilot-fraction", type=float, required=True)
     ap.add_argument("--num-chunks", type=int, required=True)
-    source = ap.add_mutually_exclusive_group(required=True)
-    source.add_argument("--resolved-config", type=json.loads,
-                        help="the trainer config the workflow resolved when it loaded (JSON): written as is")
-    source.add_argument("--train-config-dir", type=Path, help="else resolve config/train/ here, with --override")
-    # No default here: the workflow schema holds train.config_name's (a second one would be free to drift).
-    ap.add_argument("--train-config-name", help="with --train-config-dir: the config's name (workflow train.config_name)")
-    ap.add_argument("--override", action="append", default=[], help="Hydra override, repeatable")
-    ap.add_argument("--export-weights", choices=("ema", "raw"), required=True, help="workflow export.weights")
+    ap.add_argument("--resolved-config", required=True,
+                    help="the resolved trainer config (pipeline.config.to_yaml) as text: checked, and written as is")
+    ap.add_argument("--export-weights", choices=EXPORT_WEIGHTS, required=True, help="workflow export.weights")
     ap.add_argument("--export-ema-rate", type=_rate, default=None, help="workflow export.ema_rate")
     ap.add_argument("--world-size", type=int, default=None, help="ranks per stage, when the workflow fixes it")
     ap.add_argument("--max-length", type=int, default=None,
@@ -300,12 +237,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     stages = plan_stages(args.total_updates, args.pilot_fraction, args.num_chunks)
-    if args.resolved_config is not None:
-        cfg = train_config.to_typed(args.resolved_config)  # the workflow's resolution, typed and checked again
-    else:
-        if args.train_config_name is None:
-            ap.error("--train-config-dir needs --train-config-name")
-        cfg = train_config.resolve(args.train_config_dir, args.train_config_name, args.override)
+    cfg = train_config.to_typed(_parsed(args.resolved_config))  # the workflow's resolution, typed and checked again
+    if train_config.to_yaml(cfg) != args.resolved_config:
+        # The workflow keyed the plan on this text's sha256: a text that is not the whole config as
+        # to_yaml writes it (a partial one, other formatting) would be trained under another id.
+        raise UserError("--resolved-config is not a resolved trainer config as pipeline.config.to_yaml writes it "
+                        "(every key, in its order): resolve it with pipeline.config.resolve first")
     problems = cross_check(cfg, export_weights=args.export_weights, export_ema_rate=args.export_ema_rate,
                            world=args.world_size)
     if problems:
@@ -317,12 +254,13 @@ def main(argv: list[str]) -> int:
     # id and commit. train_config.yaml keeps model.path as given: the config's identity.
     hub_model = hub.describe(cfg.model.path)
     local = replace(cfg, model=replace(cfg.model, path=str(hub.model_dir(cfg.model.path))))
-    if local.lora.enabled and Path(local.model.path).is_dir():  # else checked when the pilot loads it
-        from pipeline.model.loading import check_lora_targets
+    if Path(local.model.path).is_dir():  # else checked when the pilot loads it
+        from pipeline.model.loading import plan_model
         from pipeline.model.quantization import check_quantization
 
-        check_quantization(local)
-        check_lora_targets(local)
+        if local.lora.enabled:
+            check_quantization(local.model)
+        plan_model(local, world=args.world_size)
     too_big = memory_check(local, world=args.world_size, max_length=args.max_length)
     if too_big:
         raise UserError(too_big)
@@ -335,6 +273,6 @@ def main(argv: list[str]) -> int:
     if hub_model is not None:
         plan["model"] = hub_model
     write_text(args.out_plan, json.dumps(plan, indent=2) + "\n")
-    write_text(args.out_config, train_config.to_yaml(cfg))
+    write_text(args.out_config, args.resolved_config)
     print(" + ".join(f"{s.name}:{s.updates}" for s in stages), f"= {args.total_updates} updates")
     return 0

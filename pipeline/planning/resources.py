@@ -26,14 +26,17 @@ from pathlib import Path
 # The kinds of job. Evaluation covers a stage's and the base's; CPU covers the data jobs
 # (base, tokenizer, validation, tokenization) and consolidation.
 TRAIN, EVALUATE, VERIFY, SMOKE, MERGE, CPU = "train", "evaluate", "verify", "smoke", "merge", "cpu"
+BENCHMARK = "benchmark"  # one lm-eval task on one set of weights (evaluate.benchmarks)
 # Which `slurm.<group>` setting (partition, account, extra) each kind takes.
-SLURM_GROUP = {TRAIN: "train", EVALUATE: "evaluate", VERIFY: "evaluate", SMOKE: "evaluate", MERGE: "cpu", CPU: "cpu"}
+SLURM_GROUP = {TRAIN: "train", EVALUATE: "evaluate", VERIFY: "evaluate", SMOKE: "evaluate", BENCHMARK: "evaluate",
+               MERGE: "cpu", CPU: "cpu"}
 # SLURM's warning before the time limit, on which the trainer checkpoints and exits so that the
 # retry resumes (profiles/slurm's default slurm_extra). A rule's slurm_extra replaces the
 # profile's, so a `slurm.train.extra` without a --signal of its own gets this one in front.
 TRAIN_SIGNAL = "--signal=USR1@300"
 
 MB = 2**20
+RUNTIME_MINUTES = {EVALUATE: 60, BENCHMARK: 240}  # per attempt: a retry after a timeout gets longer
 
 
 def job_resources(kind: str, config: Mapping, weights_bytes: int) -> dict:
@@ -42,7 +45,7 @@ def job_resources(kind: str, config: Mapping, weights_bytes: int) -> dict:
         raise ValueError(f"unknown kind of job {kind!r} (known: {', '.join(SLURM_GROUP)})")
     if kind == TRAIN:
         own = train_resources(config["train"], weights_bytes)
-    elif kind in (EVALUATE, VERIFY, SMOKE):
+    elif kind in (EVALUATE, VERIFY, SMOKE, BENCHMARK):
         own = evaluate_resources(kind, config["evaluate"]["gpus"], weights_bytes)
     elif kind == MERGE:
         own = merge_resources()
@@ -80,17 +83,18 @@ def train_resources(train: Mapping, weights_bytes: int) -> dict:
 
 
 def evaluate_resources(kind: str, gpus: int, weights_bytes: int) -> dict:
-    """Evaluation (of a stage or the base), merge verification and the smoke test: `evaluate.gpus`
-    GPUs on one node (none at 0: then they run on the CPUs), 4 CPUs.
+    """Evaluation (of a stage or the base), merge verification, the smoke test and a benchmark:
+    `evaluate.gpus` GPUs on one node (none at 0: then they run on the CPUs), 4 CPUs.
 
     Memory: one model at a time (verification frees the reference before it loads the merged
     model), in fp32 when it runs on a CPU: twice a bf16 checkpoint, plus 4 GB; never less than
-    the 16 GB these jobs always had. Runtime: an hour, an evaluation an hour per attempt.
+    the 16 GB these jobs always had. Runtime: an hour, an evaluation an hour per attempt, a
+    benchmark four hours per attempt (a generative task such as GSM8K decodes every answer).
     """
     resources = {
         "mem_mb": max(16000, int(2 * weights_bytes / MB) + 4000),
         "cpus_per_task": 4,
-        "runtime": per_attempt(60) if kind == EVALUATE else 60,
+        "runtime": per_attempt(RUNTIME_MINUTES[kind]) if kind in RUNTIME_MINUTES else 60,
     }
     if gpus:
         resources["gpu"] = int(gpus)

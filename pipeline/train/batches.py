@@ -57,6 +57,7 @@ class TrainBatches:
         self._updates = _Updates(collator, self.sampler, self.lengths, rank=rank, world=world, micro=micro_batch,
                                  capacity=self.capacity)
         self._ahead = None  # iterator of (step, micro-batches) from the workers
+        self.seed, self.rank, self.world = seed, rank, world
 
     def prefetch(self, start: int, end: int) -> None:
         """Make the batches of updates [start, end) in the worker processes, in order, ahead of use.
@@ -83,6 +84,20 @@ class TrainBatches:
     def make(self, step: int) -> list[Batch]:
         """This rank's share of update `step`, made now in this process."""
         return self._updates[step][1]
+
+    def forward_seeds(self, step: int, count: int) -> list[int]:
+        """A seed for the forward pass of each of this rank's `count` micro-batches of update
+        `step`: a function of the run's seed, the update and the micro-batch's place in the
+        update, not of which rank runs it. Seeded with it, a forward's random draws (LoRA
+        dropout) are those of the same micro-batch on any number of ranks, so a 2-rank run
+        computes what one process computes. Packed micro-batches are cut per rank (their
+        records differ with the number of ranks anyway): each gets its own place, rank by rank."""
+        if self._updates.collator.packed:
+            places = [self.rank * count + i for i in range(count)]
+        else:
+            places = self.sampler.micro_batch_places(self.rank, self.world, count)
+        return [int(np.random.SeedSequence([self.seed, step, place]).generate_state(1, np.uint64)[0] >> 1)
+                for place in places]
 
     def supervised(self, step: int) -> int:
         return int(self.counts[self.sampler.global_indices(step)].sum())

@@ -296,6 +296,8 @@ class Monitor:
         record = {"step": step, "loss": loss, "lr": result.lr, "grad_norm": result.grad_norm, "tokens": result.tokens,
                   "tokens_per_s": result.tokens / seconds, "step_time_s": seconds, "skipped": not result.finite,
                   "skipped_total": state.skipped_updates, **_memory_mb(self.device), "epoch": epoch}
+        if result.router_loss is not None:  # mixture of experts: the load-balancing loss (`pipeline.model.router`)
+            record["router_loss"] = result.router_loss
         if result.loss_scale is not None:  # fp16: the GradScaler's scale, and its calibration skips
             record.update(loss_scale=result.loss_scale, scaler_skip=result.scaler_skip,
                           scaler_skips_total=state.scaler_skips)

@@ -42,14 +42,15 @@ import numpy as np
 import torch
 
 from pipeline import config as train_config
-from pipeline import distributed, layout
+from pipeline import distributed, layout, watch
 from pipeline.checkpoint import io as ckpt_io
 from pipeline.checkpoint.checkpointer import Checkpointer, fingerprint
 from pipeline.checkpoint.state import restore_rng
 from pipeline.data.cache import TokenCache
+from pipeline.data import run_tokenizer
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
-from pipeline.model import loading, memory, packed_attention, precision as prec
+from pipeline.model import base, loading, memory, packed_attention, precision as prec
 from pipeline.model.batch import Collator
 from pipeline.model.loss import hf_model
 from pipeline.planning.packing import Packing, decide as decide_packing
@@ -72,27 +73,19 @@ def train_stage(args: argparse.Namespace) -> int:
     cfg = train_config.load(args.config)
     if cfg.deterministic:
         _deterministic()
-    d = distributed.setup(cfg.distributed.backend, cfg.distributed.timeout_s)
-    try:
-        return run(args, cfg, d)
-    except InjectedFailure as err:
-        log.error("[%s] %s", args.stage, err)
-        return 1
-    finally:
-        distributed.teardown()
+    with watch.session(cfg.distributed.backend, cfg.distributed.timeout_s) as d:
+        try:
+            return run(args, cfg, d)
+        except InjectedFailure as err:
+            log.error("[%s] %s", args.stage, err)
+            return 1
 
 
 def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     # --- what to compute ------------------------------------------------------
-    plan = read_plan(args.plan)
-    stage, _ = stage_from_plan(plan, args.stage)
+    plan, stage, init = _inputs(args, d)
     total = plan["total_updates"]
     config_text = Path(args.config).read_text()
-    init = Path(args.init) if args.init else None
-    if init is not None:  # checked once, by rank 0 (it hashes every file), for every rank
-        ok, reason = distributed.broadcast_object(d, ckpt_io.verify(init) if d.is_main else None)
-        if not ok:
-            raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
     micro, accum = train_config.batch_split(cfg, d.world_size)
     precision = prec.choose(cfg.precision.mode, d.device, init_scale=cfg.precision.init_scale)
     prec.use_tf32(d.device, cfg.precision.tf32)
@@ -113,8 +106,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     named, optimizer = adamw(loading.trainable(raw_model), cfg.optim, d.device)
     ema = EMA(strategy.ema_view(named), cfg.ema.rates, cfg.ema.every)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total, cfg.optim.warmup_fraction, cfg.optim.min_lr_ratio)
-    )
+        optimizer, lambda s: lr_factor(s, total, cfg.optim.warmup_fraction, cfg.optim.min_lr_ratio))
     parts = TrainingParts(raw_model, named, ema, optimizer, scheduler, precision.scaler())
 
     # --- restore -----------------------------------------------------------------
@@ -125,38 +117,20 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     )
     resume = checkpointer.resume_point()
     source = resume or init
-    distributed.print0(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; "
-                          f"start from {source or 'a fresh adapter'}; world {d.world_size}, "
-                          f"micro-batch {micro} x {accum}, precision {precision.name}, "
-                          + (memory.checkpointing_text(checkpointed, estimate.layers) if estimate is not None
-                             else f"activation checkpointing {'every layer' if checkpointed else 'off'}"))
-    if estimate is not None:
-        distributed.print0(d, estimate.table())
-    state, rng = LoopState(step=stage.start), None
-    if source is not None:
-        progress, rng = checkpointer.restore(source)
-        state = LoopState.from_progress(progress)
-        expected = range(stage.start, stage.end + 1) if resume else [stage.start]
-        if state.step not in expected:
-            raise UserError(f"{source} ends at update {state.step}, but stage {stage.name} starts at {stage.start}")
-    # RNG last: everything above may draw from it, and must not shift the run's stream.
-    if rng is not None:
-        restore_rng(rng)
-    else:
-        _seed_all(cfg.seed * 7919 + d.rank + 1)  # fresh start (or a rank new to this run)
+    _announce(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; start from "
+                 f"{source or 'a fresh adapter'}; world {d.world_size}, micro-batch {micro} x {accum}, "
+                 f"precision {precision.name}, ", checkpointed, estimate)
+    state = _restored(checkpointer, stage, source, resumed=resume is not None, seed=cfg.seed, rank=d.rank)
 
     # --- data, evaluation, reporting ------------------------------------------------
     train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model))
-    train = TrainBatches(train_collator, global_batch=cfg.optim.global_batch, micro_batch=micro,
-                         seed=cfg.seed, rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
-                         workers=cfg.vision.loader_workers if train_collator.images is not None else 0, mix=mix)
+    train = _train_batches(cfg, d, train_collator, micro, mix)
     distributed.print0(d, f"[{stage.name}] {packing.text()}" + (
         f"; micro-batches of at most {micro} rows of at most {train.capacity} tokens" if packing.on else ""))
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     tracking = _tracking(args, plan, stage, state.step) if d.is_main else None
-    if tracking is not None:
-        checkpointer.on_commit = tracking
+    checkpointer.on_commit = tracking  # rank 0 catches the tracker up with each committed checkpoint
     preemption = distributed.Preemption(d)
     evaluator = Evaluator(cfg.validation, val, loss_model, parts, strategy, precision, monitor=monitor,
                           checkpointer=checkpointer, stop=preemption, hooks=hooks, stage=stage.name)
@@ -166,11 +140,8 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
                              device=d.device, data=train, ema=parts.ema)
 
     # --- the loop ------------------------------------------------------------------
-    if state.eval_pending:  # the previous attempt was preempted during this eval: redo it first
-        kind, reason = state.eval_pending
-        evaluator.run(state, kind, f"{reason}, redone after preemption")
-        if preemption.requested():
-            return checkpointer.save_preempted(state)
+    if state.eval_pending and _redo_pending_eval(state, evaluator, preemption):
+        return checkpointer.save_preempted(state)
     model.train()
     train.prefetch(state.step, stage.end)  # images decode in loader workers (vision-language models only)
     held = None  # several ranks: this rank's alert, agreed on in the next update's all-reduce
@@ -202,13 +173,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
             checkpointer.save(state)
 
     # --- stage output: final checkpoint + metrics, made visible by one rename ------------
-    # Cheap cross-rank check the pilot gate reports (DDP ranks must hold the same weights).
-    strategy.check_ranks([p for _, p in named], f"trained weights at the end of {stage.name}")
-    monitor.event({"step": stage.end, "event": "ranks_consistent", "world_size": d.world_size,
-                   "method": strategy.consistency})
-    if mix is not None:  # what this stage trained on, per dataset (the plan's mix says what the run will)
-        monitor.event({"step": stage.end, "event": "mix_drawn", "start": stage.start,
-                       "drawn": drawn_per_dataset(train.sampler, mix, range(stage.start, stage.end))})
+    _closing_events(monitor, d, stage, strategy, named, mix, train)
     monitor.close()
     checkpointer.save(state, wait=True)
     checkpointer.close()
@@ -217,6 +182,78 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     checkpointer.publish(stage.end, state.best)
     distributed.barrier(d)
     return 0
+
+
+def _inputs(args, d: distributed.Dist) -> tuple[dict, object, Path | None]:
+    """(the run's plan, this stage of it, the checkpoint it starts from: the previous stage's, or
+    None for the pilot). The input checkpoint is checked once, by rank 0 (it hashes every file), for
+    every rank: a bad one stops the stage before anything is built."""
+    plan = read_plan(args.plan)
+    stage, _ = stage_from_plan(plan, args.stage)
+    init = Path(args.init) if args.init else None
+    if init is not None:
+        ok, reason = distributed.broadcast_object(d, ckpt_io.verify(init) if d.is_main else None)
+        if not ok:
+            raise UserError(f"input checkpoint of stage {stage.name} is not usable: {reason}")
+    return plan, stage, init
+
+
+def _train_batches(cfg: train_config.TrainConfig, d: distributed.Dist, collator: Collator, micro: int,
+                   mix: Mix | None) -> TrainBatches:
+    """This rank's share of every update, in micro-batches of `micro` (a vision-language model's
+    images decoded by `vision.loader_workers` loader processes)."""
+    return TrainBatches(collator, global_batch=cfg.optim.global_batch, micro_batch=micro, seed=cfg.seed,
+                        rank=d.rank, world=d.world_size, group_by_length=cfg.tokens.group_by_length,
+                        workers=cfg.vision.loader_workers if collator.images is not None else 0, mix=mix)
+
+
+def _redo_pending_eval(state: LoopState, evaluator: Evaluator, preemption: distributed.Preemption) -> bool:
+    """The previous attempt was preempted during an evaluation: run it again first. True when a
+    signal came (again) meanwhile: the stage saves and exits."""
+    kind, reason = state.eval_pending
+    evaluator.run(state, kind, f"{reason}, redone after preemption")
+    return preemption.requested()
+
+
+def _announce(d: distributed.Dist, line: str, checkpointed: int, estimate) -> None:
+    """Rank 0 prints the stage's line (`line`, then its activation checkpointing) and, with a
+    memory estimate, its table."""
+    distributed.print0(d, line + (memory.checkpointing_text(checkpointed, estimate.layers) if estimate is not None
+                                  else f"activation checkpointing {'every layer' if checkpointed else 'off'}"))
+    if estimate is not None:
+        distributed.print0(d, estimate.table())
+
+
+def _restored(checkpointer: Checkpointer, stage, source: Path | None, *, resumed: bool, seed: int,
+              rank: int) -> LoopState:
+    """The loop state the stage starts from: `source`'s (this stage's last in-stage checkpoint when
+    `resumed`, else the previous stage's final one), or a fresh one at the stage's first update.
+    The RNG is restored (or seeded, per rank) last: building the parts above may draw from it,
+    and must not shift the run's stream."""
+    state, rng = LoopState(step=stage.start), None
+    if source is not None:
+        progress, rng = checkpointer.restore(source)
+        state = LoopState.from_progress(progress)
+        expected = range(stage.start, stage.end + 1) if resumed else [stage.start]
+        if state.step not in expected:
+            raise UserError(f"{source} ends at update {state.step}, but stage {stage.name} starts at {stage.start}")
+    if rng is not None:
+        restore_rng(rng)
+    else:
+        _seed_all(seed * 7919 + rank + 1)  # fresh start (or a rank new to this run)
+    return state
+
+
+def _closing_events(monitor: Monitor, d: distributed.Dist, stage, strategy, named, mix, train: TrainBatches) -> None:
+    """The stage's last metrics events: its ranks hold the same weights (a cheap cross-rank check the
+    pilot gate reports), and, mixing datasets, what it drew from each (the plan's mix says what
+    the run will)."""
+    strategy.check_ranks([p for _, p in named], f"trained weights at the end of {stage.name}")
+    monitor.event({"step": stage.end, "event": "ranks_consistent", "world_size": d.world_size,
+                   "method": strategy.consistency})
+    if mix is not None:
+        monitor.event({"step": stage.end, "event": "mix_drawn", "start": stage.start,
+                       "drawn": drawn_per_dataset(train.sampler, mix, range(stage.start, stage.end))})
 
 
 def _agreed_alert(d: distributed.Dist, alert: str | None, held: str | None, result, *,
@@ -294,14 +331,15 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     projector; validation batches are spread over the ranks too): the records of
     a distributed vision-language run must each have an image.
     """
-    images = loading.image_text(cfg)
-    pad_id = loading.pad_token_id(cfg.model.tokenizer or cfg.model.path)
+    images = base.image_text(cfg.model)
+    pad_id = loading.pad_token_id(run_tokenizer.path(cfg.model))
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
     # Validation batches run through the same attention: a sliding window must cover their records too.
     longest = max([int(train_cache.lengths.max())] + ([int(val.cache.lengths.max())] if val is not None else []))
     packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,
                              model_type=hf.config.model_type, vision_language=images is not None,
-                             device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest))
+                             device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest),
+                             where=cfg.model.path)
     if packing.per_record:
         packed_attention.use(hf)
     train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)

@@ -31,9 +31,10 @@ import torch
 
 from pipeline.checkpoint.state import TrainedState, load_optimizer_state, optimizer_state
 from pipeline.errors import UserError
-from pipeline.model import loading, quantization
+from pipeline.model import loading
 from pipeline.model.loss import TokenLoss
 from pipeline.distributed import Dist, any_rank, check_consistent
+from pipeline.planning.checks import refuse_quantized_sharded
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def choose(cfg, d: Dist):
     if strategy == "fsdp" and d.enabled:
         from pipeline.train.fsdp import FSDP
 
-        quantization.refuse_quantized_sharded(cfg, f"{d.world_size} ranks")  # the plan refuses it first
+        refuse_quantized_sharded(cfg, f"{d.world_size} ranks")  # the plan refuses it first
 
         return FSDP(d, cfg)
     if strategy == "fsdp":

@@ -73,6 +73,9 @@ class UpdateResult:
     finite: bool  # False: the update was skipped
     scaler_skip: bool = False  # skipped as GradScaler calibration (see the module docstring)
     loss_scale: float | None = None  # the GradScaler's scale this update ran with (fp16 only)
+    # Mixture of experts: the load-balancing loss (supervised-token-weighted mean over the global batch,
+    # before its coefficient; `pipeline.model.router`), which `loss` includes x the coefficient.
+    router_loss: float | None = None
     # Agreed in this update's all-reduce (true if true on any rank): a preemption signal had
     # arrived by the time of the all-reduce, and an alert raised after the previous update.
     signalled: bool = False
@@ -98,6 +101,7 @@ class Updater:
         self.params = [p for _, p in parts.named]
         self.max_norm = grad_clip if grad_clip > 0 else math.inf
         self.unchecked_restore = restored_from
+        self.loss_model = strategy.unwrap(model)  # the TokenLoss: it collects the router loss, if any
 
     def __call__(self, state: LoopState, *, alerted: bool = False) -> UpdateResult:
         """`alerted`: this rank raised an alert after the previous update (agreed in this one's all-reduce)."""
@@ -111,7 +115,8 @@ class Updater:
         n_sup = self.data.supervised(step)  # whole global batch: the same on every rank
         weight = d.world_size / max(n_sup, 1)
         loss_sum = torch.zeros((), device=d.device)
-        for i, batch in enumerate(batches):
+        for i, (batch, seed) in enumerate(zip(batches, self.data.forward_seeds(step, len(batches)))):
+            torch.manual_seed(seed)  # dropout draws of this micro-batch, whichever rank runs it
             batch = batch.to(d.device)
             with self.strategy.micro_batch(self.model, last=i == len(batches) - 1):
                 with self.precision.autocast():
@@ -119,23 +124,27 @@ class Updater:
                 scaler.scale(mb_loss * weight).backward()
             loss_sum += mb_loss.detach()
         self.hooks.gradients_ready(step, self.params)
-        grad_norm, loss, scale, signalled, alerted = self._apply(step, loss_sum, alerted)
+        take = getattr(self.loss_model, "take_router_sum", None)
+        router_sum = take() if take is not None else None
+        grad_norm, loss, scale, signalled, alerted, router_sum = self._apply(step, loss_sum, alerted, router_sum)
         lr = self.parts.scheduler.get_last_lr()[0]
         self.parts.scheduler.step()
         result = UpdateResult(loss=loss / max(n_sup, 1), grad_norm=grad_norm, lr=lr,
                               tokens=self.data.tokens(step), finite=math.isfinite(grad_norm),
                               scaler_skip=_calibration(grad_norm, loss, scale), loss_scale=scale,
-                              signalled=signalled, alerted=alerted)
+                              signalled=signalled, alerted=alerted,
+                              router_loss=None if router_sum is None else router_sum / max(n_sup, 1))
         self._advance(state, result)
         return result
 
-    def _apply(self, step: int, loss_sum: torch.Tensor, alerted: bool) -> tuple[float, float, float | None,
-                                                                             bool, bool]:
+    def _apply(self, step: int, loss_sum: torch.Tensor, alerted: bool,
+               router_sum: torch.Tensor | None = None) -> tuple[float, float, float | None, bool, bool, float | None]:
         """Unscale, clip and step the optimizer and EMA, unless the gradient is not finite.
 
         Returns (grad norm, summed loss of all ranks, the GradScaler's scale this
-        update ran with or None, signalled, alerted: see `UpdateResult`); a
-        non-finite grad norm means the update was skipped, on every rank.
+        update ran with or None, signalled, alerted: see `UpdateResult`, and the
+        summed weighted router loss of all ranks or None: it rides in the same
+        all-reduce); a non-finite grad norm means the update was skipped, on every rank.
         """
         optimizer, scaler = self.parts.optimizer, self.parts.scaler
         scaler.unscale_(optimizer)
@@ -147,12 +156,16 @@ class Updater:
         # from host memory, which would wait for the stream); the preemption flag is read now,
         # as late as possible.
         flags = [loss_sum.new_full((), float(f)) for f in (self.preemption.flagged, alerted)]
-        stats = all_reduce_sum(self.d, torch.stack([loss_sum.float(), (~torch.isfinite(norm)).float(), *flags]))
+        routed = [] if router_sum is None else [router_sum.float()]
+        stats = all_reduce_sum(self.d, torch.stack([loss_sum.float(), (~torch.isfinite(norm)).float(), *flags,
+                                                    *routed]))
         # The scale is read in the same sync (`get_scale()` would be a sync of its own), before
         # `scaler.update()` changes it in place. It exists once `scale()` has run (every update).
         scale = scaler._get_scale_async() if scaler.is_enabled() else None
         local = [norm.detach().float().reshape(1)] + ([] if scale is None else [scale.float().reshape(1)])
-        loss, bad, signalled, alerted, grad_norm, *scale = torch.cat([stats, *local]).tolist()
+        loss, bad, signalled, alerted, *rest = torch.cat([stats, *local]).tolist()
+        router_total = rest.pop(0) if routed else None
+        grad_norm, *scale = rest
         scale = scale[0] if scale else None
         if bad:
             grad_norm = math.nan if math.isfinite(grad_norm) else grad_norm
@@ -169,7 +182,7 @@ class Updater:
         elif scale is not None:
             _back_off(scaler, scale)
         optimizer.zero_grad(set_to_none=True)
-        return grad_norm, loss, scale, bool(signalled), bool(alerted)
+        return grad_norm, loss, scale, bool(signalled), bool(alerted), router_total
 
     def _advance(self, state: LoopState, result: UpdateResult) -> None:
         state.tokens_seen += result.tokens

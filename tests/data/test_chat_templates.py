@@ -1,7 +1,7 @@
 """Assistant-token labelling on the chat templates exactly as model makers ship them.
 
 Every template in ``tests/data/chat_templates/`` (see its README) runs in a tiny
-character-level tokenizer (`tests/chatkit.py`), so the expected ids of any
+character-level tokenizer (`tests/kits/chat.py`), so the expected ids of any
 text are computed here without the tokenizer or the labelling core: one id per
 character, special tokens one id each. Each case checks, token by token, that
 `encode_records` supervises exactly, for each assistant turn in order, the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import chatkit
+import kits.chat as chatkit
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.formats import Record
 from pipeline.errors import DataError

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import copy_workflow, snakemake
+from kits.run import copy_workflow, snakemake
 
 WORDS = [f"word{i} and more" for i in range(10)]
 LONG = "x" * 120  # over max_length 64 with any template

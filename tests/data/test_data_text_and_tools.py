@@ -2,7 +2,7 @@
 
 The shipped templates are the verbatim files of ``tests/data/chat_templates/`` (sources in its
 README: Qwen2.5 and Llama 3.1 from ggml-org/llama.cpp ``models/templates/``, Qwen3 from TRL),
-run in the character-level tokenizers of `tests/chatkit.py`, so the expected supervised text
+run in the character-level tokenizers of `tests/kits/chat.py`, so the expected supervised text
 of every case is written out here and compared with what the labeller supervises.
 """
 
@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-import chatkit
+import kits.chat as chatkit
 from pipeline.data import validate as v
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.data.formats import TEXT_ROLE, parse_file

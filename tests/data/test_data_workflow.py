@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import copy_workflow, snakemake  # tests/runkit.py: the workflow tests' helpers
+from kits.run import copy_workflow, snakemake  # tests/kits/run.py: the workflow tests' helpers
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "workflow" / "schemas" / "config.schema.yaml"

@@ -1,7 +1,7 @@
 """The label rule, derived from the generation prompt independently of the labeller, for every template.
 
 For every template of the corpus (the shipped ones of ``tests/data/chat_templates/``, sources in its
-README, and our built-ins), in the character-level tokenizers of `tests/chatkit.py`, and for every
+README, and our built-ins), in the character-level tokenizers of `tests/kits/chat.py`, and for every
 assistant turn k of each conversation: P = the render of the messages before turn k with
 ``add_generation_prompt=True``, F = the render of the messages through turn k. What the model must
 generate is F after the end of P (where F does not write all of P, DeepSeek-R1's ``<think>\\n``: after
@@ -24,7 +24,7 @@ import re
 import numpy as np
 import pytest
 
-import chatkit
+import kits.chat as chatkit
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.formats import Record
 from pipeline.data.tokenize import encode_records

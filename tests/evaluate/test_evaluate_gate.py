@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainkit import make_run
+from kits.train import make_run
 
 from pipeline import layout
 from pipeline.errors import UserError

@@ -100,7 +100,7 @@ def test_refusals(exports, tmp_path, capsys):
 
 
 def test_vision_language_export_is_refused_clearly(tmp_path, capsys):
-    from vlmkit import save_llava
+    from kits.vlm import save_llava
 
     from pipeline.cli import main
 

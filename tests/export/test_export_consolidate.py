@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _finish(ckpt: Path) -> Path:
     (ckpt / layout.TRAINING_STATE_DIR).mkdir(exist_ok=True)
-    (ckpt / layout.CONFIG_FILE).write_text("seed: 0\n")
+    (ckpt / layout.CHECKPOINT_CONFIG_FILE).write_text("seed: 0\n")
     ckpt_io.write_manifest(ckpt, step=1)  # as the trainer does: every file's sha256, written last
     return ckpt
 

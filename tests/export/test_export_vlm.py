@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 from safetensors import safe_open
-from trainkit import make_run, pipeline_env
+from kits.train import make_run, pipeline_env
 
 from pipeline import cli, layout
 from pipeline.export.merge import merge_dirs

@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from trainkit import pipeline_env
+from kits.train import pipeline_env
 
 # A job that reports the devices it was given, then holds them a while.
 _REPORT = "import os, sys, time; print(os.environ.get('CUDA_VISIBLE_DEVICES', '-'), flush=True); time.sleep(float(sys.argv[1]))"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainkit import make_run, pipeline_env
+from kits.train import make_run, pipeline_env, resolved_config
 
 from pipeline import layout
 
@@ -34,8 +34,8 @@ def test_a_user_error_is_shown_on_the_terminal_with_the_log_path_and_its_exit_co
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": ""}]}\n')
     proc = launch(tmp_path, cmd=[sys.executable, "-m", "pipeline", "plan", "--total-updates", "10",
-                                 "--pilot-fraction", "2.0", "--num-chunks", "1", "--train-config-dir", "config/train",
-                                 "--train-config-name", "config", "--export-weights", "raw",
+                                 "--pilot-fraction", "2.0", "--num-chunks", "1",
+                                 *resolved_config(["model.path=/m", "tokens.train_cache=/t"]), "--export-weights", "raw",
                                  "--out-plan", str(tmp_path / "p.json"), "--out-config", str(tmp_path / "c.yaml")],
                   cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2

@@ -24,7 +24,7 @@ import math
 import pytest
 import torch
 
-from trainkit import make_run
+from kits.train import make_run
 
 UPDATES = 2
 LAYERS, HIDDEN, HEADS, KV_HEADS, INTERMEDIATE, POSITIONS = 2, 32, 4, 2, 64, 128

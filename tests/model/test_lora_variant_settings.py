@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
@@ -51,19 +52,21 @@ def test_dora_on_a_layer_kind_it_does_not_support_fails_at_plan_naming_the_keys(
     model_dir = tmp_path / "mamba"
     MambaForCausalLM(MambaConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, state_size=4)).save_pretrained(
         model_dir)
-    args = ["--total-updates", "10", "--pilot-fraction", "0.2", "--num-chunks", "1",
-            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw",
-            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml"),
-            "--override", f"model.path={model_dir}", "--override", "tokens.train_cache=/t",
-            "--override", "lora.target_modules=[in_proj,conv1d]", "--override", "lora.use_dora=true"]
+    args = ["--total-updates", "10", "--pilot-fraction", "0.2", "--num-chunks", "1", "--export-weights", "raw",
+            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml")]
+    overrides = [f"model.path={model_dir}", "tokens.train_cache=/t", "lora.target_modules=[in_proj,conv1d]"]
     with pytest.raises(UserError) as err:
-        plan.main(args)
+        plan.main(args + resolved_config([*overrides, "lora.use_dora=true"]))
     message = str(err.value)
     assert "lora.use_dora=true" in message and "lora.target_modules=['in_proj', 'conv1d']" in message
     assert "conv1d (Conv1d)" in message and "in_proj" not in message.split("here:")[1]
     assert not (tmp_path / "plan.json").exists()
-    args[-1] = "lora.use_dora=false"  # plain LoRA on the same layers passes the check
-    assert plan.main(args) == 0
+    # plain LoRA: peft itself refuses conv1d on a Mamba model, at plan too
+    with pytest.raises(UserError, match=r"peft refuses conv1d .* it may take: dt_proj, in_proj, x_proj"):
+        plan.main(args + resolved_config([*overrides, "lora.use_dora=false"]))
+    # what peft takes passes the check
+    overrides[-1] = "lora.target_modules=[in_proj]"
+    assert plan.main(args + resolved_config([*overrides, "lora.use_dora=false"])) == 0
 
 
 def test_lora_plus_speeds_up_lora_b_and_dora_magnitudes_only(tiny):

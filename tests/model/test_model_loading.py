@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.planning import plan
@@ -49,9 +50,8 @@ def test_all_linear_on_llama_is_the_seven_projections(tiny):
 def test_targets_that_match_nothing_fail_at_plan_listing_the_adaptable_layers(tmp_path):
     gpt2 = _gpt2_dir(tmp_path / "gpt2")
     args = ["--total-updates", "10", "--pilot-fraction", "0.2", "--num-chunks", "1",
-            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"),
-            "--out-config", str(tmp_path / "c.yaml"), "--override", f"model.path={gpt2}",
-            "--override", "tokens.train_cache=/t", "--override", "lora.target_modules=[q_proj,v_proj]"]
+            *resolved_config([f"model.path={gpt2}", "tokens.train_cache=/t", "lora.target_modules=[q_proj,v_proj]"]),
+            "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml")]
     with pytest.raises(UserError) as err:
         plan.main(args)
     message = str(err.value)

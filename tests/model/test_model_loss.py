@@ -16,7 +16,7 @@ CONF = "config/train"
 
 
 def _cfg(tiny, *overrides):
-    from trainkit import REPO
+    from kits.train import REPO
 
     return train_config.resolve(REPO / CONF, "config", [f"model.path={tiny['model']}",
                                                        f"tokens.train_cache={tiny['train']}", *overrides])

@@ -27,7 +27,7 @@ def _save(tmp_path, tied: bool, dtype=torch.float32, **shape):
 
 
 def _cfg(tmp_path, *overrides):
-    from trainkit import REPO
+    from kits.train import REPO
 
     return train_config.resolve(REPO / "config" / "train", "config",
                                 [f"model.path={tmp_path / 'model'}", "tokens.train_cache=/t", *overrides])
@@ -158,7 +158,7 @@ def test_a_vision_language_model_checkpoints_the_first_layers_of_its_language_mo
     """The estimate counts the language model's layers: auto's k are its first k, not the vision
     tower's (which comes first in module order); `on` checkpoints every layer, the tower's too."""
     from transformers.modeling_layers import GradientCheckpointingLayer
-    from vlmkit import save_llava
+    from kits.vlm import save_llava
 
     save_llava(tmp_path / "model")
     for k in (1, memory.EVERY_LAYER):

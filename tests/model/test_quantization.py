@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.errors import UserError
 from pipeline.model import loading, memory
 from pipeline.model.precision import Precision
-from pipeline.planning import plan
+from pipeline.planning import checks, plan
 
 CONF = Path(__file__).resolve().parents[2] / "config" / "train"
 BASE = ["model.path=/m", "tokens.train_cache=/t.safetensors", "ema.rates=[0.9]"]
@@ -32,11 +33,9 @@ def _model_dir(tmp_path, config: dict) -> Path:
 
 
 def _plan(tmp_path, *overrides: str, max_length: int = 4096) -> int:
-    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2", "--train-config-dir", str(CONF),
-            "--train-config-name", "config", "--export-weights", "raw", "--max-length", str(max_length),
+    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2", *resolved_config([*BASE, *overrides]),
+            "--export-weights", "raw", "--max-length", str(max_length),
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml")]
-    for override in [*BASE, *overrides]:
-        args += ["--override", override]
     return plan.main(args)
 
 
@@ -56,10 +55,10 @@ def test_an_unknown_quantization_names_the_key_and_the_choices():
 
 def test_a_quantized_base_with_fsdp_is_refused_at_plan_naming_both_keys():
     cfg = train_config.resolve(CONF, "config", [*BASE, "model.quantization=nf4", "distributed=fsdp"])
-    problems = plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=2)
+    problems = checks.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=2)
     assert len(problems) == 1 and "model.quantization=nf4" in problems[0] and "distributed.strategy=fsdp" in problems[0]
     # One process trains unsharded whatever the strategy says: nothing to refuse there.
-    assert plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=1) == []
+    assert checks.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=1) == []
 
 
 def test_without_bitsandbytes_the_plan_names_the_setting_and_the_extra(tmp_path, monkeypatch):
@@ -188,7 +187,7 @@ def test_a_quantized_base_keeps_no_page_of_its_float_files(tiny):
     import subprocess
     import sys
 
-    from trainkit import pipeline_env
+    from kits.train import pipeline_env
 
     proc = subprocess.run([sys.executable, "-c", _MAPPED, str(tiny["model"])], capture_output=True, text=True,
                           env=pipeline_env(), timeout=300)

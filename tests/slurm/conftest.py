@@ -1,11 +1,12 @@
-"""Fixtures for tests that run Snakemake against a real single-host SLURM.
+"""Fixtures for tests that run Snakemake against a real SLURM cluster of two nodes on this host.
 
 ``slurm_cluster`` (session scope) runs ``tests/slurm/cluster.sh start`` once,
-which installs slurm-wlm + munge if needed, writes /etc/slurm/slurm.conf and
-starts munged, slurmctld and slurmd; ``cluster.sh stop`` runs at the end of
-the session (set ``SLURM_TEST_KEEP_CLUSTER=1`` to leave it running).
+which installs slurm-wlm + munge if needed, writes /etc/slurm/slurm.conf, makes
+one network namespace per node (own address, hostname, slurmd; README.md here)
+and starts munged, slurmctld and the slurmds; ``cluster.sh stop`` takes it all
+down at the end of the session (set ``SLURM_TEST_KEEP_CLUSTER=1`` to leave it running).
 
-``SLURM_TEST_FAKE_GPUS=N`` (read by cluster.sh) declares N fake GPUs so that
+``SLURM_TEST_FAKE_GPUS=N`` (read by cluster.sh) declares N fake GPUs per node so that
 rules asking ``gpu=N`` are accepted by sbatch (CUDA_VISIBLE_DEVICES is set,
 no real device behind it). The fixture declares 2 unless told otherwise: the
 pipeline's training and evaluation rules ask for ``gpu=1`` each, and a stage's
@@ -19,6 +20,7 @@ fail instead, so a misconfigured runner cannot silently skip the SLURM suite.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -91,7 +93,7 @@ class SlurmCluster:
     profile: Path
     partition: str
     second_partition: str
-    hostname: str
+    nodes: dict[str, str]  # node name (its hostname too) -> its address, in slurm.conf's order
     fake_gpus: int
 
     def snakemake(
@@ -182,6 +184,27 @@ class SlurmCluster:
         shim.chmod(0o755)
         return {"PATH": f"{shim_dir}:{os.environ['PATH']}"}, record
 
+    def node_processes(self, node: str, workdir: Path, needle: str) -> list[int]:
+        """Processes running on `node` (in its network namespace) in `workdir` whose command line
+        holds `needle`: what to kill or stop to take a node's share of a job down."""
+        pids = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True, check=True).stdout.split()
+        found = []
+        for pid in pids:
+            try:
+                cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if cwd == Path(workdir).resolve() and needle in cmdline:
+                found.append(int(pid))
+        return found
+
+    def job_state(self, job_id: str) -> str:
+        """The job's state as slurmctld remembers it (MinJobAge), '' when it forgot it."""
+        out = subprocess.run(["squeue", "--states=all", "--noheader", "--format=%T", "-j", job_id],
+                             capture_output=True, text=True).stdout.strip()
+        return out.splitlines()[0] if out else ""
+
     def squeue(self) -> str:
         """All jobs slurmctld still remembers (MinJobAge), as 'id|state|name'."""
         return subprocess.run(
@@ -208,7 +231,7 @@ def _run_cluster_sh(action: str, timeout: float) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    """Start the single-host SLURM cluster for the session; stop it afterwards."""
+    """Start the SLURM test cluster (two nodes on this host) for the session; stop it afterwards."""
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         _skip_or_fail("the local SLURM cluster needs root (tests/slurm/cluster.sh)")
     have_slurm = all(shutil.which(b) for b in _SLURM_BINARIES)
@@ -229,16 +252,16 @@ def slurm_cluster():
             pytrace=False,
         )
 
-    hostname = subprocess.run(
-        ["hostname", "-s"], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    shown = subprocess.run(["scontrol", "show", "nodes", "-o"], capture_output=True, text=True, check=True).stdout
+    nodes = {fields["NodeName"]: fields["NodeAddr"]
+             for fields in (dict(re.findall(r"(\w+)=(\S*)", line)) for line in shown.splitlines()) if fields}
     try:
         yield SlurmCluster(
             script=CLUSTER_SH,
             profile=PROFILE_DIR,
             partition=PARTITION,
             second_partition=SECOND_PARTITION,
-            hostname=hostname,
+            nodes=nodes,
             fake_gpus=FAKE_GPUS,
         )
     finally:

@@ -1,22 +1,30 @@
-"""The default pipeline on the real local SLURM (tests/slurm/cluster.sh), as users run it.
+"""The default pipeline on the real local SLURM of two nodes (tests/slurm/cluster.sh), as users run it.
 
-- the whole DAG through `snakemake --profile <test profile>` gives the local run's adapter;
+The session's run trains with `train.nodes: 2`: every training stage is one 2-node SLURM job (one
+torchrun agent per node under srun, c10d rendezvous on the first node, gloo between the nodes'
+addresses); evaluation and export run as usual.
+
+- the whole DAG through `snakemake --profile <test profile>` gives the local 1-process run's
+  adapter, EMA shadows and optimizer state, stage by stage; a 2-rank pilot on one node gives them too;
+- each training stage's log has one start line per node: its hostname, address and node rank;
 - in that run, what slurmctld got for each job: the test profile's partition and account for
   the training stages and the stages' evaluation, the workflow's `slurm` settings for the other
-  jobs of their kind, the profile's default-resources for what neither sets, and the GPUs of
-  `evaluate.gpus` for evaluation, verification and the smoke test;
-- a training job that gets SIGUSR1 mid-stage saves, fails, is resubmitted by
+  jobs of their kind, the profile's default-resources for what neither sets, two nodes with a GPU
+  each for training, and the GPUs of `evaluate.gpus` for evaluation, verification and the smoke test;
+- a 2-node training job that gets SIGUSR1 mid-stage saves once, fails, is resubmitted by
   `--retries`, resumes from its checkpoint and ends with the same adapter;
+- a node whose training processes are killed mid-stage: the job fails within the collective
+  timeout, the terminal names that node, and the retry resumes and ends with the same adapter;
 - a failure injected in chunk02 leaves pilot and chunk01 alone, and a plain
   `snakemake --cores all` afterwards runs exactly chunk02 and what follows; that chunk02
   job's `--set-resources` changes the keys it names and keeps the rule's own runtime and GPUs;
 - the example cluster profile, installed as the user's `slurm` profile as its
   README says, asks SLURM for GPUs for the training and evaluation rules.
 
-The cluster has two (fake) GPUs, so the rules' `gpu=1` requests are honoured; the
+The cluster has two (fake) GPUs per node, so the rules' `gpu=1` requests are honoured; the
 machine has 2 CPUs, so the test profile's set-resources cap the rules' CPU and memory
-requests to one CPU per job: a stage's evaluation runs beside the next stage's training, as
-`snakemake --cores all` does locally.
+requests to one CPU per job (per node): a stage's evaluation runs beside the next stage's training,
+as `snakemake --cores all` does locally.
 """
 
 from __future__ import annotations
@@ -24,16 +32,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections import Counter
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from runkit import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
+from kits.run import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
 
 pytestmark = pytest.mark.slurm
 
@@ -47,16 +56,22 @@ JOB_CPUS, JOB_MEM_MB = 1, 6000
 # The workflow's own `slurm` settings in the SLURM tests' copies (config/config.yaml): where the
 # test profile's set-resources say nothing, they decide; where it does, it wins.
 SLURM_SETTINGS = {"evaluate": {"partition": "gpu", "account": "acct_workflow"}, "cpu": {"account": "acct_cpu"}}
+# Every training stage on both nodes, with short rendezvous and collective timeouts: a lost node
+# ends its job within them (the defaults, 600 s and 1800 s, suit real clusters).
+RDZV_TIMEOUT_S, COLLECTIVE_TIMEOUT_S = 60, 60
+TWO_NODES = {"nodes": 2, "rdzv_timeout_s": RDZV_TIMEOUT_S}
 
 
 def _slurm_workdir(dest: Path) -> Path:
-    """A copy of the workflow whose config/config.yaml carries SLURM_SETTINGS (every later
-    snakemake call in it, local or not, then sees the same config)."""
+    """A copy of the workflow whose config/config.yaml carries SLURM_SETTINGS and TWO_NODES (every
+    later snakemake call in it, local or not, then sees the same config)."""
     workdir = copy_workflow(dest)
     path = workdir / "config/config.yaml"
     config = yaml.safe_load(path.read_text())
     for kind, settings in SLURM_SETTINGS.items():
         config["slurm"][kind].update(settings)
+    config["train"].update(TWO_NODES)
+    config["train"]["overrides"].append(f"distributed.timeout_s={COLLECTIVE_TIMEOUT_S}")
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return workdir
 
@@ -70,6 +85,11 @@ def _submitted(record: Path) -> dict[str, list[dict[str, str]]]:
         rule = re.match(r"rule_(\w+?)(?:_wildcards_|$)", fields["Comment"]).group(1)
         jobs.setdefault(rule, []).append(fields)
     return jobs
+
+
+def _nodes(job: dict[str, str]) -> str:
+    """A job's node count (`NumNodes=2-2` while it pends, 2 once it runs)."""
+    return job["NumNodes"].partition("-")[0]
 
 
 def _job_wildcards(stage: str) -> str:
@@ -100,24 +120,58 @@ def slurm_run(slurm_cluster, tmp_path_factory) -> tuple[Path, object]:
     return workdir, run
 
 
-def test_default_pipeline_through_slurm_equals_the_local_run(slurm_run, local_default_run):
+def _digests(checkpoint: Path) -> dict[str, str]:
+    """sha256 of a stage checkpoint's adapter, EMA shadows and optimizer state (not the per-rank RNG:
+    one file per rank)."""
+    files = sorted(f for f in checkpoint.rglob("*.safetensors") if not f.name.startswith("rng_rank"))
+    assert {"adapter", "ema", "training_state"} <= {f.relative_to(checkpoint).parts[0] for f in files}, files
+    return {str(f.relative_to(checkpoint)): sha256(f) for f in files}
+
+
+def _stage_digests(workdir: Path, stage: str) -> dict[str, str]:
+    return _digests(workdir / RUN / "stages" / stage / "checkpoint")
+
+
+def test_default_pipeline_on_two_nodes_equals_the_local_one_process_run(slurm_run, local_default_run):
     workdir, run = slurm_run
     run.check()
-    # Every job but the local rules ran as a SLURM job, the training stages included.
+    # Every job but the local rules ran as a SLURM job, each training stage as one job on two nodes.
     plan = json.loads((workdir / RUN / "plan.json").read_text())
     for stage in plan["stages"]:
         logs = _stage_logs(workdir, stage["name"])
         assert len(logs) == 1, (stage["name"], logs)
         assert "rule train_stage" in logs[0].read_text()
+    assert {_nodes(job) for job in _submitted(workdir / "sbatch_jobs.txt")["train_stage"]} == {"2"}
     for rule in ("prepare_base", "validate_dataset", "tokenize_dataset", "consolidate", "merge_lora", "verify_merge"):
         # under a directory named after the job's wildcards, when it has any
         assert list((workdir / ".snakemake/slurm_logs" / f"rule_{rule}").rglob("*.log")), rule
-    # ... and computed what the local run computed.
+    # ... and computed what the local run (one process) computed, bit for bit: the adapter, every
+    # EMA shadow and the optimizer state after every stage.
+    for stage in plan["stages"]:
+        assert _stage_digests(workdir, stage["name"]) == _stage_digests(local_default_run, stage["name"]), stage
     assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
     for name in ("adapter_final", "adapter_ema", "adapter_best", "adapter_best_ema"):
         rel = f"{RUN}/export/{name}/adapter_model.safetensors"
         assert sha256(workdir / rel) == sha256(local_default_run / rel), rel
     assert json.loads((workdir / RUN / "export/verification.json").read_text())["passed"] is True
+
+
+_NODE_LINE = re.compile(r"node rank (\d) of 2: host (\S+), address (\S+), local ranks 0-0 \(ranks \d-\d\), "
+                        r"rendezvous (\S+)")
+
+
+def test_each_training_stage_logs_one_line_per_node(slurm_run, slurm_cluster):
+    """At the start of every training stage each node says where it runs: its hostname, its
+    address, its node rank, and the rendezvous it met the other at (on the first node)."""
+    workdir, run = slurm_run
+    run.check()
+    first, *_ = slurm_cluster.nodes
+    for stage in ("pilot", "chunk01", "chunk02", "tail"):
+        log = (workdir / f"logs/train_stage/demo/{stage}.log").read_text()
+        lines = _NODE_LINE.findall(log)
+        assert sorted((host, address) for _, host, address, _ in lines) == sorted(slurm_cluster.nodes.items()), lines
+        assert sorted(rank for rank, *_ in lines) == ["0", "1"], lines
+        assert {endpoint.rpartition(":")[0] for *_, endpoint in lines} == {first}, lines
 
 
 def test_partition_account_gpus_and_runtime_reach_each_job(slurm_run, slurm_cluster):
@@ -133,8 +187,9 @@ def test_partition_account_gpus_and_runtime_reach_each_job(slurm_run, slurm_clus
         return {(j["Partition"], j["Account"], j["TimeLimit"], j.get("TresPerJob", "")) for j in jobs[rule]}
 
     assert len(jobs["train_stage"]) == 4 and len(jobs["evaluate_stage"]) == 4, jobs.keys()
-    # the profile's partition and account; the rule's runtime (240 min) and GPU
-    assert seen("train_stage") == {(gpu, "acct_train", "04:00:00", "gres:gpu:1")}
+    # the profile's partition and account; the rule's runtime (240 min); two nodes, a GPU on each
+    assert {(j["Partition"], j["Account"], j["TimeLimit"], _nodes(j), j.get("TresPerNode", ""))
+            for j in jobs["train_stage"]} == {(gpu, "acct_train", "04:00:00", "2", "gres:gpu:1")}
     # the profile's account wins over the workflow's slurm.evaluate.account
     assert seen("evaluate_stage") == {(gpu, "acct_eval", "01:00:00", "gres:gpu:1")}
     for rule in ("evaluate_base", "verify_merge", "smoke_test"):  # evaluate.gpus: 1
@@ -162,28 +217,24 @@ def _last_logged_step(metrics: Path) -> int:
     return max(steps, default=-1)
 
 
-def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_cluster, local_default_run,
-                                                               tmp_path):
-    """SLURM's preemption warning (what `--signal=USR1@<s>` sends) in the middle of chunk02."""
+def _chunk02_again(slurm_run, slurm_cluster, tmp_path, after: int, act) -> tuple[Path, dict, str, str, object]:
+    """A copy of the session's run without chunk02 and tail, run again through SLURM; once chunk02's
+    job has logged update `after`, `act(workdir, job_id)` hits it. Returns the workdir, chunk02's
+    plan entry, the job hit, snakemake's output and what `act` returned."""
     source, _ = slurm_run
     workdir = _slurm_workdir(tmp_path / "wf")
     # Start after chunk01: keep the prepared base, data, plan, pilot, gate and chunk01.
     shutil.copytree(source / "results", workdir / "results")
     for stage in ("chunk02", "tail"):
         shutil.rmtree(workdir / RUN / "stages" / stage)
-    plan = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}
-    chunk = plan["chunk02"]
-    # Past the stage's first intra-stage checkpoint (save_every=50), short of the next one:
-    # resuming from the signal's checkpoint, not a periodic one, shows the save on USR1 worked.
-    signal_after = chunk["start"] + 50
-
+    chunk = {s["name"]: s for s in json.loads((workdir / RUN / "plan.json").read_text())["stages"]}["chunk02"]
     proc = slurm_cluster.start_snakemake(workdir, "--workflow-profile", "profiles/default", f"{RUN}/stages/tail")
-    job_id, deadline = None, time.monotonic() + 900
+    job_id, acted, deadline = None, None, time.monotonic() + 900
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             job_id = job_id or _running_job(slurm_cluster, f"rule_train_stage_wildcards_{_job_wildcards('chunk02')}", workdir)
-            if job_id and _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl") >= signal_after:
-                subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+            if job_id and _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl") >= chunk["start"] + after:
+                acted = act(workdir, job_id)
                 break
             time.sleep(0.5)
         assert job_id is not None, "chunk02 never ran as a SLURM job"
@@ -192,17 +243,82 @@ def test_usr1_mid_stage_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-6000:]
-
-    # The signalled job failed and was resubmitted once; the retry resumed from the
-    # checkpoint written on the signal (not a multiple of save_every, not the stage start).
+    # The job hit failed and was resubmitted once (--retries), which resumed and finished the run.
     logs = _stage_logs(workdir, "chunk02")
     assert len(logs) == 2 and logs[0].stem == job_id, (job_id, logs)
+    return workdir, chunk, job_id, out, acted
+
+
+def _resumed_at(workdir: Path) -> int:
+    """The update the retry of chunk02 resumed from (its trainer log: the first attempt's is gone)."""
     trainer_log = (workdir / "logs/train_stage/demo/chunk02.log").read_text()
     m = re.search(r"start from \S*step_(\d+)", trainer_log)
     assert m, trainer_log[-3000:]
-    resumed_at = int(m.group(1))
-    assert signal_after <= resumed_at < chunk["end"] and resumed_at % 50, resumed_at
+    return int(m.group(1))
+
+
+def _saved(workdir: Path) -> list[int]:
+    """The updates of chunk02's intra-stage checkpoints now in its scratch dir."""
+    return sorted(int(p.name.removeprefix("step_")) for p in (workdir / "work/demo/chunk02").glob("step_*")
+                  if p.name.removeprefix("step_").isdigit())
+
+
+def _until_ended(slurm_cluster, job_id: str, limit_s: float) -> float:
+    """Seconds until the job is no longer RUNNING (at most `limit_s`)."""
+    t0 = time.monotonic()
+    while slurm_cluster.job_state(job_id) == "RUNNING" and time.monotonic() - t0 < limit_s:
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
+def test_usr1_to_a_two_node_job_saves_once_resumes_and_ends_with_the_same_adapter(slurm_run, slurm_cluster,
+                                                                                  local_default_run, tmp_path):
+    """SLURM's preemption warning (what `--signal=USR1@<s>` sends) in the middle of chunk02: every
+    process of the job's step, on both nodes, gets it; the ranks agree, save one checkpoint, exit 75."""
+    # Past the stage's first intra-stage checkpoint (save_every=50), short of the next one:
+    # resuming from the signal's checkpoint, not a periodic one, shows the save on USR1 worked.
+    def preempt(workdir, job_id):
+        signalled_at = _last_logged_step(workdir / "work/demo/chunk02/metrics.jsonl")
+        subprocess.run(["scancel", "--signal=USR1", job_id], check=True)
+        _until_ended(slurm_cluster, job_id, 300)
+        return signalled_at, _saved(workdir)
+
+    workdir, chunk, job_id, out, (signalled_at, saved) = _chunk02_again(slurm_run, slurm_cluster, tmp_path, 50,
+                                                                        preempt)
+    resumed_at = _resumed_at(workdir)
+    assert chunk["start"] + 50 <= signalled_at <= resumed_at < chunk["end"] and resumed_at % 50, resumed_at
+    # One save on the signal: not one per node, not one per signalled process.
+    assert [step for step in saved if step >= signalled_at] == [resumed_at], (signalled_at, saved)
+    assert "failed (exit 75)" in _stage_logs(workdir, "chunk02")[0].read_text()
     assert sha256(workdir / FINAL_ADAPTER) == sha256(local_default_run / FINAL_ADAPTER)
+
+
+def test_a_node_killed_mid_chunk_fails_the_job_in_bounded_time_and_the_retry_resumes(slurm_run, slurm_cluster,
+                                                                                    local_default_run, tmp_path):
+    """The second node's training processes (its torchrun agent and rank) are killed 60 updates into
+    chunk02. The job fails within the collective timeout plus a margin instead of hanging; the
+    terminal names that node; the retry resumes from the last intra-stage checkpoint (every 50
+    updates of the run) and the run ends with the 1-process run's adapter, EMA shadows and
+    optimizer state."""
+    _, lost = list(slurm_cluster.nodes)
+
+    def kill_node(workdir, job_id):
+        pids = slurm_cluster.node_processes(lost, workdir, "pipeline train")
+        assert len(pids) >= 2, pids  # the agent and its rank
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        saved = _saved(workdir)
+        return _until_ended(slurm_cluster, job_id, COLLECTIVE_TIMEOUT_S + 120), saved
+
+    workdir, chunk, job_id, out, (took, saved) = _chunk02_again(slurm_run, slurm_cluster, tmp_path, 60, kill_node)
+    print(f"job {job_id} ended {took:.1f} s after node {lost} was killed")
+    assert took < COLLECTIVE_TIMEOUT_S + 30, took
+    failed = _stage_logs(workdir, "chunk02")[0].read_text()
+    assert f"on node {lost} (node rank " in failed, failed[-4000:]
+    assert f"on node {lost} (node rank " in out, out[-6000:]  # on the terminal (show-failed-logs)
+    assert saved and _resumed_at(workdir) == saved[-1] > chunk["start"], saved  # the last checkpoint
+    for stage in ("chunk02", "tail"):
+        assert _stage_digests(workdir, stage) == _stage_digests(local_default_run, stage), stage
 
 
 def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm_run, slurm_cluster,
@@ -227,14 +343,15 @@ def test_failed_chunk02_leaves_earlier_stages_and_reruns_only_what_follows(slurm
     slurm_cluster.check_no_job_left(workdir)
     # The partition it names; the rule's runtime and GPU stay (not the profile's default 10 minutes).
     [job] = _submitted(record)["train_stage"]
-    assert (job["Partition"], job["Account"], job["TimeLimit"], job["TresPerJob"]) == \
-        (slurm_cluster.partition, "(null)", "04:00:00", "gres:gpu:1"), job
+    assert (job["Partition"], job["Account"], job["TimeLimit"], _nodes(job), job["TresPerNode"]) == \
+        (slurm_cluster.partition, "(null)", "04:00:00", "2", "gres:gpu:1"), job
     assert not (workdir / RUN / "stages/chunk02").exists()
     after_failure = _mtimes(workdir)
     for stage in ("pilot", "chunk01"):
         assert after_failure[stage] == before[stage], stage
 
-    # The fault is gone; the user runs the pipeline again, locally this time.
+    # The fault is gone; the user runs the pipeline again, locally this time (the two nodes' agents
+    # on this machine).
     dry = snakemake(workdir, "-n", "--cores", "all")
     planned = jobs_in_log(dry.stdout + dry.stderr)
     assert {stage for rule, stage in planned if rule == "train_stage"} == {"chunk02", "tail"}, planned
@@ -284,16 +401,19 @@ def test_example_profile_installed_as_slurm_asks_gpus_for_training_and_evaluatio
 
 
 def _two_rank_pilot(workdir: Path, done: Path) -> Path:
-    """A copy of the workflow with the session run's base model and token caches, training on 2 ranks."""
+    """A copy of the workflow with the session run's base model and token caches, training on 2 ranks
+    of one node."""
     for rel in ("results/embedded", "results/demo/data"):
         shutil.copytree(done / rel, workdir / rel)
-    (workdir / "ranks.yaml").write_text(yaml.safe_dump({"train": {"nproc": 2, "gpus_per_node": 2}}))
+    (workdir / "ranks.yaml").write_text(yaml.safe_dump({"train": {"nodes": 1, "nproc": 2, "gpus_per_node": 2}}))
     return workdir
 
 
-def test_a_stage_through_srun_and_c10d_equals_the_local_run(slurm_cluster, local_default_run, tmp_path):
+def test_a_two_rank_stage_on_one_node_equals_the_two_node_and_the_one_process_run(slurm_cluster, slurm_run,
+                                                                                 local_default_run, tmp_path):
     """train.nodes=1, 2 ranks: under SLURM the launcher meets its ranks through a c10d rendezvous on the
-    job's node (the multi-node path with one node); locally through --standalone. Same pilot."""
+    job's node (the multi-node path with one node); locally through --standalone. The pilot's adapter,
+    EMA shadows and optimizer state equal the 2-node run's and the 1-process run's."""
     target = f"{RUN}/stages/pilot"
     on_slurm = _two_rank_pilot(_slurm_workdir(tmp_path / "slurm"), local_default_run)
     run = slurm_cluster.snakemake(on_slurm, target, "--workflow-profile", "profiles/default",
@@ -303,15 +423,19 @@ def test_a_stage_through_srun_and_c10d_equals_the_local_run(slurm_cluster, local
     proc = snakemake(local, target, "--cores", "all", "--configfile", "ranks.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = (on_slurm / "logs/train_stage/demo/pilot.log").read_text()
-    assert "--rdzv-backend=c10d" in log and "--nproc-per-node=2" in log, log[:2000]
+    assert "--rdzv-backend=c10d" in log and "--nproc-per-node=2" in log and "srun" not in log, log[:2000]
+    assert "node rank 0 of 1: host " in log and "local ranks 0-1 (ranks 0-1)" in log, log[:3000]
     assert "--standalone" in (local / "logs/train_stage/demo/pilot.log").read_text()
-    adapter = "checkpoint/adapter/adapter_model.safetensors"
-    assert sha256(on_slurm / target / adapter) == sha256(local / target / adapter)
+    two_ranks = _stage_digests(on_slurm, "pilot")
+    assert two_ranks == _stage_digests(local, "pilot")
+    assert two_ranks == _stage_digests(slurm_run[0], "pilot")  # two nodes, one rank each
+    assert two_ranks == _stage_digests(local_default_run, "pilot")  # one process
 
 
 def test_two_nodes_dry_run_asks_for_nodes_gpus_per_node_and_one_launcher_per_node(slurm_cluster, tmp_path):
     workdir = _slurm_workdir(tmp_path / "wf")
-    (workdir / "nodes.yaml").write_text(yaml.safe_dump({"train": {"nodes": 2, "gpus_per_node": 2}}))
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump(
+        {"train": {"nodes": 2, "gpus_per_node": 2, "rdzv_port": 29400, "socket_ifname": "ib0"}}))
     dry = slurm_cluster.snakemake(workdir, f"{RUN}/stages/pilot", "-n", "-p", "--workflow-profile",
                                   "profiles/default", "--configfile", "nodes.yaml")
     dry.check()
@@ -320,16 +444,18 @@ def test_two_nodes_dry_run_asks_for_nodes_gpus_per_node_and_one_launcher_per_nod
     for flag in ("nodes=2", "mpi=srun", "tasks=2", "gres=gpu:2"):
         assert flag in resources, resources
     launcher = next(line for line in block.splitlines() if "pipeline.launch" in line)
-    assert "--nodes 2" in launcher and "--train" in launcher
+    for flag in ("--train", "--nodes 2", f"--rdzv-timeout {RDZV_TIMEOUT_S}", "--rdzv-port 29400",
+                 "--socket-ifname ib0"):
+        assert flag in launcher, launcher
     # What that launcher starts inside a 2-node allocation: one torchrun agent per node.
     args = launcher.split("pipeline.launch", 1)[1].split()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))},
            "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}
     printed = subprocess.run([sys.executable, "-m", "pipeline.launch", *args[:args.index("--")], "--print-command",
-                              "--rdzv-endpoint", "node1:24242", *args[args.index("--"):]],
+                              *args[args.index("--"):]],
                              cwd=workdir, env=env, capture_output=True, text=True)
     assert printed.returncode == 0, printed.stderr
     command = printed.stdout.strip()
-    for flag in ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1", "--nnodes=2", "--rdzv-backend=c10d",
-                 "--rdzv-endpoint=node1:24242"):
+    for flag in ("srun --nodes=2 --ntasks=2 --ntasks-per-node=1", "--gpus-per-node=2", "--nnodes=2",
+                 "--rdzv-backend=c10d", "--rdzv-endpoint=node1:29400", f"--rdzv-conf=join_timeout={RDZV_TIMEOUT_S}"):
         assert flag in command, command

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from runkit import copy_workflow, jobs_with_wildcards
+from kits.run import copy_workflow, jobs_with_wildcards
 
 pytestmark = pytest.mark.slurm
 

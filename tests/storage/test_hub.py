@@ -1,5 +1,5 @@
 """A model given by hub id (`pipeline.storage.hub`): what counts as one, its lookup in a Hugging Face
-cache laid out as `hf download` leaves it (tests/hubkit.py), the commit a model.json pins, and the
+cache laid out as `hf download` leaves it (tests/kits/hub.py), the commit a model.json pins, and the
 one line that says how to fetch a model that is not cached."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import huggingface_hub.constants
 import huggingface_hub.errors
 import pytest
 import yaml
-from hubkit import add_to_cache
+from kits.hub import add_to_cache
+from kits.train import resolved_config
 
 from pipeline import config as train_config
 from pipeline.planning import plan
@@ -129,16 +130,15 @@ def test_plan_records_the_hub_id_and_commit_and_jobs_load_the_snapshot(tiny, tmp
     record = tmp_path / "model.json"
     record.write_text(json.dumps(hub.Snapshot("org/tiny", snap.name, snap).info()))
     overrides = [f"model.path={record}", f"tokens.train_cache={tiny['train']}", "ema.rates=[0.9]"]
-    args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1", "--train-config-dir", str(CONF),
-            "--train-config-name", "config", "--export-weights", "raw",
-            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml"),
-            *[a for o in overrides for a in ("--override", o)]]
+    args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1", *resolved_config(overrides),
+            "--export-weights", "raw",
+            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml")]
     assert plan.main(args) == 0
     assert json.loads((tmp_path / "plan.json").read_text())["model"] == {"repo_id": "org/tiny", "revision": snap.name}
     # train_config.yaml keeps the model.json (the config's identity); a job loading it reads the snapshot
     written = train_config.to_typed(yaml.safe_load((tmp_path / "train_config.yaml").read_text()))
     assert written.model.path == str(record)
-    assert plan.config_id(written) == plan.config_id(train_config.resolve(CONF, "config", overrides))
+    assert train_config.to_yaml(written) == train_config.to_yaml(train_config.resolve(CONF, "config", overrides))
     assert train_config.load(tmp_path / "train_config.yaml").model.path == str(snap)
 
 

@@ -3,7 +3,7 @@ lacks are added and their embedding / head rows trained (peft trainable tokens),
 resumable; the exports carry the run's tokenizer and load with stock transformers / peft.
 
 `chatml` on the demo vocabulary adds <|im_start|> and <|im_end|>; `llama3` on a vocabulary that
-has its markers adds nothing (tests/tokenkit.py builds both bases).
+has its markers adds nothing (tests/kits/token.py builds both bases).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from tokenkit import make_base
-from trainkit import chain_and_compare, make_run
+from kits.token import make_base
+from kits.train import chain_and_compare, make_run
 
 from pipeline.errors import UserError
 from pipeline.export.consolidate import consolidate
@@ -82,7 +82,7 @@ def test_chatml_adds_tokens_trains_their_rows_chunked_equals_one_run_and_exports
     assert config["trainable_token_indices"] == {"model.embed_tokens": [50, 51], "lm_head": [50, 51]}
     base = load_file(chatml["model"] / "model.safetensors")
     for key, weight in ((EMBED, "model.embed_tokens.weight"), (HEAD, "lm_head.weight")):
-        start = base[weight].mean(dim=0)  # the grown rows' initial value (`loading._grown`)
+        start = base[weight].mean(dim=0)  # the grown rows' initial value (`vocabulary._grown`)
         assert adapter[key].shape == (2, 32) and adapter[key].dtype == torch.float32
         assert not torch.equal(adapter[key][0], start) and not torch.equal(adapter[key][1], start)
         for rate in ("0.9", "0.99"):

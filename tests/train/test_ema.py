@@ -45,7 +45,7 @@ def test_ema_shadow_is_fp32_for_half_precision_params_and_swap_restores_exactly(
 
 def test_lora_training_leaves_base_weights_bit_identical(tiny, tmp_path, monkeypatch):
     """Run a stage in this process, keep the model it trained, compare its base to the files."""
-    from trainkit import make_run
+    from kits.train import make_run
     from transformers import AutoModelForCausalLM
 
     from pipeline.model import loading as model_setup

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from trainkit import make_run, stage_names
+from kits.train import make_run, stage_names
 
 from pipeline import layout
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from trainkit import chain_and_compare, final_digests, make_run, pipeline_env, stage_names, step_losses, wait_for_step
+from kits.train import chain_and_compare, final_digests, make_run, pipeline_env, stage_names, step_losses, wait_for_step
 
 TOTAL = 12  # pilot 3 + chunk01 4 + chunk02 4 + tail 1 at fraction 0.25
 

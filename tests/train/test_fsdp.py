@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from trainkit import make_run, stage_names, step_losses
+from kits.train import make_run, stage_names, step_losses
 
 from pipeline import cli, layout
 
@@ -227,7 +227,7 @@ def _launch_stage(run, stage: str, init: str | None, *, nodes: int, nproc: int) 
     import subprocess
     import sys
 
-    from trainkit import pipeline_env
+    from kits.train import pipeline_env
 
     log = run.root / f"{stage}.log"
     args = ["--plan", run.plan, "--config", run.config, "--stage", stage, "--scratch", run.scratch(stage),

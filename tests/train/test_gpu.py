@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from trainkit import checkpoint_digests, make_run, stage_names, step_losses
+from kits.train import checkpoint_digests, make_run, stage_names, step_losses
 
 from pipeline import layout
 

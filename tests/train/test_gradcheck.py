@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import torch
-from trainkit import make_run
+from kits.train import make_run
 
 from pipeline.errors import UserError
 from pipeline.train.gradcheck import check_gradients_flow

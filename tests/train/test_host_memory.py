@@ -97,7 +97,7 @@ print(size, anon_mb() - before, torch.utils.deterministic.fill_uninitialized_mem
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_meta_init_skeleton_stays_out_of_host_memory_in_deterministic_mode(tmp_path):
-    from trainkit import REPO, pipeline_env
+    from kits.train import REPO, pipeline_env
 
     env = {k: v for k, v in pipeline_env().items() if not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", SKELETON, str(tmp_path / "model"), str(REPO / "config" / "train")],

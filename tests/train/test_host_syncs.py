@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainkit import make_run
+from kits.train import make_run
 
 # What reads a tensor's value back to the host (on a GPU: waits for the device), and whose reads count:
 # ours, the GradScaler's, and the libraries' the forward runs through (transformers' mask builder

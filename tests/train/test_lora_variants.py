@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainkit import final_digests, make_run, stage_names, step_losses
+from kits.train import final_digests, make_run, stage_names, step_losses
 
 from pipeline import layout
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from trainkit import final_digests, make_run, step_losses
+from kits.train import final_digests, make_run, step_losses
 
 TOTAL = 12  # updates of 8 samples: 96 samples, inside the first mixed epoch of 112
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from trainkit import make_run
+from kits.train import make_run
 
-from trainkit import make_run
+from kits.train import make_run
 
 from pipeline.config import AlertConfig
 from pipeline.train.monitor import Alerts

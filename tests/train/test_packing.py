@@ -14,7 +14,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from trainkit import make_run, step_losses
+from kits.train import make_run, step_losses
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.errors import UserError
@@ -85,8 +85,8 @@ def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
     assert not unchecked.on and "not checked" in unchecked.why
     assert decide("on", implementation="sdpa", model_type="qwen3_moe", vision_language=False).on  # the user's call
     assert not decide("off", implementation="sdpa", model_type="llama", vision_language=False).on
-    with pytest.raises(UserError, match="tokens.packing=on: a vision-language model"):
-        decide("on", implementation="sdpa", model_type="llava", vision_language=True)
+    with pytest.raises(UserError, match="tokens.packing=on: models/vl is a vision-language model"):
+        decide("on", implementation="sdpa", model_type="llava", vision_language=True, where="models/vl")
     with pytest.raises(UserError, match="'paged_attention'"):
         decide("on", implementation="paged_attention", model_type="llama", vision_language=False)
 

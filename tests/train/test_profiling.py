@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trainkit import checkpoint_digests, make_run
+from kits.train import checkpoint_digests, make_run
 
 from pipeline import layout
 from pipeline.train import profiling

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from safetensors import safe_open
-from trainkit import final_digests, make_run, stage_names, step_losses
+from kits.train import final_digests, make_run, stage_names, step_losses
 
 NF4 = ["model.quantization=nf4"]
 

@@ -6,7 +6,7 @@ deterministic runs only); length grouping only the order of sums (packing: tests
 from __future__ import annotations
 
 import pytest
-from trainkit import checkpoint_digests, make_run, step_losses
+from kits.train import checkpoint_digests, make_run, step_losses
 
 from pipeline import layout
 

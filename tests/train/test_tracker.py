@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
-from trainkit import final_digests, make_run, pipeline_env, stage_names, wait_for_step
+from kits.train import final_digests, make_run, pipeline_env, stage_names, wait_for_step
 
 pytest.importorskip("mlflow")
 

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 from safetensors import safe_open
-from trainkit import REPO, chain_and_compare, final_digests, make_run, stage_names, step_losses
+from kits.train import REPO, chain_and_compare, final_digests, make_run, stage_names, step_losses
 
 PROJECTOR = ["vision.train_projector=true"]
 
@@ -49,7 +49,7 @@ def test_preemption_of_the_process_group_saves_at_a_step_boundary(tiny_llava, tm
     import sys
     import time
 
-    from trainkit import pipeline_env
+    from kits.train import pipeline_env
 
     from pipeline import layout
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from trainkit import make_run
+from kits.train import make_run, resolved_config
 
 from pipeline.planning import plan
 from pipeline.errors import UserError
@@ -40,11 +40,9 @@ def test_the_default_config_runs_on_1_2_and_4_ranks(tiny, tmp_path, ranks):
 
 def test_a_batch_the_ranks_cannot_share_fails_at_plan_naming_the_keys(tiny, tmp_path):
     args = ["--total-updates", "4", "--pilot-fraction", "0.5", "--num-chunks", "1",
-            "--train-config-dir", str(REPO / "config/train"), "--world-size", "3",
-            "--train-config-name", "config", "--export-weights", "raw",
+            *resolved_config([f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", *_default_overrides()]),
+            "--world-size", "3", "--export-weights", "raw",
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "c.yaml")]
-    for override in [f"model.path={tiny['model']}", f"tokens.train_cache={tiny['train']}", *_default_overrides()]:
-        args += ["--override", override]
     with pytest.raises(UserError) as err:
         plan.main(args)
     assert "optim.global_batch=32 cannot be shared by 3 ranks" in str(err.value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from runkit import snakemake
+from kits.run import snakemake
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import REPO, copy_workflow, jobs_in_log, snakemake
+from kits.run import REPO, copy_workflow, jobs_in_log, snakemake
 
 from pipeline.workflow_config import EMBEDDED_KINDS
 
@@ -104,13 +104,31 @@ def _stand_ins(snippet: dict, workdir: Path, tiny: dict) -> dict:
     return snippet
 
 
+def _unfetched_tasks(snippet: dict) -> list[str]:
+    """The lm-eval tasks a snippet names by name: their data is fetched first (README "Standard benchmarks")."""
+    tasks = (snippet.get("evaluate") or {}).get("benchmarks", {}).get("tasks", [])
+    names = [t if isinstance(t, str) else t["task"] for t in tasks]
+    return [t for t in names if t != "embedded" and not t.endswith((".yaml", ".yml"))]
+
+
 @pytest.mark.parametrize("where, kind, text", SNIPPETS, ids=[where for where, _, _ in SNIPPETS])
-def test_readme_snippet_loads_and_plans(where, kind, text, tiny, tmp_path):
+def test_readme_snippet_loads_and_plans(where, kind, text, tiny, tmp_path, monkeypatch):
     workdir = copy_workflow(tmp_path / "wf")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache: nothing fetched here
     if kind == "yaml":  # "Edit config/config.yaml": these keys set, the others as they are
         snippet = _stand_ins(yaml.safe_load(text), workdir, tiny)
         (workdir / "snippet.yaml").write_text(yaml.safe_dump(snippet))
         args = ["--configfile", "snippet.yaml"]
+        if named := _unfetched_tasks(snippet):
+            # Without their data the workflow stops before any job, one line per task saying how to fetch
+            # it (the config itself loaded); without those tasks it plans.
+            proc, shown = _dry(workdir, *args)
+            stops = [line for line in shown.splitlines() if line.startswith("evaluate.benchmarks: ")]
+            assert proc.returncode != 0 and not jobs_in_log(shown), shown[-3000:]
+            assert [line.split(":")[1] for line in stops] == [f" task {t}" for t in named], shown[-3000:]
+            assert all("fetch-benchmarks" in line for line in stops)
+            snippet["evaluate"]["benchmarks"]["tasks"] = []
+            (workdir / "snippet.yaml").write_text(yaml.safe_dump(snippet))
     else:
         args = _config_args(text)
         assert args, text

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from runkit import copy_run, jobs_in_log, sha256
+from kits.run import copy_run, jobs_in_log, sha256
 
 pytestmark = pytest.mark.workflow
 
@@ -62,7 +62,7 @@ def test_archive_moves_the_old_stages_aside_readable_and_writes_the_new_plan(don
 
     run = copy_run(done, tmp_path / "run")
     shared = {rel: sha256(run / RUN / rel) for rel in ("data/train/train/train.safetensors", "tokenizer/tokenizer.json",
-                                                       "eval/base.json")}
+                                                       "eval/base.json", "eval/bench/base/repeat_choice.json")}
     old_tail = sha256(run / RUN / "stages/tail/checkpoint/adapter/adapter_model.safetensors")
     _change_lr(run)
     proc = run_snakemake(run, f"{RUN}/plan.json", "--cores", "1", "--config", "on_config_change=archive")
@@ -79,6 +79,7 @@ def test_archive_moves_the_old_stages_aside_readable_and_writes_the_new_plan(don
         assert any("loss" in m for m in metrics)
     assert sha256(archive / "stages/tail/checkpoint/adapter/adapter_model.safetensors") == old_tail
     assert (archive / "export/adapter_final").is_dir() and (archive / "eval/tail.json").is_file()
+    assert (archive / "eval/bench/merged/repeat_choice.json").is_file()  # the trained weights' scores go with them
     assert train_config.load(archive / "train_config.yaml").optim.lr == 0.002
     assert train_config.load(run / RUN / "train_config.yaml").optim.lr == 0.001
     assert (run / RUN / "plan.json").is_file() and not (run / RUN / "stages").exists()

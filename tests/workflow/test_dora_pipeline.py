@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pipeline.evaluate.skipped import GATE_BASIS, NO_VAL
 from pipeline.layout import RunTree, log_file
-from runkit import copy_workflow, jobs_in_log, snakemake
+from kits.run import copy_workflow, jobs_in_log, snakemake
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.workflow

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from runkit import copy_run, jobs_in_log
+from kits.run import copy_run, jobs_in_log
 
 pytestmark = pytest.mark.workflow
 

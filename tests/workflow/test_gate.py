@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import yaml
-from runkit import REPO, copy_workflow, jobs_in_log, snakemake
+from kits.run import REPO, copy_workflow, jobs_in_log, snakemake
 
 pytestmark = pytest.mark.workflow
 

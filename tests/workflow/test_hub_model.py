@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hubkit import add_to_cache
-from runkit import copy_workflow, jobs_in_log, snakemake
+from kits.hub import add_to_cache
+from kits.run import copy_workflow, jobs_in_log, snakemake
 
 pytestmark = pytest.mark.workflow
 

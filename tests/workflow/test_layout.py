@@ -17,7 +17,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
-from runkit import REPO, copy_workflow, snakemake
+from kits.run import REPO, copy_workflow, snakemake
 
 from pipeline import layout
 

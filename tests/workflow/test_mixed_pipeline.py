@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import pytest
 import yaml
-from runkit import copy_run, jobs_with_wildcards, snakemake
+from kits.run import copy_run, jobs_with_wildcards, snakemake
 
 pytestmark = pytest.mark.workflow
 

@@ -10,10 +10,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
-from runkit import copy_run, jobs_in_log
+from kits.run import copy_run, jobs_in_log, jobs_with_wildcards
 
 pytestmark = pytest.mark.workflow
 
@@ -88,10 +89,16 @@ def test_deleting_a_chunk_retrains_only_it_and_later_stages(done, run_snakemake,
     before = {p.name: p.stat().st_mtime_ns for p in stages.iterdir()}
     final = (stages / "tail/checkpoint/adapter/adapter_model.safetensors").read_bytes()
     shutil.rmtree(stages / "chunk01")
+    bench = done / "results/demo/eval/bench"
+    bench_before = {p.relative_to(bench): p.stat().st_mtime_ns for p in bench.glob("*/*.json")}
     dry = run_snakemake(done, "-n", "--cores", "all")
     log = dry.stdout + dry.stderr  # snakemake prints its job list on stderr
     planned = {stage for rule, stage in jobs_in_log(log) if rule == "train_stage"}
     assert planned == {"chunk01", "chunk02", "tail"}, log[-3000:]
+    # New weights: every benchmark of the trained weights is scheduled again, the base model's is not.
+    scored = {(rule, wc.get("weights"), wc.get("task")) for rule, wc in jobs_with_wildcards(log)
+              if rule in ("benchmark", "benchmark_base")}
+    assert scored == {("benchmark", "merged", "repeat_choice")}, log[-3000:]
     proc = run_snakemake(done, "--cores", "all")
     assert proc.returncode == 0, proc.stderr[-4000:]
     after = {p.name: p.stat().st_mtime_ns for p in stages.iterdir()}
@@ -99,3 +106,8 @@ def test_deleting_a_chunk_retrains_only_it_and_later_stages(done, run_snakemake,
     assert all(after[s] > before[s] for s in ("chunk02", "tail"))
     # retraining is deterministic: the same adapter comes out
     assert (stages / "tail/checkpoint/adapter/adapter_model.safetensors").read_bytes() == final
+    # ... so the merged model's benchmark reran on byte-identical weights: its scores were copied (keyed by
+    # content), not computed again; the base model's result was not touched.
+    merged = json.loads((bench / "merged/repeat_choice.json").read_text())
+    assert merged["cached"] is True
+    assert (bench / "base/repeat_choice.json").stat().st_mtime_ns == bench_before[Path("base/repeat_choice.json")]

@@ -16,7 +16,7 @@ import termios
 import time
 
 import pytest
-from runkit import copy_run
+from kits.run import copy_run
 
 pytestmark = pytest.mark.workflow
 
@@ -71,7 +71,7 @@ def test_progress_line_on_the_terminal_log_unchanged(done, tmp_path):
     plan = json.loads((run / "results/demo/plan.json").read_text())
     pilot = next(s for s in plan["stages"] if s["name"] == "pilot")
     size, total = pilot["end"] - pilot["start"], plan["total_updates"]
-    reference = (run / LOG).read_text()  # the shared run's: no terminal (runkit sets SFT_PROGRESS=0)
+    reference = (run / LOG).read_text()  # the shared run's: no terminal (kits/run.py sets SFT_PROGRESS=0)
     (run / LOG).unlink()
 
     code, shown = _on_a_terminal(run, "results/demo/stages/pilot", "-f", "--cores", "2")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from runkit import copy_workflow, jobs_in_log, snakemake
+from kits.run import copy_workflow, jobs_in_log, snakemake
 from safetensors.torch import load_file
 
 from pipeline import layout

@@ -166,7 +166,8 @@ def test_report_embeds_plots_plan_gate_and_table(done, report):
     assert where == {
         "overview.html": "Overview", "labels.html": "Data", "data.html": "Data", "loss.png": "Training",
         "val_loss.png": "Evaluation", "summary.html": "Evaluation", "summary.csv": "Evaluation",
-        "samples.html": "Evaluation",
+        "samples.html": "Evaluation", "benchmarks.html": "Evaluation", "benchmarks.png": "Evaluation",
+        "benchmarks.csv": "Evaluation",
         "plan.html": "Run", "plan.json": "Run", "pilot_gate.html": "Run", "pilot_report.json": "Run",
     }, where
     by_name = {Path(path).name: (path, r) for path, r in results.items()}

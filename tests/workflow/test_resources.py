@@ -7,7 +7,7 @@ import re
 
 import pytest
 import yaml
-from runkit import copy_workflow, snakemake
+from kits.run import copy_workflow, snakemake
 from snakemake.utils import validate
 
 from pipeline.planning.resources import job_resources
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.workflow
 # The kind of job each rule that may go to a cluster is.
 RULE_KINDS = {"train_stage": "train", "evaluate_base": "evaluate", "evaluate_stage": "evaluate",
               "verify_merge": "verify", "smoke_test": "smoke", "merge_lora": "merge",
-              "prepare_tokenizer": "cpu", "validate_dataset": "cpu", "tokenize_dataset": "cpu", "tokenize_val": "cpu", "consolidate": "cpu"}
+              "prepare_tokenizer": "cpu", "validate_dataset": "cpu", "tokenize_dataset": "cpu", "tokenize_val": "cpu",
+              "consolidate": "cpu", "benchmark_base": "benchmark", "benchmark": "benchmark"}
 # Snakemake's own additions to every job's resources.
 SNAKEMAKE_OWN = {"tmpdir", "mem", "mem_mib", "disk", "disk_mb", "disk_mib"}
 
@@ -60,3 +61,6 @@ def test_every_rule_asks_for_what_its_kind_derives(tmp_path):
         {"nodes": "2", "gres": "gpu:8", "mpi": "srun", "slurm_partition": "gpu-long"}
     assert shown["smoke_test"]["gpu"] == "2" and shown["smoke_test"]["slurm_account"] == "lab-eval"
     assert shown["tokenize_dataset"] == {"slurm_partition": "cpu"}
+    # a benchmark job: evaluate.gpus GPUs, memory for the 20 GiB model, the evaluate account, 4 h
+    assert {k: shown["benchmark"][k] for k in ("gpu", "mem_mb", "slurm_account", "runtime")} == \
+        {"gpu": "2", "mem_mb": str(2 * 20 * 1024 + 4000), "slurm_account": "lab-eval", "runtime": "240"}

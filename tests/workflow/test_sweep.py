@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from runkit import copy_run, copy_workflow, jobs_with_wildcards, sha256, snakemake
+from kits.run import copy_run, copy_workflow, jobs_with_wildcards, sha256, snakemake
 
 pytestmark = pytest.mark.workflow
 

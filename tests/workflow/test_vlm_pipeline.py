@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from runkit import copy_workflow, jobs_in_log, snakemake
+from kits.run import copy_workflow, jobs_in_log, snakemake
 
 pytestmark = pytest.mark.workflow
 

@@ -70,25 +70,6 @@ rule prepare_tokenizer:
 # The run's validation.json/.csv and stats.json are merged from the datasets' (`data_reports`).
 
 
-def validate_inputs(wildcards):
-    """A training dataset, the val / test files it is checked with, and its shards' scans when it is split."""
-    inputs = {"train": DATA.sets[wildcards.dataset].path, **DATA.held_out_inputs(), "tokenizer": TOKENIZER}
-    inputs["scans"] = [R.shard_scan(wildcards.dataset, k) for k in DATA.shards(wildcards.dataset)]
-    return inputs
-
-
-def tokenize_inputs(wildcards):
-    """A validated training dataset, the copies duplicates=drop leaves out, and its shards' parts when it is split."""
-    name = wildcards.dataset
-    return {"train": DATA.sets[name].path, "validation": R.train_set_validation_json(name),
-            "dropped": R.train_set_dropped(name), "tokenizer": TOKENIZER,
-            "parts": [R.shard_part(name, k) for k in DATA.shards(name)]}
-
-
-def shard_flag(wildcards):
-    return f"{wildcards.shard}/{DATA.sets[wildcards.dataset].shards}"
-
-
 rule validate_shard:
     input:
         train=lambda wc: DATA.sets[wc.dataset].path,
@@ -102,7 +83,7 @@ rule validate_shard:
         layout.log_file("validate_shard", f"{RUN}/{{dataset}}/{{shard}}"),
     params:
         data=lambda wc: DATA.flags(wc.dataset, duplicates=False),
-        shard=shard_flag,
+        shard=lambda wc: DATA.shard_flag(wc.dataset, wc.shard),
     resources:
         **job_resources("cpu"),
     shell:
@@ -112,7 +93,7 @@ rule validate_shard:
 
 rule validate_dataset:
     input:
-        unpack(validate_inputs),
+        unpack(lambda wc: DATA.validate_inputs(wc.dataset)),
     output:
         json=R.train_set_validation_json("{dataset}"),
         csv=R.train_set_validation_csv("{dataset}"),
@@ -152,7 +133,7 @@ rule tokenize_shard:
         layout.log_file("tokenize_shard", f"{RUN}/{{dataset}}/{{shard}}"),
     params:
         data=lambda wc: DATA.flags(wc.dataset),
-        shard=shard_flag,
+        shard=lambda wc: DATA.shard_flag(wc.dataset, wc.shard),
     resources:
         **job_resources("cpu"),
     shell:
@@ -162,7 +143,7 @@ rule tokenize_shard:
 
 rule tokenize_dataset:
     input:
-        unpack(tokenize_inputs),
+        unpack(lambda wc: DATA.tokenize_inputs(wc.dataset)),
     output:
         train=R.train_set_cache("{dataset}"),
         stats=R.train_set_stats("{dataset}"),

@@ -3,7 +3,7 @@
 #
 # Each rule that writes an export dir also writes its model card (README.md): from the run's
 # plan, data stats, trainer config and the stages' evaluations, declared as inputs
-# (`card_inputs`, `card_flags` in common.smk). The merged dir is smoke-tested after it is
+# (`card_inputs`, `card_flags` below). The merged dir is smoke-tested after it is
 # written, so no card takes the smoke test (a cycle for merged); smoke_test.json and the report
 # have it.
 
@@ -26,13 +26,14 @@ rule consolidate:
         checkpoint=lambda wc, input: stage_checkpoint(input.stage),
         card=card_flags,
         model=base_model,
-        ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} {ema_rate_flag()} --models both"
-        if HAS_EMA else "--models main",
+        ema=lambda wc, output: f"--out-adapter-ema {output.adapter_ema} --models both" if HAS_EMA else "--models main",
+        # Not a function of output: Snakemake compares it, so another export.ema_rate exports again.
+        ema_rate=optional("--ema-rate", config["export"]["ema_rate"]) if HAS_EMA else "",
     resources:
         **job_resources("cpu"),
     shell:
         launch() + "python -m pipeline consolidate --checkpoint {params.checkpoint} --base {params.model} "
-        "--out-adapter {output.adapter} {params.ema} --tokenizer {input.tokenizer} {params.card}"
+        "--out-adapter {output.adapter} {params.ema} {params.ema_rate} --tokenizer {input.tokenizer} {params.card}"
 
 
 rule export_best:
@@ -60,7 +61,7 @@ rule export_best:
 
 rule merge_lora:
     input:
-        adapter=export_adapter(),
+        adapter=RUN_CONFIG.merge_source(V),
         model=model_inputs(),
         tokenizer=TOKENIZER,
         **card_inputs(),
@@ -87,7 +88,7 @@ rule merge_lora:
 rule verify_merge:
     input:
         merged=V.export(layout.MERGED),
-        adapter=export_adapter(),
+        adapter=RUN_CONFIG.merge_source(V),
         model=model_inputs(),
         config=V.train_config,  # a quantized base (model.quantization) is measured too
     output:

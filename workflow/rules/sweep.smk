@@ -1,6 +1,7 @@
 # A sweep (config `sweep`): the base config its base evaluation uses, the pruning at chosen stage
 # ends, and the comparison of every variant. Without a sweep none of these rules exists.
 
+
 if SWEEP:
 
     # Small JSON work, where snakemake runs (with the Snakefile's own localrules).
@@ -20,18 +21,9 @@ if SWEEP:
         log:
             layout.log_file("plan", RUN),
         params:
-            total=config["schedule"]["total_updates"],
-            fraction=config["schedule"]["pilot_fraction"],
-            chunks=config["schedule"]["num_chunks"],
-            config_id=BASE_TRAIN[1],
-            resolved=lambda wc, output: shlex.quote(resolved_json(BASE_TRAIN[0])),  # as the plan rule's
-            config_dir=TRAIN_CONFIG_DIR,
-            config_name=config["train"]["config_name"],
-            override_flags=" ".join(f"--override '{o}'" for o in train_overrides()),
+            **plan_params(lambda wc: RUN_CONFIG.base, base=True),
         shell:
-            launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
-            "--num-chunks {params.chunks} --resolved-config {params.resolved} "
-            "--export-weights raw --out-plan {output.plan} --out-config {output.config}"  # exports nothing itself
+            launch() + "python -m pipeline plan {params.args} --out-plan {output.plan} --out-config {output.config}"
 
     checkpoint sweep_prune:
         # At a prune point only the `keep` best variants (lowest validation loss at that stage's end)
@@ -44,7 +36,7 @@ if SWEEP:
         log:
             layout.log_file("sweep_prune", f"{RUN}/{{stage}}"),
         params:
-            keep=PRUNE_KEEP,
+            keep=RUN_CONFIG.prune_keep,
             variants=lambda wc, input: " ".join(f"{variant_name(v)}={e}" for v, e in zip(VARIANTS, input.evals)),
         shell:
             launch() + "python -m pipeline sweep-prune --stage {wildcards.stage} --keep {params.keep} "

@@ -2,9 +2,9 @@
 
 
 rule plan:
-    # No config file is an input: the trainer config is keyed on its resolved content
-    # (params.config_id), so a comment or an unused group file retrains nothing, and a
-    # changed resolved value re-plans and retrains every stage (--rerun-triggers params).
+    # No config file is an input: the trainer config is keyed on its resolved content (config_id
+    # in plan_params), so a comment or an unused group file retrains nothing, and a changed
+    # resolved value re-plans and retrains every stage (--rerun-triggers params).
     # The base model is: plan checks the LoRA targets against its layers; and the run's tokenizer:
     # special tokens it added rule out distributed.strategy=fsdp.
     input:
@@ -21,27 +21,11 @@ rule plan:
     log:
         layout.log_file("plan", "{vrun}"),
     params:
-        total=config["schedule"]["total_updates"],
-        fraction=config["schedule"]["pilot_fraction"],
-        chunks=config["schedule"]["num_chunks"],
-        config_id=lambda wc: TRAIN[wc.vrun][1],
-        # The config as the workflow resolved it when it loaded (the one resolution), as JSON. A
-        # function of `output`: Snakemake leaves it out of the params it compares (config_id is the key).
-        resolved=lambda wc, output: shlex.quote(resolved_json(TRAIN[wc.vrun][0])),
-        # Not used by the command any more, but kept: Snakemake compares the set of param values,
-        # and dropping these would re-plan, and so retrain, every run planned before.
-        config_dir=TRAIN_CONFIG_DIR,
-        config_name=config["train"]["config_name"],
-        override_flags=lambda wc: " ".join(f"--override '{o}'" for o in variant_overrides(wc.vrun)),
-        export_weights=config["export"]["weights"],
-        export_ema_rate=config["export"]["ema_rate"],
-        world=f"--world-size {WORLD_SIZE}" if WORLD_SIZE else "",
-        max_length=config["data"]["max_length"],  # the memory estimate's longest sequence
+        # The run's config as the workflow resolved it when it loaded (pipeline/planning/run_config.py).
+        **plan_params(lambda wc: RUN_CONFIG.variants[wc.vrun]),
     shell:
-        launch() + "python -m pipeline plan --total-updates {params.total} --pilot-fraction {params.fraction} "
-        "--num-chunks {params.chunks} --resolved-config {params.resolved} "
-        "--export-weights {params.export_weights} --export-ema-rate {params.export_ema_rate} "
-        "{params.world} --max-length {params.max_length} --out-plan {output.plan} --out-config {output.config}"
+        launch() + "python -m pipeline plan {params.args} {params.world} --max-length {params.max_length} "
+        "--out-plan {output.plan} --out-config {output.config}"
 
 
 rule train_stage:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def pipeline_env(extra: dict | None = None) -> dict:
@@ -59,6 +59,15 @@ class Run:
             prev = s
 
 
+def resolved_config(overrides) -> list[str]:
+    """`--resolved-config <text>` for `python -m pipeline plan`: config/train/ with these overrides,
+    resolved as the workflow resolves it when it loads (`pipeline.config.resolve`, then `to_yaml`)."""
+    from pipeline import config as train_config
+
+    cfg = train_config.resolve(REPO / "config" / "train", "config", list(overrides))
+    return ["--resolved-config", train_config.to_yaml(cfg)]
+
+
 def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunks: int = 2,
              overrides: list[str] = (), single_stage: bool = False) -> Run:
     """Plan + resolved config for a run; `single_stage` plans one stage `all` over every update."""
@@ -72,10 +81,8 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
             # checkpointed runs must carry on exactly, so the bitwise comparisons cover those streams.
             "lora.dropout=0.05"]
     args = ["--total-updates", str(total), "--pilot-fraction", str(fraction), "--num-chunks", str(chunks),
-            "--train-config-dir", str(REPO / "config" / "train"), "--train-config-name", "config",
+            *resolved_config([*base, *overrides]),
             "--export-weights", "raw", "--out-plan", str(root / "plan.json"), "--out-config", str(root / "train_config.yaml")]
-    for o in [*base, *overrides]:
-        args += ["--override", o]
     assert planner.main(args) == 0
     if single_stage:
         plan = json.loads((root / "plan.json").read_text())

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 import torch
-from trainkit import pipeline_env
+from kits.train import pipeline_env
 
 from pipeline.checkpoint.state import load_optimizer_state, optimizer_state
 

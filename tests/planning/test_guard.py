@@ -13,7 +13,7 @@ from pipeline import config as train_config
 from pipeline.planning import guard
 from pipeline.planning.schedule import plan_stages
 
-CONF = Path(__file__).resolve().parents[1] / "config" / "train"
+CONF = Path(__file__).resolve().parents[2] / "config" / "train"
 BASE = ["model.path=results/embedded/model", "tokens.train_cache=results/demo/data/train.safetensors",
         "ema.rates=[0.9,0.98]", "optim.lr=2e-3"]
 STAGES = plan_stages(300, 0.05, 2)
@@ -35,7 +35,9 @@ def _trained_run(root: Path, cfg, stages=STAGES, done=("pilot", "chunk01")) -> P
                                                "stages": [vars(s) for s in stages]}))
     for rel in ("data/train.safetensors", "tokenizer/tokenizer.json", "model.json", "eval/base.json",
                 "eval/pilot.json", "report/labels.html", "report/summary.html", "export/adapter_final/x",
-                "pilot_report.json", "variants/a/plan.json", "sweep/best.json", "tracker/run.json"):
+                "pilot_report.json", "variants/a/plan.json", "sweep/best.json", "tracker/run.json",
+                "eval/bench/base/mmlu.json", "eval/bench/cache/k.json", "eval/bench/merged/mmlu.json",
+                "eval/benchmarks.csv"):
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(rel)
     return run
@@ -91,12 +93,14 @@ def test_archive_moves_what_the_old_config_made_and_keeps_the_shared_work(tmp_pa
     dest = guard.archive(changed, name, results=tmp_path / "results", work=tmp_path / "work")
     assert dest == run / "archive" / name
     kept = sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file() and "archive" not in p.parts)
-    assert kept == ["data/train.safetensors", "eval/base.json", "model.json", "report/labels.html",
-                    "sweep/best.json", "tokenizer/tokenizer.json", "variants/a/plan.json"]
+    assert kept == ["data/train.safetensors", "eval/base.json", "eval/bench/base/mmlu.json", "eval/bench/cache/k.json",
+                    "model.json", "report/labels.html", "sweep/best.json", "tokenizer/tokenizer.json",
+                    "variants/a/plan.json"]
     moved = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
-    assert moved == ["ARCHIVED.json", "eval/pilot.json", "export/adapter_final/x", "pilot_report.json", "plan.json",
-                     "report/summary.html", "stages/chunk01/metrics.jsonl", "stages/pilot/metrics.jsonl",
-                     "tracker/run.json", "train_config.yaml"]
+    assert moved == ["ARCHIVED.json", "eval/bench/merged/mmlu.json", "eval/benchmarks.csv", "eval/pilot.json",
+                     "export/adapter_final/x", "pilot_report.json", "plan.json", "report/summary.html",
+                     "stages/chunk01/metrics.jsonl", "stages/pilot/metrics.jsonl", "tracker/run.json",
+                     "train_config.yaml"]
     assert (dest / "work/chunk02/step_000050").is_dir() and not (tmp_path / "work/demo/chunk02").exists()
     record = json.loads((dest / "ARCHIVED.json").read_text())
     assert record["changes"] == [{"key": "optim.lr", "old": "0.002", "new": "0.001"}]

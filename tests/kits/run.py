@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 # The final adapter of the default run ("demo"): what the equality checks compare.
 FINAL_ADAPTER = "results/demo/stages/tail/checkpoint/adapter/adapter_model.safetensors"

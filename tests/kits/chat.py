@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "data" / "chat_templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 
 UNK = "<unk>"
 CHARS = [c for c in string.printable if c not in "\t\r\x0b\x0c"]  # printable ASCII incl. space and "\n"

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
-from pipeline.planning.resources import (CPU, EVALUATE, MERGE, SMOKE, TRAIN, TRAIN_SIGNAL, VERIFY, job_resources,
-                                         training_threads, weights_bytes)
+from pipeline.planning.resources import (BENCHMARK, CPU, EVALUATE, MERGE, SMOKE, TRAIN, TRAIN_SIGNAL, VERIFY,
+                                         job_resources, training_threads, weights_bytes)
 
-REPO = Path(__file__).resolve().parents[1]
-KINDS = (TRAIN, EVALUATE, VERIFY, SMOKE, MERGE, CPU)
+REPO = Path(__file__).resolve().parents[2]
+KINDS = (TRAIN, EVALUATE, VERIFY, SMOKE, BENCHMARK, MERGE, CPU)
 GIB = 2**30
 
 
@@ -95,6 +95,18 @@ def test_evaluation_runtime_grows_with_the_attempt_verify_and_smoke_keep_an_hour
     assert job_resources(SMOKE, shipped, 0)["runtime"] == 60
 
 
+@pytest.mark.parametrize("gpus", [0, 1])
+def test_a_benchmark_job_is_sized_like_an_evaluation_with_four_hours_per_attempt(shipped, tmp_path, gpus):
+    """One model at a time on evaluate.gpus GPUs (lm-eval scores it on one device), its memory from the
+    model's size; generative tasks decode every answer, so the runtime is four hours per attempt."""
+    size = weights_bytes(_sparse_model(tmp_path / "model", 20 * GIB))
+    config = _config(shipped, evaluate={"gpus": gpus})
+    bench, evaluation = job_resources(BENCHMARK, config, size), job_resources(EVALUATE, config, size)
+    assert {k: v for k, v in bench.items() if k != "runtime"} == {k: v for k, v in evaluation.items() if k != "runtime"}
+    assert bench.get("gpu") == (gpus or None) and bench["mem_mb"] == 2 * 20 * 1024 + 4000
+    assert [bench["runtime"](None, attempt) for attempt in (1, 2)] == [240, 480]
+
+
 def test_cpu_jobs_ask_for_no_gpu_and_leave_the_rest_to_the_profile(shipped):
     assert job_resources(CPU, shipped, 100 * GIB) == {}
     assert job_resources(MERGE, shipped, 0) == {"cpus_per_task": 2, "mem_mb": 8000, "runtime": 120}
@@ -112,7 +124,7 @@ def test_each_kind_takes_its_groups_slurm_settings(shipped):
                                      "cpu": {"partition": "cpu", "account": "lab-c"}})
     got = {kind: {k: v for k, v in job_resources(kind, config, 0).items() if k.startswith("slurm_")} for kind in KINDS}
     assert got[TRAIN] == {"slurm_partition": "gpu-long", "slurm_account": "lab-a"}
-    for kind in (EVALUATE, VERIFY, SMOKE):
+    for kind in (EVALUATE, VERIFY, SMOKE, BENCHMARK):
         assert got[kind] == {"slurm_partition": "gpu-short", "slurm_extra": "--exclusive"}, kind
     for kind in (MERGE, CPU):
         assert got[kind] == {"slurm_partition": "cpu", "slurm_account": "lab-c"}, kind

@@ -8,21 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config as train_config
-from pipeline.planning import plan
-from pipeline.errors import UserError
+from kits.train import resolved_config
 
-CONF = Path(__file__).resolve().parents[1] / "config" / "train"
+from pipeline import config as train_config
+from pipeline.errors import UserError
+from pipeline.planning import checks, plan
+
+CONF = Path(__file__).resolve().parents[2] / "config" / "train"
 BASE = ["model.path=/m", "tokens.train_cache=/t.safetensors", "ema.rates=[0.9,0.98]"]
 
 
-def _plan_args(tmp_path, *extra) -> list[str]:
-    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
-            "--train-config-dir", str(CONF), "--train-config-name", "config", "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"),
-            "--out-config", str(tmp_path / "train_config.yaml")]
-    for override in BASE:
-        args += ["--override", override]
-    return args + list(extra)
+def _plan_args(tmp_path, *extra, overrides: list[str] = ()) -> list[str]:
+    """The plan's command line for config/train/ with BASE and `overrides`, as the workflow resolves it."""
+    return ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
+            *resolved_config([*BASE, *overrides]), "--export-weights", "raw",
+            "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml"), *extra]
 
 
 def test_plan_writes_the_stages_and_the_resolved_config(tmp_path):
@@ -32,7 +32,7 @@ def test_plan_writes_the_stages_and_the_resolved_config(tmp_path):
                                                                   ("chunk02", 11, 20)]
     cfg = train_config.load(tmp_path / "train_config.yaml")
     assert cfg.ema.rates == [0.9, 0.98]
-    assert plan.config_id(cfg) == plan.config_id(train_config.resolve(CONF, "config", BASE))
+    assert train_config.to_yaml(cfg) == train_config.to_yaml(train_config.resolve(CONF, "config", BASE))
 
 
 def test_export_rate_not_kept_by_the_trainer_fails_at_plan_naming_both_keys(tmp_path):
@@ -50,20 +50,20 @@ def test_export_rate_not_kept_by_the_trainer_fails_at_plan_naming_both_keys(tmp_
 ])
 def test_every_cross_config_problem_names_its_keys(overrides, workflow, keys):
     cfg = train_config.resolve(CONF, "config", BASE + overrides)
-    problems = plan.cross_check(cfg, **{"world": None, **workflow})
+    problems = checks.cross_check(cfg, **{"world": None, **workflow})
     assert len(problems) == 1 and all(k in problems[0] for k in keys), problems
 
 
 def test_a_consistent_config_has_no_cross_config_problem():
     cfg = train_config.resolve(CONF, "config", BASE)
-    assert plan.cross_check(cfg, export_weights="ema", export_ema_rate=0.98, world=2) == []
-    assert plan.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=None) == []
+    assert checks.cross_check(cfg, export_weights="ema", export_ema_rate=0.98, world=2) == []
+    assert checks.cross_check(cfg, export_weights="raw", export_ema_rate=None, world=None) == []
 
 
 def test_world_size_is_known_when_the_workflow_fixes_it():
-    assert plan.world_size(1, "auto", "auto") is None  # one rank per GPU found at run time
-    assert plan.world_size(2, 8, "auto") == 16 and plan.world_size(2, "auto", 4) == 8
-    assert plan.world_size(1, 0, "auto") == 1  # a CPU node runs one process
+    assert checks.world_size(1, "auto", "auto") is None  # one rank per GPU found at run time
+    assert checks.world_size(2, 8, "auto") == 16 and checks.world_size(2, "auto", 4) == 8
+    assert checks.world_size(1, 0, "auto") == 1  # a CPU node runs one process
 
 
 LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
@@ -84,9 +84,8 @@ def _model_dir(tmp_path, config: dict):
 
 def test_a_run_that_cannot_fit_its_gpus_fails_at_plan_with_the_estimate_and_the_knobs(tmp_path, capsys):
     model = _model_dir(tmp_path, LLAMA_8B)
-    args = _plan_args(tmp_path, "--override", f"model.path={model}", "--override", "model.gpu_memory_gb=24",
-                      "--override", "optim.micro_batch=8", "--override", "model.activation_checkpointing=off",
-                      "--max-length", "2048")
+    args = _plan_args(tmp_path, "--max-length", "2048", overrides=[
+        f"model.path={model}", "model.gpu_memory_gb=24", "optim.micro_batch=8", "model.activation_checkpointing=off"])
     with pytest.raises(UserError) as err:
         plan.main(args)
     text = str(err.value)
@@ -101,33 +100,47 @@ def test_a_run_that_cannot_fit_its_gpus_fails_at_plan_with_the_estimate_and_the_
 
 def test_auto_checkpointing_is_what_lets_a_run_fit(tmp_path, capsys):
     model = _model_dir(tmp_path, LLAMA_1B)
-    base = ["--override", f"model.path={model}", "--override", "model.gpu_memory_gb=24",
-            "--override", "optim.micro_batch=8", "--max-length", "2048"]
-    assert plan.main(_plan_args(tmp_path, *base)) == 0  # auto: 29 GiB without, 7.6 GiB with every layer
+    base = [f"model.path={model}", "model.gpu_memory_gb=24", "optim.micro_batch=8"]
+    assert plan.main(_plan_args(tmp_path, "--max-length", "2048", overrides=base)) == 0  # auto: 29 GiB without, 7.6 GiB with every layer
     out = capsys.readouterr().out
     # 21.8 GiB usable (24 less 5%, less 1 GiB of CUDA context): each checkpointed layer saves 1.5 GiB
     # (lora.dropout=0, the default: no dropped copy of each adapted layer's input is kept)
     assert "activation_checkpointing=auto: activation checkpointing 5 of 16 layers (the fewest that fit)" in out
     assert "micro-batch 8 x 2048 tokens, activation checkpointing 5 of 16 layers" in out
     with pytest.raises(UserError, match="does not fit"):
-        plan.main(_plan_args(tmp_path, *base, "--override", "model.activation_checkpointing=off"))
+        plan.main(_plan_args(tmp_path, "--max-length", "2048", overrides=[*base, "model.activation_checkpointing=off"]))
 
 
 def test_without_a_gpu_or_a_size_the_estimate_is_only_printed(tmp_path, capsys):
     model = _model_dir(tmp_path, LLAMA_8B)
-    assert plan.main(_plan_args(tmp_path, "--override", f"model.path={model}", "--max-length", "4096")) == 0
+    assert plan.main(_plan_args(tmp_path, "--max-length", "4096", overrides=[f"model.path={model}"])) == 0
     out = capsys.readouterr().out
     assert "memory per GPU" in out and "not checked" in out
 
 
 def test_the_workflow_resolution_is_written_as_is_and_its_sha256_is_the_cache_key(tmp_path):
     cfg = train_config.resolve(CONF, "config", BASE + ["optim.lr=1e-3"])
+    text = train_config.to_yaml(cfg)
     args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2",
-            "--resolved-config", plan.resolved_json(cfg), "--export-weights", "ema", "--export-ema-rate", "0.98",
+            "--resolved-config", text, "--export-weights", "ema", "--export-ema-rate", "0.98",
             "--out-plan", str(tmp_path / "plan.json"), "--out-config", str(tmp_path / "train_config.yaml")]
     assert plan.main(args) == 0
     written = (tmp_path / "train_config.yaml").read_text()
-    assert written == train_config.to_yaml(cfg)
-    assert hashlib.sha256(written.encode()).hexdigest() == plan.config_id(cfg)
-    with pytest.raises(SystemExit):  # one source of the config, not both
+    assert written == text
+    assert hashlib.sha256(written.encode()).hexdigest() == train_config.config_id(text)
+    with pytest.raises(SystemExit):  # one source of the config: the resolution the workflow hands over
         plan.main(args + ["--train-config-dir", str(CONF)])
+
+
+@pytest.mark.parametrize("text, why", [
+    ("model: {path: /m}\ntokens: {train_cache: /t}\n", "not a resolved trainer config"),  # a part: the rest defaults
+    ("[1, 2]\n", "not a trainer config"),
+    ("optim: {lr: [\n", "not YAML"),
+])
+def test_a_text_that_is_not_a_whole_resolved_config_is_refused_before_anything_is_written(tmp_path, text, why):
+    args = ["--total-updates", "20", "--pilot-fraction", "0.1", "--num-chunks", "2", "--resolved-config", text,
+            "--export-weights", "raw", "--out-plan", str(tmp_path / "plan.json"),
+            "--out-config", str(tmp_path / "train_config.yaml")]
+    with pytest.raises(UserError, match=why):
+        plan.main(args)
+    assert not (tmp_path / "plan.json").exists() and not (tmp_path / "train_config.yaml").exists()

@@ -1,0 +1,78 @@
+"""The LoRA adapter a run trains: peft's, on the targets `pipeline.model.targets` resolves.
+
+On a vision-language model the adapters go on the language model only (and the
+tower with `vision.train_tower`); `vision.train_projector` trains the projector
+in full as PEFT `modules_to_save`. Fused expert weights of a mixture-of-experts
+model are adapted through peft's `target_parameters` (`ParamWrapper`).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pipeline.config import LORA_INITS, TrainConfig
+from pipeline.errors import UserError
+from pipeline.model import kernels, targets as lora_targets, vision
+from pipeline.model.base import is_vision_language
+from pipeline.model.vocabulary import fp32_token_rows, module_name, token_rows
+
+log = logging.getLogger(__name__)
+
+
+def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
+    """Wrap with a fresh LoRA adapter; initialization draws from torch's RNG.
+
+    `token_ids`: rows of the embeddings (and untied head) trained too, as peft
+    `trainable_token_indices` (saved in the adapter as
+    `...token_adapter.trainable_tokens_delta`: the rows' values).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    resolved = lora_targets.resolve(model, cfg.lora, cfg.moe, tower=cfg.vision.train_tower, where=cfg.model.path)
+    targets = resolved.modules
+    extra = {}
+    rows = token_rows(model, list(token_ids))
+    if rows:
+        head = model.get_output_embeddings()
+        if head is not None and module_name(model, head).rsplit(".", 1)[-1] in targets:
+            raise UserError(f"lora.target_modules adapts the output head, and the run's tokenizer added tokens whose "
+                            f"head rows must train; leave {module_name(model, head)} out of lora.target_modules")
+        extra["trainable_token_indices"] = rows
+    if is_vision_language(model):
+        parts = vision.find_parts(model)
+        targets = vision.lora_targets(parts, targets, tower=cfg.vision.train_tower) if targets else None
+        extra["modules_to_save"] = [parts.projector] if cfg.vision.train_projector else None
+    if resolved.parameters:
+        extra["target_parameters"] = resolved.parameters
+    lora = LoraConfig(
+        r=cfg.lora.r,
+        lora_alpha=cfg.lora.alpha,
+        lora_dropout=cfg.lora.dropout,
+        target_modules=targets or None,  # None with fused weights only: peft then adapts target_parameters alone
+        use_rslora=cfg.lora.use_rslora,
+        use_dora=cfg.lora.use_dora,
+        init_lora_weights=LORA_INITS[cfg.lora.init],  # the config refuses the others (pipeline.config.init_problem)
+        bias="none",
+        task_type="CAUSAL_LM",
+        **extra,
+    )
+    model = get_peft_model(model, lora)
+    if rows:
+        fp32_token_rows(model)
+    if cfg.lora.fused:
+        log.info("lora.fused: %d LoRA linear layers run as one addmm each", kernels.fuse_lora(model))
+    return model
+
+
+def no_input_casts(model) -> None:
+    """Keep LoRA inputs in the compute dtype under autocast.
+
+    peft casts each LoRA layer's input to the adapter's dtype (fp32) and
+    applies dropout there: for seven targets about as much memory traffic as
+    the base matmuls. Under autocast the LoRA matmuls run in the autocast dtype
+    anyway, so the cast buys nothing; without autocast it is needed (fp32
+    weights, half-precision input) and stays.
+    """
+    for module in model.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False

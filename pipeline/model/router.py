@@ -1,0 +1,93 @@
+"""A mixture-of-experts model's load-balancing loss, added to the training loss.
+
+Transformers' MoE causal LMs (Qwen3-MoE, Mixtral, OLMoE, GPT-OSS, Qwen3-Next,
+...) define an auxiliary loss that keeps the routers spreading tokens over the
+experts: `load_balancing_loss_func` of the family's modeling module, over every
+router's logits of the forward (Switch Transformer eq. 4-6: E * sum_i f_i P_i,
+padding masked out), weighted by `router_aux_loss_coef`; their own forward adds
+it when `config.output_router_logits` is set. Our loss runs the decoder alone
+(`pipeline.model.loss.TokenLoss`), so it adds the same term itself:
+
+    micro-batch loss = sum of its supervised tokens' cross-entropy + coef * aux * (its supervised tokens)
+
+The trainer divides the update's sum by the global batch's supervised tokens,
+so an update minimizes mean cross-entropy + coef * (the supervised-token-weighted
+mean of the micro-batches' aux): with one micro-batch, exactly the model's own
+`loss` with labels. (The aux of a batch is not a sum over its tokens, so no split
+of the batch gives the same value; the weighting only makes micro-batches count by
+their share.) A frozen router still gets the term's gradient through the hidden
+states that reach it, which the adapters change.
+
+`moe.router_aux_loss` (default on) turns it on (`enable_router_loss`), with
+`moe.router_aux_loss_coef` or the model's own coefficient; the training metrics
+log `router_loss` (the weighted mean aux, before the coefficient) per update,
+and `loss` is the whole training loss. Validation losses never include it.
+A family without the function or the coefficient (Nemotron-H balances its
+experts without an auxiliary loss; dense models) trains on cross-entropy alone.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.config import MoeConfig
+
+
+@dataclass(frozen=True)
+class RouterLoss:
+    """The model's own load-balancing function and its arguments (the causal LM's attributes)."""
+
+    function: object  # load_balancing_loss_func(router_logits, num_experts, top_k, attention_mask)
+    experts: int
+    top_k: int
+    coef: float
+
+    def term(self, router_logits, attention_mask: torch.Tensor | None, supervised: int) -> tuple[torch.Tensor,
+                                                                                               torch.Tensor]:
+        """(what the micro-batch adds to its loss sum, the aux weighted by its supervised tokens)."""
+        aux = self.function(router_logits, self.experts, self.top_k, attention_mask).float()
+        weighted = aux * supervised
+        return self.coef * weighted, weighted.detach()
+
+
+def defined(hf) -> RouterLoss | None:
+    """The load-balancing loss `hf` (a transformers causal LM) defines and its config turns on, else None."""
+    module = sys.modules.get(type(hf).__module__)
+    function = getattr(module, "load_balancing_loss_func", None)
+    values = [getattr(hf, k, None) for k in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")]
+    if function is None or None in values or not getattr(hf.config, "output_router_logits", False):
+        return None
+    experts, top_k, coef = values
+    return RouterLoss(function, int(experts), int(top_k), float(coef))
+
+
+def available(hf) -> bool:
+    """Does the model define a load-balancing loss at all (whatever its config says)?"""
+    module = sys.modules.get(type(hf).__module__)
+    return (getattr(module, "load_balancing_loss_func", None) is not None
+            and getattr(hf, "router_aux_loss_coef", None) is not None)
+
+
+def enable_router_loss(model, moe: MoeConfig) -> None:
+    """Turn the model's load-balancing loss on or off for training as `moe` says (its config's
+    `output_router_logits`, the coefficient `moe.router_aux_loss_coef` or its own); a model that
+    defines none is left as it is."""
+    if not available(model):
+        return
+    model.config.output_router_logits = bool(moe.router_aux_loss)
+    if moe.router_aux_loss_coef is not None:
+        model.router_aux_loss_coef = model.config.router_aux_loss_coef = float(moe.router_aux_loss_coef)
+
+
+def describe(model, moe: MoeConfig) -> str | None:
+    """The plan's line on the router loss (None for a model without experts)."""
+    if not available(model):
+        return None
+    if not moe.router_aux_loss:
+        return "router loss: off (moe.router_aux_loss=false)"
+    coef = moe.router_aux_loss_coef if moe.router_aux_loss_coef is not None else model.router_aux_loss_coef
+    return (f"router loss: {type(model).__module__.rsplit('.', 1)[-1]}.load_balancing_loss_func x {coef:g} added to "
+            "the training loss (moe.router_aux_loss; logged per update as router_loss)")

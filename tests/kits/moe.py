@@ -1,0 +1,105 @@
+"""Tiny random-weight mixture-of-experts and hybrid models, built from stock transformers classes.
+
+`save_family(family, path)` writes a real Hugging Face dir (weights as
+`save_pretrained` stores them: per-expert tensors for Qwen3-MoE, Mixtral, OLMoE,
+Qwen3-Next and Nemotron-H, fused for GPT-OSS) with the demo's char-level
+tokenizer and chat template, so the token caches of the `tiny` fixture serve
+every family. Two layers (four for Nemotron-H: one of each block kind), 32 wide,
+4 experts with 2 per token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, POSITIONS = 32, 4, 2, 8, 128
+EXPERTS, PER_TOKEN, EXPERT_WIDTH = 4, 2, 16
+
+# family -> what LoRA adapts by default: (Linear layer names, fused expert weights), and what it must leave out
+FAMILIES = {
+    "qwen3_moe": ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    "mixtral": ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    "olmoe": ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    "gpt_oss": ({"q_proj", "k_proj", "v_proj", "o_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    # linear attention (Gated DeltaNet) + full attention; experts + a shared expert (its gate is a router)
+    "qwen3_next": ({"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj",
+                    "gate_proj", "up_proj", "down_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    # Mamba-2 + attention + MoE (relu^2 experts: up_proj and down_proj) + MLP; peft refuses Mamba's out_proj
+    "nemotron_h": ({"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"},
+                   {"experts.up_proj", "experts.down_proj"}),
+    # Mamba-2 mixer beside attention in every layer, dense MLP; peft refuses Mamba's out_proj
+    "falcon_h1": ({"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, set()),
+}
+MOE = [f for f, (_, fused) in FAMILIES.items() if fused]
+
+# family -> (adapter keys of one MoE layer's experts: peft nests the two ParamWrappers of its experts module,
+#            a stored base tensor the merge must change: where the base keeps that layer's expert 0)
+EXPERT_KEYS = {
+    "qwen3_moe": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.0.gate_proj.weight"),
+    "mixtral": ("model.layers.0.mlp.experts", "model.layers.0.block_sparse_moe.experts.0.w1.weight"),
+    "olmoe": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.0.up_proj.weight"),
+    "gpt_oss": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.gate_up_proj"),
+    "qwen3_next": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.0.down_proj.weight"),
+    "nemotron_h": ("model.layers.1.mixer.experts", "backbone.layers.1.mixer.experts.0.up_proj.weight"),
+}
+# families whose model defines a load-balancing loss (`pipeline.model.router`)
+ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next"}
+
+
+def config(family: str, tokenizer):
+    """The family's config, tiny, with the tokenizer's vocabulary and special ids."""
+    import transformers as tf
+
+    common = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, max_position_embeddings=POSITIONS, tie_word_embeddings=False)
+    attention = dict(hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS)
+    experts = dict(num_experts_per_tok=PER_TOKEN)
+    if family == "qwen3_moe":
+        return tf.Qwen3MoeConfig(**common, **attention, **experts, head_dim=HEAD_DIM, num_hidden_layers=2,
+                                 intermediate_size=64, moe_intermediate_size=EXPERT_WIDTH, num_experts=EXPERTS)
+    if family == "mixtral":
+        return tf.MixtralConfig(**common, **attention, **experts, num_hidden_layers=2, intermediate_size=EXPERT_WIDTH,
+                                num_local_experts=EXPERTS)
+    if family == "olmoe":
+        return tf.OlmoeConfig(**common, **attention, **experts, num_hidden_layers=2, intermediate_size=EXPERT_WIDTH,
+                              num_experts=EXPERTS)
+    if family == "gpt_oss":
+        return tf.GptOssConfig(**common, **attention, **experts, head_dim=HEAD_DIM, num_hidden_layers=2,
+                               intermediate_size=EXPERT_WIDTH, num_local_experts=EXPERTS, sliding_window=16,
+                               layer_types=["sliding_attention", "full_attention"],
+                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    if family == "qwen3_next":
+        return tf.Qwen3NextConfig(**common, **attention, **experts, head_dim=HEAD_DIM, num_hidden_layers=2,
+                                  layer_types=["linear_attention", "full_attention"], intermediate_size=64,
+                                  linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                                  linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=EXPERT_WIDTH,
+                                  shared_expert_intermediate_size=EXPERT_WIDTH, num_experts=EXPERTS)
+    if family == "nemotron_h":
+        return tf.NemotronHConfig(**common, **attention, **experts, head_dim=HEAD_DIM,
+                                  layers_block_type=["mamba", "moe", "attention", "mlp"], intermediate_size=64,
+                                  ssm_state_size=8, mamba_num_heads=4, mamba_head_dim=8, n_groups=1, conv_kernel=4,
+                                  expand=1, chunk_size=16, n_routed_experts=EXPERTS, moe_intermediate_size=EXPERT_WIDTH,
+                                  moe_shared_expert_intermediate_size=EXPERT_WIDTH, n_shared_experts=1, n_group=1,
+                                  topk_group=1)
+    if family == "falcon_h1":
+        return tf.FalconH1Config(**common, **attention, num_hidden_layers=2, intermediate_size=64, mamba_d_ssm=32,
+                                 mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_d_conv=4,
+                                 mamba_expand=1, mamba_chunk_size=16)
+    raise ValueError(family)
+
+
+def save_family(family: str, path, *, seed: int = 0) -> None:
+    """A random-weight model of `family` with the demo tokenizer, as a Hugging Face dir."""
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.demo.text import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config(family, tokenizer))
+    with torch.no_grad():  # routers that start at zero (Qwen3-MoE's, OLMoE's) would route every token alike
+        for name, param in model.named_parameters():
+            if param.ndim == 2 and name.rsplit(".", 2)[-2] in ("gate", "router") and not param.abs().sum():
+                param.normal_(0, 0.5)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)

@@ -1,0 +1,46 @@
+"""`model.attn_implementation` resolved per model class and machine (pipeline.model.attention)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import UserError
+from pipeline.model.attention import Machine, resolve, support_of
+
+CPU = Machine(cuda=False, flash_attn=False)
+GPU_FLASH = Machine(cuda=True, flash_attn=True)
+GPU = Machine(cuda=True, flash_attn=False)
+
+
+def _support(name: str, family: str):
+    import transformers
+
+    return support_of(getattr(transformers, name), family)
+
+
+@pytest.mark.parametrize("machine, expected", [(CPU, "sdpa"), (GPU, "sdpa"), (GPU_FLASH, "flash_attention_2")])
+def test_auto_takes_the_best_kernel_a_llama_and_the_machine_have(machine, expected):
+    impl, reason = resolve("auto", _support("LlamaForCausalLM", "llama"), machine)
+    assert impl == expected and reason.startswith("auto:")
+
+
+@pytest.mark.parametrize("machine", [CPU, GPU, GPU_FLASH])
+def test_auto_runs_gpt_oss_eagerly_where_no_sink_aware_kernel_is_installed(machine):
+    """GPT-OSS's attention sinks: no SDPA kernel, and its flash builds come from the kernels hub."""
+    impl, reason = resolve("auto", _support("GptOssForCausalLM", "gpt_oss"), machine)
+    assert impl == "eager" and "gpt_oss has no SDPA kernel (attention sinks)" in reason
+
+
+@pytest.mark.parametrize("requested", ["sdpa", "flash_attention_2"])
+def test_an_explicit_kernel_the_family_does_not_support_names_the_setting_and_the_supported_ones(requested):
+    with pytest.raises(UserError) as err:
+        resolve(requested, _support("GptOssForCausalLM", "gpt_oss"), GPU_FLASH)
+    message = str(err.value)
+    assert message.startswith(f"model.attn_implementation={requested}: gpt_oss does not support it")
+    assert "it supports flex_attention, eager (or auto" in message
+
+
+def test_an_explicit_supported_kernel_is_taken_as_set_and_remote_code_is_assumed_sdpa():
+    assert resolve("eager", _support("LlamaForCausalLM", "llama"), GPU_FLASH) == ("eager", "set by "
+                                                                                   "model.attn_implementation")
+    assert resolve("auto", support_of(None, "custom"), CPU)[0] == "sdpa"
