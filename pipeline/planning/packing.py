@@ -9,13 +9,19 @@ same order (`pipeline.planning.order`); only their layout changes:
    most `capacity` tokens, the longest record of the training data (so no row is
    longer than a padded micro-batch's, and the memory estimate of
    `optim.micro_batch` x that length still bounds a micro-batch);
-2. the rows, longest first, are dealt to the ranks in turn (snake order, so
-   every rank gets a similar number of tokens);
-3. each rank cuts its rows into the update's number of micro-batches, the same
-   on every rank (FSDP gathers the weights in every forward: all ranks must run
-   as many), at most `optim.micro_batch` rows each: a micro-batch holds at most
-   micro_batch x capacity tokens, however many records that is. Its longest rows
-   come first, so an out-of-memory shows in the update's first micro-batch.
+2. the rows, longest first, are cut into the update's micro-batches: as many
+   as padded batches have (global_batch / micro_batch, rounded up), in runs of
+   rows whose counts differ by at most one, so each holds at most
+   `optim.micro_batch` rows (at most micro_batch x capacity tokens, however many
+   records that is) and rows of similar width sit together. The longest come
+   first, so an out-of-memory shows in the update's first micro-batch;
+3. the micro-batches are dealt to the ranks as padded ones are (micro-batch j
+   to rank j % world), so every rank runs as many (FSDP gathers the weights in
+   every forward: all ranks must) and what a micro-batch holds does not depend on
+   the number of ranks: 1 process, 2 ranks and 2 nodes compute the same
+   micro-batches, and a run is bitwise the same wherever the sums meet in the
+   same order (as for padded batches). Packing changes what a micro-batch holds,
+   never how many an update has.
 
 Every step is a pure function of the update's record indices and their lengths:
 a chunked, resumed or preempted run packs each update exactly as one
@@ -181,25 +187,25 @@ def pack_update(indices: Sequence[int], lengths: np.ndarray, *, capacity: int, w
                 micro: int) -> list[list[list[list[int]]]]:
     """One update's records `indices` as packed micro-batches: [rank][micro-batch][row] -> record indices.
 
-    See the module docstring. Every rank gets the same number of micro-batches,
-    each of 1..`micro` rows of at most `capacity` tokens; every record of
-    `indices` is in exactly one row. `lengths[i]` is record i's tokens.
+    See the module docstring. The update has as many micro-batches as padded
+    (`len(indices) / micro`, rounded up), dealt to the ranks as padded ones are:
+    micro-batch j to rank j % `world`, so they are the same for any `world` that
+    divides their count. Each holds 1..`micro` rows of at most `capacity` tokens;
+    every record of `indices` is in exactly one row. `lengths[i]` is record i's tokens.
     """
     sizes = [int(lengths[i]) for i in indices]
     rows = best_fit_decreasing(sizes, capacity)
-    accumulation = max(1, -(-len(rows) // (world * micro)))
-    # Every rank needs that many non-empty micro-batches: split rows (the one with the most records
-    # gives up its last, shortest one) until there are enough. Always possible: a rank's share of
-    # records is at least `accumulation`.
-    while len(rows) < world * accumulation:
+    places = max(1, -(-len(indices) // micro))
+    if places % world:
+        raise ValueError(f"{places} micro-batches per update do not split over {world} ranks")
+    # Every micro-batch needs a row: split rows (the one with the most records gives up its last,
+    # shortest one) until there are enough. Always possible: there are at least `places` records.
+    while len(rows) < places:
         fullest = max(range(len(rows)), key=lambda r: (len(rows[r]), -r))
         rows.append([rows[fullest].pop()])
     rows.sort(key=lambda row: (-sum(sizes[p] for p in row), row[0]))  # positions are unique: a total order
-    shares: list[list[list[int]]] = [[] for _ in range(world)]
-    for j, row in enumerate(rows):
-        lap, k = divmod(j, world)
-        shares[k if lap % 2 == 0 else world - 1 - k].append([int(indices[p]) for p in row])
-    return [_cut(share, accumulation) for share in shares]
+    micro_batches = _cut([[int(indices[p]) for p in row] for row in rows], places)
+    return [micro_batches[rank::world] for rank in range(world)]
 
 
 def _cut(rows: list, parts: int) -> list[list]:

@@ -90,10 +90,10 @@ class TrainBatches:
         `step`: a function of the run's seed, the update and the micro-batch's place in the
         update, not of which rank runs it. Seeded with it, a forward's random draws (LoRA
         dropout) are those of the same micro-batch on any number of ranks, so a 2-rank run
-        computes what one process computes. Packed micro-batches are cut per rank (their
-        records differ with the number of ranks anyway): each gets its own place, rank by rank."""
+        computes what one process computes. Packed micro-batches are dealt as grouped padded
+        ones are (`pipeline.planning.packing.pack_update`): micro-batch rank + i x world."""
         if self._updates.collator.packed:
-            places = [self.rank * count + i for i in range(count)]
+            places = [self.rank + i * self.world for i in range(count)]
         else:
             places = self.sampler.micro_batch_places(self.rank, self.world, count)
         return [int(np.random.SeedSequence([self.seed, step, place]).generate_state(1, np.uint64)[0] >> 1)

@@ -42,7 +42,7 @@ def test_every_rank_gets_the_same_number_of_micro_batches_of_whole_records(world
     rng = random.Random(world * 10 + micro)
     lengths = np.array([rng.randint(4, 96) for _ in range(500)])
     for trial in range(40):
-        batch = world * rng.choice([1, 2, 3, 8])
+        batch = world * micro * rng.choice([1, 2, 3, 8])  # as the trainer checks: ranks x micro-batch x accumulation
         indices = rng.sample(range(len(lengths)), batch)
         if trial % 4 == 0:  # all short: few rows, which must be split for the ranks' micro-batches
             indices = [int(i) for i in np.flatnonzero(lengths < 20)[:batch]]
@@ -56,6 +56,10 @@ def test_every_rank_gets_the_same_number_of_micro_batches_of_whole_records(world
             widths = [int(lengths[row].sum()) for mb in share for row in mb]
             assert widths == sorted(widths, reverse=True)
         assert pack_update(indices, lengths, capacity=96, world=world, micro=micro) == shares  # a pure function
+        # what a micro-batch holds does not depend on the ranks: one process runs them all, in the same places
+        alone = pack_update(indices, lengths, capacity=96, world=1, micro=micro)[0]
+        assert [shares[j % world][j // world] for j in range(len(alone))] == alone
+        assert len(alone) == -(-batch // micro)  # as many micro-batches as padded
 
 
 def test_packing_halves_the_padding_of_micro_batches_grouped_by_length():
