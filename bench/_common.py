@@ -35,6 +35,7 @@ if str(REPO) not in sys.path:
 KEY_TRAIN_CACHE = "tokens.train_cache"
 KEY_VAL_CACHE = "tokens.val_cache"
 KEY_GROUP_BY_LENGTH = "tokens.group_by_length"
+KEY_PACKING = "tokens.packing"
 KEY_EVAL_EVERY = "validation.every"
 
 

@@ -73,7 +73,8 @@ def run(result: Path, train_argv: list[str]) -> int:
         if "loss" in record:
             rec["step_end"].append(_now())
 
-    micro_batches = batches.RunSampler.rank_micro_batches
+    # An update's micro-batches are cut first thing in the update, packed or padded alike.
+    micro_batches = batches._Updates.micro_batches
 
     def first_step(self, *args, **kwargs):
         rec.setdefault("first_step", _now())
@@ -101,7 +102,7 @@ def run(result: Path, train_argv: list[str]) -> int:
                 rec["save_stall"].append(time.perf_counter() - save_started.pop())
 
     monitor.MetricsLog.write = timed_write
-    batches.RunSampler.rank_micro_batches = first_step
+    batches._Updates.micro_batches = first_step
     ema.EMA.update = _timed(ema.EMA.update, rec["ema"])
     ckpt.capture_rng = timed_capture_rng
     ckpt_io.AsyncWriter.submit = timed_submit

@@ -240,7 +240,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     """One trainer run (`arm` at `seq_len`) on a fresh cache; returns its metrics rows, the data's shape
     and what the plan and the stage decided."""
     from pipeline import config as train_config
-    from pipeline.model import loading, memory
+    from pipeline.model import memory
 
     records = args.steps * args.global_batch
     shape = build_cache(tmp / "train.safetensors", records=records, seq_len=seq_len, vocab=info["vocab"],
@@ -264,7 +264,8 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     estimate = memory.estimate(cfg, shapes, memory.Run(
         micro_batch=train_config.batch_split(cfg, 1)[0], length=max(n for n, _ in shape), world=1, sharded=False,
         checkpointed=int(chosen.group(1) or 0) if chosen else 0, precision=precision,
-        packed=loading.packing(cfg.tokens, attention), attention=attention))  # packed under SDPA: a (row x row) mask
+        # Packed micro-batches (pipeline.planning.packing) hold no more tokens, and no wider mask, than padded ones.
+        attention=attention))
     return {"cfg": cfg, "shape": shape, "rows": [r for r in rows if "loss" in r][args.warmup:],
             "checkpointing": chosen.group(0) if chosen else "activation checkpointing unknown",
             "estimate_mb": estimate.total / 2**20}

@@ -126,7 +126,7 @@ def padding(root: Path) -> dict:
     import yaml
 
     from pipeline.data.cache import TokenCache
-    from pipeline.train.batches import RunSampler, padding_fraction
+    from pipeline.planning.order import RunSampler, padding_fraction
 
     workflow = yaml.safe_load((C.REPO / "config" / "config.yaml").read_text())
     default = C.build_default(root, max_length=workflow["data"]["max_length"])

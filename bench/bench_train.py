@@ -21,7 +21,10 @@ What makes the comparison fair (both sides):
   trainer resolves from it, `lora_targets`, named to peft), the same micro batch and gradient accumulation, the same optimizer settings
   (AdamW betas/eps/weight decay, lr, warmup + cosine to the same floor, grad
   clip 1.0), no gradient checkpointing (TRL's default is on: turned off), no
-  packing, right padding to the longest sequence of each micro-batch;
+  packing (ours packs by default, but the default data's records are too alike
+  in length to share a row: `_our_order`), TRL right-padding each micro-batch to
+  its longest sequence; ours, on a CPU, runs a micro-batch as one flat row
+  attended record by record (`pipeline.model.packed_attention`: no padding);
 * the same samples in the same micro-batches: those our `RunSampler` draws
   for update s, cut into micro-batches as our trainer cuts them (grouped by
   length within the update when `data.group_by_length`, the default), so both
@@ -163,15 +166,27 @@ def _child_trl(args) -> None:
 
 
 def _our_order(cfg, steps: int) -> list[int]:
-    """The sample indices of updates 0..steps-1, micro-batch by micro-batch, as our trainer (one rank) takes them."""
+    """The sample indices of updates 0..steps-1, micro-batch by micro-batch, as our trainer (one rank) takes them.
+
+    Packing (on by default) puts nothing together in this data: its records (23..31 tokens) are all
+    longer than half the longest, so each packed row is one record and the micro-batches are the
+    padded ones, longest first (asserted). bench_packing.py measures packing on mixed lengths."""
     from pipeline.data.cache import TokenCache
+    from pipeline.planning.packing import pack_update, row_capacity
     from pipeline.train.batches import RunSampler
 
     cache = TokenCache(C.cfg_value(cfg, C.KEY_TRAIN_CACHE))
     lengths = cache.lengths if C.cfg_value(cfg, C.KEY_GROUP_BY_LENGTH) else None
     sampler = RunSampler(len(cache), cfg.optim.global_batch, cfg.seed, lengths)
-    return [i for s in range(steps) for micro in sampler.rank_micro_batches(s, 0, 1, cfg.optim.micro_batch)
-            for i in micro]
+    if C.cfg_value(cfg, C.KEY_PACKING) == "off":
+        micro_batches = [mb for s in range(steps) for mb in sampler.rank_micro_batches(s, 0, 1, cfg.optim.micro_batch)]
+    else:
+        packed = [mb for s in range(steps) for mb in pack_update(sampler.global_indices(s), cache.lengths,
+                                                                   capacity=row_capacity(cache.lengths), world=1,
+                                                                   micro=cfg.optim.micro_batch)[0]]
+        assert all(len(row) == 1 for mb in packed for row in mb), "the default data packs: compare in bench_packing"
+        micro_batches = [[row[0] for row in mb] for mb in packed]
+    return [i for micro in micro_batches for i in micro]
 
 
 def _run(name: str, tool: str, ema: bool, run: dict, order: Path, work: Path, steps: int, threads: int) -> dict:
@@ -339,7 +354,8 @@ def _report(args, machine, cfg, results, raw, wall) -> None:
         f"{cfg.optim.global_batch} sequences per update = {cfg.optim.micro_batch} per micro-batch x "
         f"{cfg.optim.global_batch // cfg.optim.micro_batch} accumulation steps, the same micro-batches on both "
         f"sides ({batching}), "
-        f"right-padded per micro-batch, no packing; {med['ours']['tokens_per_step']:.0f} non-pad tokens "
+        f"no records packed together (TRL right-pads each micro-batch; ours runs it as one flat row, record by "
+        f"record); {med['ours']['tokens_per_step']:.0f} non-pad tokens "
         f"per update (median). {args.steps} updates per run, the first {args.warmup} excluded; "
         f"{args.rounds} rounds, configurations interleaved and rotated; figures are medians over rounds.",
         "",

@@ -24,9 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from bench_packing import GOAL as PACKING_GOAL  # noqa: E402
 
 BENCHES = {  # name -> script (default arguments)
     "train": "bench_train.py",
+    "packing": "bench_packing.py",
     "checkpoint": "bench_checkpoint.py",
     "stages": "bench_stages.py",
     "gpu": "bench_gpu.py",
@@ -116,6 +118,7 @@ def _met(train: dict, ema: str) -> str:
 def build_results(results: Path = C.RESULTS) -> str:
     """RESULTS.md's text from the result files in `results`."""
     train, ckpt, stages, gpu, mem = (_load(results, n) for n in ("train", "checkpoint", "stages", "gpu", "memory"))
+    packing = _load(results, "packing")
     fsdp_mems = [(n, _load(results, n)) for n in ("fsdp_memory", "fsdp_memory_checkpointing")]
     eval_ranks, quant = _load(results, "eval_ranks"), _load(results, "quant")
     step = _load(results, "step")
@@ -146,6 +149,21 @@ def build_results(results: Path = C.RESULTS) -> str:
             (f"**EMA overhead**, {len(f['ema_rates'])} rates {f['ema_rates']}, % of step time (same run as the ratios)",
              f"**{f['ema_overhead_pct']:.2f}%** ({f['ema_update_us']:.0f} us per update; A/B between runs "
              f"{f['ema_overhead_ab_pct']:+.1f}%, noise)", "<= 2%", s),
+        ]
+    if packing:
+        f, s = packing["figures"], src("packing", packing)
+        sup, pad, best = f["supervised_per_s"], f["padding"], f["trl_best"]
+        goal = PACKING_GOAL
+        verdict = ("met" if min(f["ratio_packed_vs_trl"], f["ratio_packed_vs_trl_cpu"]) >= goal else
+                   "met on CPU time only" if f["ratio_packed_vs_trl_cpu"] >= goal else "NOT met")
+        table += [
+            ("supervised tokens/s, demo task at 32..512 tokens: ours padded / ours packed / TRL bfd packing (its "
+             "best shape); padding fraction of each",
+             f"{sup['ours, padded']:,.0f} / {sup['ours, packed']:,.0f} / {sup[best]:,.0f}; "
+             f"{pad['ours, padded']:.1%} / {pad['ours, packed']:.1%} / {pad[best]:.1%}", "", s),
+            ("**supervised tokens/s ratio ours packed / TRL bfd packing**: wall clock / process CPU time",
+             f"**{f['ratio_packed_vs_trl']:.2f} / {f['ratio_packed_vs_trl_cpu']:.2f}** (ours packed / padded: "
+             f"{f['ratio_packed_vs_padded']:.2f} / {f['ratio_packed_vs_padded_cpu']:.2f})", f">= {goal}: {verdict}", s),
         ]
     if ckpt:
         f, s = ckpt["figures"], src("checkpoint", ckpt)

@@ -271,7 +271,8 @@ class OptimConfig:
     micro_batch: int = setting(8, "upper bound on the sequences of one forward on one rank: each rank's "
                                   "global_batch / world_size sequences are cut into the largest micro-batch "
                                   "that divides them and is at most this (accumulation = share / micro-batch; "
-                                  "pipeline.config.batch_split)")
+                                  "pipeline.config.batch_split); packed (tokens.packing): at most this many rows "
+                                  "of up to the longest record's tokens, the accumulation then as packed")
 
 
 @dataclass
@@ -362,10 +363,15 @@ class TokensConfig:
                                        "fills it in from a list in data.train); [] = train_cache alone")
     val_cache: str | None = setting(None, "validation token cache, filled in by the workflow; null: no "
                                           "validation set (no in-stage validation, no best weights)")
-    group_by_length: bool = setting(True, "cut each update's batch into micro-batches of similar lengths "
-                                          "(less padding; the same samples)")
-    packing: Switch = setting(Switch.auto, "each micro-batch as one row of sequences back to back; auto = with "
-                                           "flash attention")
+    group_by_length: bool = setting(True, "padded micro-batches (when not packed): cut each update's batch into "
+                                          "micro-batches of similar lengths (less padding; the same samples)")
+    packing: Switch = setting(Switch.auto, "pack each update's records by best-fit decreasing into rows of up to "
+                                           "the longest record, position ids restarting per record, micro-batches "
+                                           "of at most optim.micro_batch rows (the same records per update, less "
+                                           "padding); auto = where exact: text models of the checked families "
+                                           "with sdpa, eager, flex or flash attention (not vision-language "
+                                           "models); on = any text model; off = padded micro-batches of "
+                                           "optim.micro_batch records (pipeline/planning/packing.py)")
 
 
 @dataclass

@@ -136,6 +136,23 @@ def tiny(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
+def tiny_mixed(tiny, tmp_path_factory) -> dict:
+    """`tiny`'s model with train/val caches of the demo task at mixed lengths (about 24..96 tokens),
+    so that packing (`pipeline.planning.packing`) puts several records in a row."""
+    from pipeline.demo import text as demo
+    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
+
+    root = tmp_path_factory.mktemp("tiny_mixed")
+    paths = demo.build_mixed_dataset(root / "data", lengths=(24, 96), n_train=64, n_val=16)
+    tokenizer = load_tokenizer(tiny["model"])
+    fp = tokenizer_fingerprint(tiny["model"])
+    for split in ("train", "val"):
+        tokenize_file(paths[split], tokenizer, out_path=root / f"{split}.safetensors", max_length=128,
+                      too_long="error", fingerprint=fp, split=split)
+    return {**tiny, "root": root, "train": root / "train.safetensors", "val": root / "val.safetensors"}
+
+
+@pytest.fixture(scope="session")
 def tiny_llava(tmp_path_factory) -> dict:
     """A tiny random LLaVA, the demo colour questions with their images, train/val caches."""
     from kits.vlm import make_vlm_data, save_llava

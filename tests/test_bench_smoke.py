@@ -32,6 +32,7 @@ TIMEOUT_S = 600
 # script -> (the option that takes its output path, the files it writes there).
 SCRIPTS = {
     "bench_train": ("--out-dir", ["train.json", "train.md"]),
+    "bench_packing": ("--out-dir", ["packing.json", "packing.md"]),
     "bench_checkpoint": ("--out-dir", ["checkpoint.json", "checkpoint.md"]),
     "bench_stages": ("--out-dir", ["stages.json", "stages.md"]),
     "bench_gpu": ("--out-dir", ["gpu.json", "gpu.md"]),

@@ -172,6 +172,33 @@ def build_dataset(out_dir: Path, *, n_train=2000, n_val=128, n_test=64, seed=1) 
     return paths
 
 
+# Tokens of a demo record around its phrase, which appears twice (the instruction, the answer): <s>,
+# two role headers with their newlines, "repeat: ", two <|end|> with theirs (the char tokenizer).
+_RECORD_OVERHEAD = 1 + 2 * 2 + len(INSTRUCTION.format(word="")) + 2 * 2
+
+
+def build_mixed_dataset(out_dir: Path, *, lengths: tuple[int, int] = (32, 512), n_train=2000, n_val=128,
+                        seed=1) -> dict[str, Path]:
+    """The demo task at mixed lengths: records of about lengths[0]..lengths[1] tokens (uniform), each
+    asking to repeat a phrase of random words sized to its length. For the packing tests and
+    benchmark (`pipeline.planning.packing`); the embedded default run uses `build_dataset`."""
+    rng = random.Random(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_val)):
+        path = out_dir / f"{split}.jsonl"
+        with path.open("w") as f:
+            for i in range(n):
+                size = max(1, (rng.randint(*lengths) - _RECORD_OVERHEAD) // 2)
+                phrase = ""
+                while len(phrase) < size:
+                    phrase += random_word(rng) + " "
+                phrase = phrase[:size - 1] + "a"  # exactly `size` characters, none of them a trailing space
+                f.write(json.dumps(conversation(phrase, i, split)) + "\n")
+        paths[split] = path
+    return paths
+
+
 def prepare_base(model_dir: Path, data_dir: Path, *, pretrain_steps: int = 400, seed: int = 0) -> dict:
     """Build, pre-train and save the embedded base model and the demo dataset."""
     tokenizer = build_tokenizer()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from pipeline.config import TokensConfig, TrainConfig
+from pipeline.config import TrainConfig
 from pipeline.errors import UserError
 from pipeline.model import base, kernels, router, targets, vision
 from pipeline.model.adapter import attach_lora, no_input_casts
@@ -136,27 +136,6 @@ def build(cfg: TrainConfig, precision: Precision, device: torch.device | None, *
         for layer in decoder_layers(model):
             layer.compile()
     return model
-
-
-def packing(tokens: TokensConfig, attention: str, *, vision_language: bool = False, where: str = "the model") -> bool:
-    """`tokens.packing` resolved: auto packs where the attention kernel (`attention`, the resolved
-    `model.attn_implementation`: `pipeline.model.attention`) keeps packed sequences apart by
-    itself (flash-attention's varlen path, from the position ids). A vision-language model (`where`)
-    is never packed (its image inputs and position ids, Qwen2-VL's 3-D ones, are per sequence):
-    auto does not pack it, `on` is refused.
-
-    SDPA and eager also respect packed position ids, through a block-diagonal
-    mask over the whole packed row: correct, but that mask costs (tokens)^2
-    and leaves SDPA's flash kernel, so auto does not pack for them.
-    """
-    if vision_language:
-        if tokens.packing == "on":
-            raise UserError(f"tokens.packing=on: {where} is a vision-language model, whose micro-batches "
-                            "are not packed; use tokens.packing=auto or off")
-        return False
-    if tokens.packing == "auto":
-        return attention.startswith("flash_attention")
-    return tokens.packing == "on"
 
 
 def pad_token_id(model_path: str) -> int:

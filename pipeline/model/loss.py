@@ -1,4 +1,4 @@
-"""Batches of the token cache, the next-token loss, and validation loss.
+"""The next-token loss of a micro-batch, and validation loss.
 
 Shared by training (`pipeline.train`) and evaluation (`pipeline.evaluate`), so
 both compute the loss the same way. Labels carry `IGNORE_INDEX` on every
@@ -14,23 +14,10 @@ chunk's logits exist at a time. On CUDA the chunk's function is compiled, each
 chunk padded to one row count (one graph); elsewhere it runs eagerly. The numbers are those of a full-vocabulary fp32
 cross-entropy over the whole batch, up to the order of the sums.
 
-Two layouts of a micro-batch (`collate`):
-  padded  one row per sequence, right-padded to the longest (an attention mask
-          only when there is padding: without one, SDPA can take its causal
-          fast path). `TokenLoss` drops that mask for the text decoders of
-          `MASK_FREE_FAMILIES` (see there why that is exact);
-  packed  every sequence back to back in one row, `position_ids` restarting at
-          0 at each sequence and no attention mask. The attention
-          implementation then keeps the sequences apart (flash-attention's
-          varlen kernel; SDPA and eager through a block-diagonal mask, correct
-          but without the speed: see `pipeline.model.loading.packing`).
-
-A vision-language model's micro-batch is a padded one whose `inputs` also
-carry the model's image inputs (`pixel_values`, Qwen2-VL's `image_grid_thw`
-and `mm_token_type_ids`): `Collator` makes them from the records' image files
-with the model's processor, in a DataLoader worker when training
-(`pipeline.train.batches`). `TokenLoss` passes every input to the decoder,
-so the vision tower and projector run inside the same forward.
+The micro-batches it takes (`Batch`: padded, packed rows, or one flat row; a
+vision-language model's with its image inputs) are made in `pipeline.model.batch`.
+`TokenLoss` passes every input to the decoder, so a vision-language model's
+vision tower and projector run inside the same forward.
 """
 
 from __future__ import annotations
@@ -38,15 +25,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from dataclasses import dataclass, replace
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
-from pipeline.data.vision import ImageText, config_is_vision_language
+from pipeline.data.vision import config_is_vision_language
 from pipeline.model import kernels, router
+# Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
+from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
@@ -61,117 +49,6 @@ CHUNK_LOGITS = 2**25
 # Not in the list: vision-language models (Qwen2-VL derives its 3-D positions from the mask),
 # and any family not checked (`tests/model/test_mask_free.py` compares masked and mask-free).
 MASK_FREE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"})
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One micro-batch, as `TokenLoss` takes it.
-
-    `inputs`: the model's keyword inputs (input_ids; attention_mask when padded
-    with padding present, which `TokenLoss` may leave out; position_ids and the
-    sequence boundaries when packed). `loss_index`: flat
-    positions (into rows x width) whose next token carries a loss, and
-    `targets` that next token. `tokens` (non-padding tokens) and `supervised`
-    are plain ints, known without looking at a device.
-    """
-
-    inputs: dict[str, torch.Tensor | int]
-    loss_index: torch.Tensor
-    targets: torch.Tensor
-    tokens: int
-
-    @property
-    def supervised(self) -> int:
-        return int(self.targets.numel())
-
-    def to(self, device: torch.device) -> Batch:
-        """The batch on `device`; on a GPU from pinned memory without blocking the host."""
-        if device.type == "cpu":
-            return self
-        cuda = device.type == "cuda"
-
-        def move(t):
-            if not isinstance(t, torch.Tensor):
-                return t  # a plain number (the longest packed sequence)
-            return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
-
-        return replace(self, inputs={k: move(v) for k, v in self.inputs.items()},
-                       loss_index=move(self.loss_index), targets=move(self.targets))
-
-
-def collate(cache, indices: list[int], pad_id: int, *, packed: bool = False) -> Batch:
-    """The records `indices` of `cache` as one micro-batch (see the module docstring for the layouts)."""
-    items = [cache[i] for i in indices]
-    return _packed(items) if packed else _padded(items, pad_id)
-
-
-def _padded(items, pad_id: int) -> Batch:
-    width = max(len(ids) for ids, _ in items)
-    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    index, targets = [], []
-    for row, (ids, lab) in enumerate(items):
-        input_ids[row, :len(ids)] = ids
-        mask[row, :len(ids)] = 1
-        pos, tgt = _supervised(lab)
-        index.append(pos + row * width)
-        targets.append(tgt)
-    inputs = {"input_ids": input_ids}
-    if any(len(ids) < width for ids, _ in items):
-        inputs["attention_mask"] = mask
-    return Batch(inputs, torch.cat(index), torch.cat(targets), tokens=sum(len(ids) for ids, _ in items))
-
-
-def _packed(items) -> Batch:
-    input_ids = torch.cat([ids for ids, _ in items]).unsqueeze(0)
-    position_ids = torch.cat([torch.arange(len(ids)) for ids, _ in items]).unsqueeze(0)
-    lengths = torch.tensor([len(ids) for ids, _ in items])
-    # Flash-attention's varlen kernel takes the sequence boundaries as given; from position ids alone
-    # transformers would work them out on the device and read them back (a host sync per layer).
-    # Other attention implementations ignore these.
-    bounds = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-    longest = int(lengths.max())
-    varlen = {"cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
-    index, targets, offset = [], [], 0
-    for ids, lab in items:
-        pos, tgt = _supervised(lab)  # within one sequence: no target crosses into the next one
-        index.append(pos + offset)
-        targets.append(tgt)
-        offset += len(ids)
-    return Batch({"input_ids": input_ids, "position_ids": position_ids, **varlen}, torch.cat(index),
-                 torch.cat(targets), tokens=offset)
-
-
-class Collator:
-    """Records of a token cache -> one micro-batch (`collate`), plus a vision-language model's image
-    inputs: pixels made here from the records' image files (in their token order, record by
-    record) and the inputs the model derives from the tokens (`ImageText`).
-
-    Picklable (the cache pickles by path), so DataLoader workers can run it and decode the
-    images off the training loop. `cache` is the token cache it reads.
-    """
-
-    def __init__(self, cache, pad_id: int, *, packed: bool = False, images: ImageText | None = None):
-        if packed and images is not None:
-            raise ValueError("packed micro-batches of a vision-language model are not supported")
-        self.cache, self.pad_id, self.packed, self.images = cache, pad_id, packed, images
-
-    def __call__(self, indices: list[int]) -> Batch:
-        batch = collate(self.cache, indices, self.pad_id, packed=self.packed)
-        if self.images is None:
-            return batch
-        extra = dict(self.images.text_inputs(batch.inputs["input_ids"]))
-        paths = [p for i in indices for p in self.cache.images(i)]
-        if paths:
-            extra.update(self.images.pixels(paths))
-        return replace(batch, inputs={**batch.inputs, **extra})
-
-
-def _supervised(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of one sequence whose next token is supervised, and those next tokens."""
-    nxt = labels[1:]
-    pos = torch.nonzero(nxt != IGNORE_INDEX).flatten()
-    return pos, nxt[pos]
 
 
 def hf_model(lm) -> torch.nn.Module:

@@ -119,7 +119,9 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
-    packed: bool = False  # each micro-batch one row of micro_batch x length tokens (tokens.packing)
+    # Each micro-batch one row of micro_batch x length tokens. The trainer's packing (pipeline.planning.packing)
+    # keeps SDPA / eager rows at most `length` wide (a padded row's mask) and gives flash attention no mask.
+    packed: bool = False
     attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
 
     def attention_kernel(self, model: ModelConfig) -> str:

@@ -39,6 +39,11 @@ is only printed.
 A run that fits only because its base is quantized (`model.quantization`) is
 told so, with what a float base would need.
 
+Packing (`pipeline.planning.packing`): the plan prints whether the run's
+micro-batches are packed, by which attention path, and the padding fraction of
+the tokens computed with padded micro-batches and with packed ones, over the
+run's own order (its first `REPORT_UPDATES` updates); plan.json keeps them.
+
 A quantized base is checked here too: bitsandbytes installed and a base stored
 unquantized (`pipeline.model.quantization.check_quantization`).
 """
@@ -51,9 +56,13 @@ import os
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import numpy as np
+
 from pipeline import config as train_config
 from pipeline.errors import UserError
+from pipeline.data.mix import from_config as mix_from_config
 from pipeline.model import memory
+from pipeline.planning import packing
 from pipeline.planning.checks import EXPORT_WEIGHTS, cross_check
 from pipeline.planning.schedule import plan_stages
 from pipeline.storage import hub
@@ -133,6 +142,66 @@ def mix_plan(cfg: train_config.TrainConfig, total_updates: int) -> list[dict]:
     return table
 
 
+def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: int | None) -> dict | None:
+    """Print and return how the run's training micro-batches are laid out (`pipeline.planning.packing`):
+    packed or not and why, and the padding fraction before (padded micro-batches) and after (packed)
+    over the run's first updates. None (and a line saying so) while the model config or the token
+    caches are not there yet: the stage decides then."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.vision import config_is_vision_language
+    from pipeline.model import packed_attention
+    from pipeline.planning.order import RunSampler
+
+    config = _model_config(cfg)
+    caches = [m.cache for m in cfg.tokens.mix] or [cfg.tokens.train_cache]
+    if config is None or not all(c and Path(c).is_file() for c in caches):
+        print("packing: decided when the stage starts (no model config or token cache here yet)")
+        return None
+    world = world or 1
+    micro, _ = train_config.batch_split(cfg, world)
+    counts = [len(TokenCache(c)) for c in caches]
+    lengths = np.concatenate([TokenCache(c).lengths for c in caches])
+    capacity = packing.row_capacity(lengths)
+    longest = max(capacity, memory.longest_record(cfg.tokens.val_cache) or 0)  # validation runs the same attention
+    # The plan does not know which device the stages get (under SLURM it runs without their GPUs):
+    # it says what each would do where they differ (SDPA: record by record on a CPU).
+    # Each with the kernel `model.attn_implementation` resolves to there (auto: flash-attention on a GPU
+    # where the flash-attn package is importable here too).
+    gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=memory.resolved_attention(cfg.model, device)
+                               or "sdpa", model_type=config.model_type,
+                               vision_language=config_is_vision_language(config), device=device,
+                               per_record=packed_attention.runs_per_record(config, longest), where=cfg.model.path)
+                for device in ("cuda", "cpu"))
+    mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
+    sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,
+                         lengths if cfg.tokens.group_by_length else None, mix)
+    steps = range(min(total_updates, packing.REPORT_UPDATES))
+    report = packing.padding_report(sampler, lengths, steps, capacity=capacity, world=world, micro=micro,
+                                    layout="rows")
+    shape = f"; rows of up to {capacity} tokens, at most {micro} rows per micro-batch" if gpu.on else ""
+    print(gpu.text() + shape if gpu == cpu else f"{gpu.text()} (on a GPU); on a CPU: {cpu.why}{shape}")
+    layouts = {gpu.layout, cpu.layout}
+    after = ([f"{report['after']:.1%} in packed rows"] if "rows" in layouts or not gpu.on else []) + (
+        ["none in one flat row per micro-batch"] if layouts & {"flat", "records"} else [])
+    print(f"padding: {report['before']:.1%} of the tokens computed in padded micro-batches, "
+          + ("packed: " if gpu.on else "would be if packed: ") + ", ".join(after)
+          + f" (over updates 0..{len(steps) - 1} of {total_updates}, {world} rank(s))")
+    return {"layout": {"gpu": gpu.layout or "padded", "cpu": cpu.layout or "padded"},
+            "why": {"gpu": gpu.why, "cpu": cpu.why}, "row_tokens": capacity,
+            "padding_before": round(report["before"], 6), "padding_rows": round(report["after"], 6),
+            "updates_counted": len(steps), "world": world}
+
+
+def _model_config(cfg: train_config.TrainConfig):
+    """The base model's transformers config, or None where it cannot be read here."""
+    from pipeline.model import base
+
+    try:
+        return base.hf_config(cfg.model)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def _parsed(text: str):
     """The resolved config's text read as `pipeline.config.load` reads train_config.yaml (UserError: not a mapping)."""
     from omegaconf import DictConfig, OmegaConf
@@ -196,6 +265,9 @@ def main(argv: list[str]) -> int:
     if too_big:
         raise UserError(too_big)
     plan = {"total_updates": args.total_updates, "stages": [asdict(s) for s in stages]}
+    layout = packing_plan(local, args.total_updates, world=args.world_size)
+    if layout is not None:
+        plan["packing"] = layout
     if cfg.tokens.mix:
         plan["mix"] = mix_plan(cfg, args.total_updates)
     if hub_model is not None:

@@ -50,8 +50,10 @@ from pipeline.data.cache import TokenCache
 from pipeline.data import run_tokenizer
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
-from pipeline.model import base, loading, memory, precision as prec
-from pipeline.model.loss import Collator
+from pipeline.model import base, loading, memory, packed_attention, precision as prec
+from pipeline.model.batch import Collator
+from pipeline.model.loss import hf_model
+from pipeline.planning.packing import Packing, decide as decide_packing
 from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.parts import TrainingParts
 from pipeline.train.batches import TrainBatches
@@ -121,8 +123,10 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     state = _restored(checkpointer, stage, source, resumed=resume is not None, seed=cfg.seed, rank=d.rank)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    train_collator, val = _collators(cfg, d, train_cache)
+    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model))
     train = _train_batches(cfg, d, train_collator, micro, mix)
+    distributed.print0(d, f"[{stage.name}] {packing.text()}" + (
+        f"; micro-batches of at most {micro} rows of at most {train.capacity} tokens" if packing.on else ""))
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     tracking = _tracking(args, plan, stage, state.step) if d.is_main else None
@@ -314,9 +318,13 @@ def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
     return {s.name: int(c) for s, c in zip(mix.sources, counts)}
 
 
-def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache) -> tuple[Collator,
-                                                                                                    Collator | None]:
-    """Batch makers of the train and (if any) validation caches; a vision-language model's carry images.
+def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache,
+               hf) -> tuple[Collator, Collator | None, Packing]:
+    """Batch makers of the train and (if any) validation caches, and the training batches' packing
+    (`pipeline.planning.packing.decide`, for the model as loaded: its family and the attention
+    implementation it runs); a vision-language model's carry images. Validation batches are padded.
+    Where packing runs SDPA record by record (a CPU), switches the transformers model `hf` to it
+    (`pipeline.model.packed_attention`).
 
     Several ranks must all run the vision tower in a forward or none may (FSDP
     gathers its shards in the forward, DDP waits for the gradients of a trained
@@ -325,17 +333,23 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     """
     images = base.image_text(cfg.model)
     pad_id = loading.pad_token_id(run_tokenizer.path(cfg.model))
-    packed = loading.packing(cfg.tokens, memory.resolved_attention(cfg.model, d.device) or "sdpa",
-                             vision_language=images is not None, where=cfg.model.path)
-    train = Collator(train_cache, pad_id, packed=packed, images=images)
     val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
+    # Validation batches run through the same attention: a sliding window must cover their records too.
+    longest = max([int(train_cache.lengths.max())] + ([int(val.cache.lengths.max())] if val is not None else []))
+    packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,
+                             model_type=hf.config.model_type, vision_language=images is not None,
+                             device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest),
+                             where=cfg.model.path)
+    if packing.per_record:
+        packed_attention.use(hf)
+    train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)
     if images is not None and d.enabled:
         for split, collator in (("training", train), ("validation", val)):
             without = 0 if collator is None else int((collator.cache.image_counts == 0).sum())
             if without:
                 raise UserError(f"{collator.cache.path}: {without} {split} record(s) have no image; a vision-language "
                                 f"model trained on {d.world_size} processes needs one in every record")
-    return train, val
+    return train, val, packing
 
 
 def _deterministic() -> None:

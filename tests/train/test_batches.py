@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
-from pipeline.model.loss import Collator, collate
-from pipeline.train.batches import RunSampler, TrainBatches, padding_fraction
+from pipeline.model.batch import Collator, collate
+from pipeline.planning.order import RunSampler, padding_fraction
+from pipeline.train.batches import TrainBatches
 
 
 @pytest.fixture(scope="module")

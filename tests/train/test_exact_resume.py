@@ -1,4 +1,7 @@
-"""A chunked, killed, corrupted or preempted run computes exactly what one run computes."""
+"""A chunked, killed, corrupted or preempted run computes exactly what one run computes.
+
+On `tiny_mixed`: records of mixed lengths, which the default packing (`pipeline.planning.packing`)
+puts several to a row, so every guarantee here holds for packed micro-batches."""
 
 from __future__ import annotations
 
@@ -15,22 +18,24 @@ TOTAL = 12  # pilot 3 + chunk01 4 + chunk02 4 + tail 1 at fraction 0.25
 
 
 @pytest.fixture(scope="module")
-def reference(tiny, tmp_path_factory):
+def reference(tiny_mixed, tmp_path_factory):
     """One uninterrupted process over all updates: what every other run must reproduce."""
-    run = make_run(tmp_path_factory.mktemp("reference"), tiny, total=TOTAL, fraction=0.25, single_stage=True)
+    run = make_run(tmp_path_factory.mktemp("reference"), tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True)
     run.train("all")
     return run
 
 
-def test_chunked_run_equals_one_run(tiny, tmp_path, reference):
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25)
+def test_chunked_run_equals_one_run(tiny_mixed, tmp_path, reference):
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25)
+    packing = json.loads(run.plan.read_text())["packing"]  # packed (on this CPU: one flat row, record by record)
+    assert packing["layout"]["cpu"] == "records" and packing["padding_rows"] < packing["padding_before"] / 2
     names = chain_and_compare(run, reference)  # adapter, every EMA shadow and the optimizer state, byte for byte
     assert [s for s, _ in step_losses([run.stage_dir(s) for s in names])] == list(range(1, TOTAL + 1))
 
 
 
-def test_sigkill_at_many_points_resumes_bitwise(tiny, tmp_path, reference):
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, single_stage=True)
+def test_sigkill_at_many_points_resumes_bitwise(tiny_mixed, tmp_path, reference):
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True)
     scratch = run.scratch("all")
     # 1: killed inside a save (files written, MANIFEST not): that checkpoint must never load
     proc = run.train("all", faults={"sigkill_in_save_at": 4}, check=False)
@@ -52,8 +57,8 @@ def test_sigkill_at_many_points_resumes_bitwise(tiny, tmp_path, reference):
     assert step_losses([run.stage_dir("all")]) == step_losses([reference.stage_dir("all")])
 
 
-def test_corrupt_checkpoints_are_skipped_with_a_warning(tiny, tmp_path, reference):
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, single_stage=True)
+def test_corrupt_checkpoints_are_skipped_with_a_warning(tiny_mixed, tmp_path, reference):
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True)
     proc = run.train("all", faults={"fail_at_step": 9}, check=False)
     assert proc.returncode == 1
     scratch = run.scratch("all")
@@ -71,10 +76,10 @@ def test_corrupt_checkpoints_are_skipped_with_a_warning(tiny, tmp_path, referenc
     assert final_digests(run) == final_digests(reference)
 
 
-def test_preemption_signal_saves_and_exits_with_retry_code(tiny, tmp_path, reference):
+def test_preemption_signal_saves_and_exits_with_retry_code(tiny_mixed, tmp_path, reference):
     from pipeline import layout
 
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, single_stage=True)
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True)
     scratch = run.scratch("all")
     cmd = [sys.executable, "-m", "pipeline", "train", "--plan", str(run.plan), "--config", str(run.config),
            "--stage", "all", "--scratch", str(scratch), "--out", str(run.stage_dir("all"))]
@@ -92,10 +97,10 @@ def test_preemption_signal_saves_and_exits_with_retry_code(tiny, tmp_path, refer
     assert final_digests(run) == final_digests(reference)
 
 
-def test_nan_gradient_skips_the_update(tiny, tmp_path):
+def test_nan_gradient_skips_the_update(tiny_mixed, tmp_path):
     from safetensors.torch import load_file
 
-    run = make_run(tmp_path, tiny, total=6, fraction=0.5, chunks=1, single_stage=True)
+    run = make_run(tmp_path, tiny_mixed, total=6, fraction=0.5, chunks=1, single_stage=True)
     proc = run.train("all", faults={"nan_grad_steps": [3]})
     assert "update 3 skipped: non-finite gradient" in proc.stderr
     rows = [json.loads(x) for x in (run.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]
@@ -107,8 +112,8 @@ def test_nan_gradient_skips_the_update(tiny, tmp_path):
     assert adam_steps == {5.0}  # 6 updates, one skipped: AdamW stepped 5 times
 
 
-def test_consecutive_nan_gradients_abort_with_a_checkpoint(tiny, tmp_path):
-    run = make_run(tmp_path, tiny, total=12, fraction=0.5, chunks=1, single_stage=True,
+def test_consecutive_nan_gradients_abort_with_a_checkpoint(tiny_mixed, tmp_path):
+    run = make_run(tmp_path, tiny_mixed, total=12, fraction=0.5, chunks=1, single_stage=True,
                    overrides=["precision.max_consecutive_nonfinite=3"])
     proc = run.train("all", faults={"nan_grad_steps": [2, 3, 4, 5, 6]}, check=False)
     assert proc.returncode == 2
@@ -120,11 +125,11 @@ def test_consecutive_nan_gradients_abort_with_a_checkpoint(tiny, tmp_path):
 
 
 @pytest.mark.distributed
-def test_ddp_two_ranks_chunked_equals_one_run(tiny, tmp_path):
-    chunked = make_run(tmp_path / "chunked", tiny, total=8, fraction=0.25, chunks=2)
+def test_ddp_two_ranks_chunked_equals_one_run(tiny_mixed, tmp_path):
+    chunked = make_run(tmp_path / "chunked", tiny_mixed, total=8, fraction=0.25, chunks=2)
     names = stage_names(chunked)
     chunked.chain(names, nproc=2)
-    one = make_run(tmp_path / "one", tiny, total=8, fraction=0.25, chunks=2, single_stage=True)
+    one = make_run(tmp_path / "one", tiny_mixed, total=8, fraction=0.25, chunks=2, single_stage=True)
     one.train("all", nproc=2)
     assert final_digests(chunked, names[-1]) == final_digests(one)
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
@@ -132,11 +137,11 @@ def test_ddp_two_ranks_chunked_equals_one_run(tiny, tmp_path):
     assert (ckpt / "rng_rank000.json").is_file() and (ckpt / "rng_rank001.json").is_file()
 
 
-def test_full_finetuning_chunked_equals_one_run(tiny, tmp_path):
-    chunked = make_run(tmp_path / "chunked", tiny, total=6, fraction=0.34, chunks=2, overrides=["lora=full"])
+def test_full_finetuning_chunked_equals_one_run(tiny_mixed, tmp_path):
+    chunked = make_run(tmp_path / "chunked", tiny_mixed, total=6, fraction=0.34, chunks=2, overrides=["lora=full"])
     names = stage_names(chunked)
     chunked.chain(names)
-    one = make_run(tmp_path / "one", tiny, total=6, fraction=0.34, chunks=2, overrides=["lora=full"],
+    one = make_run(tmp_path / "one", tiny_mixed, total=6, fraction=0.34, chunks=2, overrides=["lora=full"],
                    single_stage=True)
     one.train("all")
     digests = final_digests(one)

@@ -1,5 +1,6 @@
 """FSDP2 (distributed.strategy=fsdp) on 2 gloo ranks: chunked, killed and resumed runs compute
-exactly what one run computes, and the final sharded checkpoint consolidates to HF dirs."""
+exactly what one run computes, and the final sharded checkpoint consolidates to HF dirs. On
+`tiny_mixed`, whose records pack several to a row: every rank runs as many packed micro-batches."""
 
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ def chain_logged(run, names: list[str]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def lora_reference(tiny, tmp_path_factory):
+def lora_reference(tiny_mixed, tmp_path_factory):
     """One uninterrupted 2-rank FSDP run over all updates."""
-    run = make_run(tmp_path_factory.mktemp("fsdp_reference"), tiny, total=TOTAL, fraction=0.25,
+    run = make_run(tmp_path_factory.mktemp("fsdp_reference"), tiny_mixed, total=TOTAL, fraction=0.25,
                    overrides=FSDP, single_stage=True)
     run.train("all", nproc=2)
     return run
@@ -71,8 +72,8 @@ def _final(run, stage="all"):
     return run.stage_dir(stage) / layout.STAGE_CHECKPOINT
 
 
-def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=FSDP)
+def test_fsdp_lora_chunked_equals_one_run(tiny_mixed, tmp_path, lora_reference):
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, overrides=FSDP)
     names = stage_names(run)
     assert names == ["pilot", "chunk01", "chunk02", "tail"]
     logs = chain_logged(run, names)
@@ -99,9 +100,9 @@ def test_fsdp_lora_chunked_equals_one_run(tiny, tmp_path, lora_reference):
         assert float(halves["lora_A"]) > 0 and float(halves["lora_B"]) > 0, line
 
 
-def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference):
+def test_fsdp_killed_during_save_resumes_bitwise(tiny_mixed, tmp_path, lora_reference):
     # Quick evaluations (every rank runs the forward, EMA swapped in and out) leave no trace either.
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "validation.quick_every=3"],
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, overrides=[*FSDP, "validation.quick_every=3"],
                    single_stage=True)
     scratch = run.scratch("all")
     # rank 0 is SIGKILLed after the checkpoint of update 4 wrote its files, before its MANIFEST
@@ -115,14 +116,14 @@ def test_fsdp_killed_during_save_resumes_bitwise(tiny, tmp_path, lora_reference)
     assert step_losses([run.stage_dir("all")]) == step_losses([lora_reference.stage_dir("all")])
 
 
-def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_path, lora_reference):
+def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny_mixed, tmp_path, lora_reference):
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     ckpt = _final(lora_reference)
     gathered = dcp_contents(ckpt)
-    rc = cli.main(["consolidate", "--checkpoint", str(ckpt), "--base", str(tiny["model"]), "--models", "both",
+    rc = cli.main(["consolidate", "--checkpoint", str(ckpt), "--base", str(tiny_mixed["model"]), "--models", "both",
                    "--out-adapter", str(tmp_path / "adapter"), "--out-adapter-ema", str(tmp_path / "ema"),
                    "--ema-rate", "0.99"])
     assert rc == 0
@@ -131,12 +132,12 @@ def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_pa
         expected = {k[len(prefix):]: v for k, v in gathered.items() if k.startswith(prefix)}
         assert len(produced) == 28 and set(produced) == set(expected)
         assert all(torch.equal(produced[k], expected[k]) for k in expected), out
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny["model"]), tmp_path / "adapter")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_mixed["model"]), tmp_path / "adapter")
     assert torch.isfinite(model(input_ids=torch.arange(12).reshape(2, 6)).logits).all()
 
     # The same run under DDP (same ranks, so the same data split and dropout streams): not
     # bitwise (other reduction order), but close.
-    ddp = make_run(tmp_path / "ddp", tiny, total=TOTAL, fraction=0.25, overrides=MICRO, single_stage=True)
+    ddp = make_run(tmp_path / "ddp", tiny_mixed, total=TOTAL, fraction=0.25, overrides=MICRO, single_stage=True)
     ddp.train("all", nproc=2)
     # (This also shows that the sharded EMA and optimizer state track the weights.)
     for fsdp_dir, ddp_dir in [("adapter", layout.ADAPTER_DIR), ("ema", f"{layout.EMA_DIR}/0.99")]:
@@ -166,12 +167,12 @@ def test_fsdp_final_checkpoint_consolidates_to_the_gathered_tensors(tiny, tmp_pa
     assert gate["checks"]["grads_flowing"]["ok"]
 
 
-def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_path):
+def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny_mixed, tmp_path):
     kw = dict(total=6, fraction=0.34, chunks=2, overrides=["lora=full", *FSDP])
-    chunked = make_run(tmp_path / "chunked", tiny, **kw)
+    chunked = make_run(tmp_path / "chunked", tiny_mixed, **kw)
     names = stage_names(chunked)
     chain_logged(chunked, names)
-    one = make_run(tmp_path / "one", tiny, **kw, single_stage=True)
+    one = make_run(tmp_path / "one", tiny_mixed, **kw, single_stage=True)
     one.train("all", nproc=2)
     got = dcp_contents(_final(chunked, names[-1]))
     assert not (_final(one) / layout.DCP_DIR / layout.PEFT_CONFIG).exists()  # no adapter config: full FT
@@ -179,13 +180,13 @@ def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_
     assert_bitwise_equal(got, dcp_contents(_final(one)))
     assert step_losses([chunked.stage_dir(s) for s in names]) == step_losses([one.stage_dir("all")])
 
-    rc = cli.main(["consolidate", "--checkpoint", str(_final(one)), "--base", str(tiny["model"]),
+    rc = cli.main(["consolidate", "--checkpoint", str(_final(one)), "--base", str(tiny_mixed["model"]),
                    "--out-model", str(tmp_path / "model"), "--out-model-ema", str(tmp_path / "ema"),
                    "--ema-rate", "0.9"])
     assert rc == 0
     for out, prefix in [(tmp_path / "model", "model."), (tmp_path / "ema", "ema.0.9.")]:
         produced = load_dir_tensors(out)
-        assert set(produced) == set(load_dir_tensors(tiny["model"]))
+        assert set(produced) == set(load_dir_tensors(tiny_mixed["model"]))
         assert all(torch.equal(v, got[prefix + k]) for k, v in produced.items()), out
 
     # The end-of-run evaluation ran sharded, on every rank, with each EMA swapped into the shards
@@ -200,10 +201,10 @@ def test_fsdp_full_finetuning_chunked_equals_one_run_and_consolidates(tiny, tmp_
     assert {k: in_stage[-1][f"val_{k}"] for k in offline} == pytest.approx(offline, rel=1e-5)
 
 
-def test_fsdp_checkpoint_of_another_lora_config_is_refused_by_name(tiny, tmp_path, lora_reference):
+def test_fsdp_checkpoint_of_another_lora_config_is_refused_by_name(tiny_mixed, tmp_path, lora_reference):
     import shutil
 
-    other = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "lora.r=8"])
+    other = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, overrides=[*FSDP, "lora.r=8"])
     shutil.copytree(lora_reference.stage_dir("all"), other.stage_dir("all"))
     proc = other.train("chunk01", "all", nproc=2, check=False)
     assert proc.returncode != 0
@@ -211,10 +212,10 @@ def test_fsdp_checkpoint_of_another_lora_config_is_refused_by_name(tiny, tmp_pat
     assert "Size mismatch between saved torch.Size([4, 32]) and current: torch.Size([8, 32])" in proc.stderr
 
 
-def test_sharded_load_computes_what_loading_the_whole_model_does(tiny, tmp_path, lora_reference):
+def test_sharded_load_computes_what_loading_the_whole_model_does(tiny_mixed, tmp_path, lora_reference):
     """Each rank reading only its shards of the base (the default) is the same model as every rank
     loading all of it (distributed.meta_init=false): the run ends bit for bit the same."""
-    whole = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, overrides=[*FSDP, "distributed.meta_init=false"],
+    whole = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, overrides=[*FSDP, "distributed.meta_init=false"],
                      single_stage=True)
     whole.train("all", nproc=2)
     assert_bitwise_equal(dcp_contents(_final(whole)), dcp_contents(_final(lora_reference)))
@@ -237,15 +238,15 @@ def _launch_stage(run, stage: str, init: str | None, *, nodes: int, nproc: int) 
     assert proc.returncode == 0, proc.stderr + log.read_text()[-4000:]
 
 
-def test_hsdp_over_two_nodes_of_two_ranks_chunked_equals_one_run(tiny, tmp_path):
+def test_hsdp_over_two_nodes_of_two_ranks_chunked_equals_one_run(tiny_mixed, tmp_path):
     """distributed.hsdp: 2 "nodes" (agents on this host) x 2 ranks, shards replicated across nodes."""
     hsdp = [*FSDP, "distributed.hsdp=true"]
-    chunked = make_run(tmp_path / "chunked", tiny, total=6, fraction=0.34, chunks=1, overrides=hsdp)
+    chunked = make_run(tmp_path / "chunked", tiny_mixed, total=6, fraction=0.34, chunks=1, overrides=hsdp)
     names = stage_names(chunked)
     assert names == ["pilot", "chunk01"]
     _launch_stage(chunked, "pilot", None, nodes=2, nproc=2)
     _launch_stage(chunked, "chunk01", "pilot", nodes=2, nproc=2)
-    one = make_run(tmp_path / "one", tiny, total=6, fraction=0.34, chunks=1, overrides=hsdp, single_stage=True)
+    one = make_run(tmp_path / "one", tiny_mixed, total=6, fraction=0.34, chunks=1, overrides=hsdp, single_stage=True)
     _launch_stage(one, "all", None, nodes=2, nproc=2)
     got = dcp_contents(_final(chunked, "chunk01"))
     assert_bitwise_equal(got, dcp_contents(_final(one)))
@@ -253,20 +254,20 @@ def test_hsdp_over_two_nodes_of_two_ranks_chunked_equals_one_run(tiny, tmp_path)
     assert {f"dcp/__{r}_0.distcp" for r in range(4)} <= set(files)  # every rank wrote (and hashed) its part
 
 
-def test_fsdp_with_activation_checkpointing_and_fp16_equals_the_reference(tiny, tmp_path, lora_reference):
+def test_fsdp_with_activation_checkpointing_and_fp16_equals_the_reference(tiny_mixed, tmp_path, lora_reference):
     # Per-layer checkpointing under fully_shard: the recompute runs inside the layer's FSDP
     # unit (its weights gathered again for the backward) and changes no bit.
-    run = make_run(tmp_path, tiny, total=TOTAL, fraction=0.25, single_stage=True,
+    run = make_run(tmp_path, tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True,
                    overrides=[*FSDP, "model.activation_checkpointing=on"])
     run.train("all", nproc=2)
     assert_bitwise_equal(dcp_contents(_final(run)), dcp_contents(_final(lora_reference)))
     # fp16 with a GradScaler whose first scale overflows, sharded (each rank unscales and
     # checks only its own shards): the same calibration skips and scales as under DDP.
     fp16 = ["precision.mode=fp16", "precision.init_scale=2.5e6"]
-    sharded = make_run(tmp_path / "fp16", tiny, total=TOTAL, fraction=0.25, single_stage=True,
+    sharded = make_run(tmp_path / "fp16", tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True,
                        overrides=[*FSDP, *fp16])
     sharded.train("all", nproc=2)
-    ddp = make_run(tmp_path / "fp16_ddp", tiny, total=TOTAL, fraction=0.25, single_stage=True,
+    ddp = make_run(tmp_path / "fp16_ddp", tiny_mixed, total=TOTAL, fraction=0.25, single_stage=True,
                    overrides=[*MICRO, *fp16])
     ddp.train("all", nproc=2)
     rows = {name: [json.loads(x) for x in (r.stage_dir("all") / "metrics.jsonl").read_text().splitlines()]

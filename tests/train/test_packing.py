@@ -1,0 +1,277 @@
+"""Packed micro-batches (`pipeline.planning.packing`, `pipeline.model.batch`): best-fit decreasing rows,
+the same micro-batch count on every rank, records kept apart in a row (each record's loss equals its
+padded loss within 1e-6 in fp32, for every family listed as packable), where packing is on or off and
+why, the plan's padding report, and that a packed run trains what a padded one does up to the order of
+the sums. The run-level guarantees with packing (chunked == one run bitwise, SIGKILL / preemption
+resume, DDP, FSDP, fp16) are tests/train/test_exact_resume.py, test_fsdp.py and
+test_half_precision.py, which train on `tiny_mixed`: records that pack several to a row."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from kits.train import make_run, step_losses
+
+from pipeline.data.cache import IGNORE_INDEX, TokenCache
+from pipeline.errors import UserError
+from pipeline.model.batch import RECORD_BOUNDS, collate, collate_rows
+from pipeline.model import packed_attention
+from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
+from pipeline.planning import packing
+from pipeline.planning.order import RunSampler
+from pipeline.planning.packing import PACKABLE_FAMILIES, best_fit_decreasing, decide, pack_update
+
+
+# --- best-fit decreasing and the update's layout -------------------------------------------------
+
+
+def test_best_fit_decreasing_puts_each_record_in_the_fullest_row_it_fits():
+    # 5 -> row 0 (1 left); 4 -> row 1 (2 left); 3 -> row 2 (3 left); 3 -> row 2, the only one with
+    # room; 2 -> row 1 (fits exactly); 1 -> row 0
+    assert best_fit_decreasing([5, 4, 3, 3, 2, 1], 6) == [[0, 5], [1, 4], [2, 3]]
+    with pytest.raises(ValueError, match="does not fit"):
+        best_fit_decreasing([7], 6)
+
+
+@pytest.mark.parametrize("world,micro", [(1, 1), (1, 4), (2, 1), (2, 3), (4, 2)])
+def test_every_rank_gets_the_same_number_of_micro_batches_of_whole_records(world, micro):
+    rng = random.Random(world * 10 + micro)
+    lengths = np.array([rng.randint(4, 96) for _ in range(500)])
+    for trial in range(40):
+        batch = world * micro * rng.choice([1, 2, 3, 8])  # as the trainer checks: ranks x micro-batch x accumulation
+        indices = rng.sample(range(len(lengths)), batch)
+        if trial % 4 == 0:  # all short: few rows, which must be split for the ranks' micro-batches
+            indices = [int(i) for i in np.flatnonzero(lengths < 20)[:batch]]
+        shares = pack_update(indices, lengths, capacity=96, world=world, micro=micro)
+        assert len(shares) == world and len({len(share) for share in shares}) == 1
+        rows = [row for share in shares for mb in share for row in mb]
+        assert sorted(i for row in rows for i in row) == sorted(indices)  # each record once
+        assert all(1 <= len(mb) <= micro for share in shares for mb in share)  # no empty micro-batch anywhere
+        assert all(lengths[row].sum() <= 96 for row in rows)
+        for share in shares:  # longest rows first: the first micro-batch is the largest
+            widths = [int(lengths[row].sum()) for mb in share for row in mb]
+            assert widths == sorted(widths, reverse=True)
+        assert pack_update(indices, lengths, capacity=96, world=world, micro=micro) == shares  # a pure function
+        # what a micro-batch holds does not depend on the ranks: one process runs them all, in the same places
+        alone = pack_update(indices, lengths, capacity=96, world=1, micro=micro)[0]
+        assert [shares[j % world][j // world] for j in range(len(alone))] == alone
+        assert len(alone) == -(-batch // micro)  # as many micro-batches as padded
+
+
+def test_packing_halves_the_padding_of_micro_batches_grouped_by_length():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(32, 513, 4000)
+    sampler = RunSampler(len(lengths), 32, seed=0, lengths=lengths)
+    report = packing.padding_report(sampler, lengths, range(50), capacity=512, world=2, micro=8, layout="rows")
+    assert report["after"] < 0.08 and report["after"] < report["before"] / 2, report  # before: grouped by length
+    assert packing.padding_report(sampler, lengths, range(5), capacity=512, world=1, micro=8,
+                                  layout="flat")["after"] == 0.0
+
+
+# --- where packing is on, and why not elsewhere ----------------------------------------------------
+
+
+def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
+    assert decide("auto", implementation="sdpa", model_type="llama", vision_language=False).layout == "rows"
+    cpu = decide("auto", implementation="sdpa", model_type="llama", vision_language=False, device="cpu",
+                 per_record=True)
+    assert cpu.layout == "records" and cpu.per_record  # SDPA record by record on a CPU, where the model can
+    assert decide("auto", implementation="eager", model_type="llama", vision_language=False, device="cpu",
+                  per_record=True).layout == "rows"
+    assert decide("auto", implementation="flash_attention_2", model_type="qwen3", vision_language=False).layout == "flat"
+    vlm = decide("auto", implementation="sdpa", model_type="qwen2_vl", vision_language=True)
+    assert not vlm.on and "vision-language" in vlm.why
+    unchecked = decide("auto", implementation="sdpa", model_type="qwen3_moe", vision_language=False)
+    assert not unchecked.on and "not checked" in unchecked.why
+    assert decide("on", implementation="sdpa", model_type="qwen3_moe", vision_language=False).on  # the user's call
+    assert not decide("off", implementation="sdpa", model_type="llama", vision_language=False).on
+    with pytest.raises(UserError, match="tokens.packing=on: models/vl is a vision-language model"):
+        decide("on", implementation="sdpa", model_type="llava", vision_language=True, where="models/vl")
+    with pytest.raises(UserError, match="'paged_attention'"):
+        decide("on", implementation="paged_attention", model_type="llama", vision_language=False)
+
+
+# --- collation: records kept apart ------------------------------------------------------------------
+
+
+def test_packed_rows_restart_positions_per_record_and_for_the_padding(tiny_mixed):
+    cache = TokenCache(tiny_mixed["train"])
+    rows = [[0, 1], [2]]
+    batch = collate_rows(cache, rows, pad_id=0, layout="rows")
+    ids, pos = batch.inputs["input_ids"], batch.inputs["position_ids"]
+    assert "attention_mask" not in batch.inputs
+    width = ids.shape[1]
+    assert width == max(sum(len(cache[i][0]) for i in row) for row in rows)
+    ends = set()
+    for r, row in enumerate(rows):
+        offset = 0
+        for i in row:
+            tokens = cache[i][0]
+            n = len(tokens)
+            assert torch.equal(ids[r, offset:offset + n], tokens) and torch.equal(pos[r, offset:offset + n],
+                                                                                  torch.arange(n))
+            ends.add(r * width + offset + n - 1)
+            offset += n
+        assert torch.equal(pos[r, offset:], torch.arange(width - offset))  # the padding: a record of its own
+    assert not ends & set(batch.loss_index.tolist())  # no target crosses into the next record
+    assert torch.equal(batch.targets, ids.flatten()[batch.loss_index + 1])
+    assert batch.supervised == sum(int((cache[i][1][1:] != IGNORE_INDEX).sum()) for row in rows for i in row)
+    # rows of one record each: nothing to keep apart, the padded batch itself
+    single = collate_rows(cache, [[3], [4]], pad_id=0, layout="rows")
+    assert single.inputs.keys() == collate(cache, [3, 4], pad_id=0).inputs.keys()
+    assert torch.equal(single.inputs["input_ids"], collate(cache, [3, 4], pad_id=0).inputs["input_ids"])
+    # flash-attention's layout: one row, no padding, the boundaries given
+    flat = collate_rows(cache, rows, pad_id=0, layout="flat")
+    assert torch.equal(flat.inputs["input_ids"], collate(cache, [0, 1, 2], pad_id=0, packed=True).inputs["input_ids"])
+    # SDPA record by record (a CPU): the same row, its boundaries as ints (nothing to read back from a tensor)
+    records = collate_rows(cache, rows, pad_id=0, layout="records")
+    assert torch.equal(records.inputs["input_ids"], flat.inputs["input_ids"]) and "cu_seq_lens_q" not in records.inputs
+    assert records.inputs[RECORD_BOUNDS] == tuple(flat.inputs["cu_seq_lens_q"].tolist())
+
+
+VOCAB = 48
+
+
+def _family(family: str, implementation: str, window: int = 4):
+    """A tiny random `family` model; `window`: its sliding window, if it has one (4: shorter than the records,
+    so a sliding mask is packed too)."""
+    import transformers as tf
+
+    shapes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    small = dict(head_dim=8, sliding_window=window)
+    config = {"llama": lambda: tf.LlamaConfig(**shapes),
+              "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=window),
+              "qwen2": lambda: tf.Qwen2Config(**shapes),
+              "qwen3": lambda: tf.Qwen3Config(**shapes, head_dim=8),
+              "gemma": lambda: tf.GemmaConfig(**shapes, head_dim=8),
+              "gemma2": lambda: tf.Gemma2Config(**shapes, **small),
+              "gemma3_text": lambda: tf.Gemma3TextConfig(**shapes, **small),
+              "phi3": lambda: tf.Phi3Config(**shapes),
+              "olmo2": lambda: tf.Olmo2Config(**shapes),
+              "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)}[family]()
+    config._attn_implementation = implementation
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(config).float()
+
+
+def _records(lengths=(11, 7, 4, 9, 13, 3)):
+    g = torch.Generator().manual_seed(1)
+    records = []
+    for n in lengths:
+        ids = torch.randint(1, VOCAB, (n,), generator=g)
+        labels = ids.clone()
+        labels[:2] = IGNORE_INDEX  # a prompt
+        records.append((ids, labels))
+    return records
+
+
+def _per_record_losses(model, batch, counts) -> torch.Tensor:
+    """Mean next-token loss of each record of `batch` (its supervised tokens `counts`, in batch order)."""
+    hidden = model.base_model(**batch.inputs, use_cache=False).last_hidden_state
+    logits = model.get_output_embeddings()(hidden.flatten(0, 1)[batch.loss_index]).float()
+    losses = torch.nn.functional.cross_entropy(logits, batch.targets, reduction="none")
+    return torch.stack([part.mean() for part in losses.split(counts)])
+
+
+# every family the list names, with both mask-building implementations a CPU runs (transformers runs
+# Gemma-2 with eager attention only)
+CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager") if (f, i) != ("gemma2", "sdpa")]
+
+
+@pytest.mark.parametrize("family,implementation", CASES)
+def test_each_packed_record_has_its_padded_loss(family, implementation):
+    model = _family(family, implementation).eval()
+    cache = _records()
+    rows = [[0, 2], [4], [1, 3, 5]]  # 15, 13 and 19 tokens: packed rows of several records and padding
+    order = [i for row in rows for i in row]
+    counts = [int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in order]
+    with torch.no_grad():
+        packed = _per_record_losses(model, collate_rows(cache, rows, 0, "rows"), counts)
+        padded = _per_record_losses(model, collate(cache, order, 0), counts)
+    assert (packed - padded).abs().max() < 1e-6, (packed - padded).abs().max()
+
+
+@pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & MASK_FREE_FAMILIES))
+def test_each_record_attended_on_its_own_has_its_padded_loss(family):
+    """The CPU path: one flat row, SDPA's causal kernel record by record (`packed_attention`)."""
+    model = _family(family, "sdpa", window=16).eval()  # a window (Mistral's) covering the records
+    cache = _records()
+    assert packed_attention.runs_per_record(model.config, max(len(ids) for ids, _ in cache))
+    rows = [[0, 2], [4], [1, 3, 5]]
+    order = [i for row in rows for i in row]
+    counts = [int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in order]
+    with torch.no_grad():
+        padded = _per_record_losses(model, collate(cache, order, 0), counts)
+        packed_attention.use(model)
+        flat = _per_record_losses(model, collate_rows(cache, rows, 0, "records"), counts)
+        without_mask = _per_record_losses(model, collate(cache, order, 0), counts)  # validation's padded batches
+    assert (flat - padded).abs().max() < 1e-6, (flat - padded).abs().max()
+    assert (without_mask - padded).abs().max() < 1e-6
+
+
+def test_a_sliding_window_shorter_than_the_records_keeps_its_mask():
+    import transformers as tf
+
+    config = tf.MistralConfig(sliding_window=16)
+    assert packed_attention.runs_per_record(config, 16) and not packed_attention.runs_per_record(config, 17)
+    assert packed_attention.runs_per_record(tf.Qwen2Config(sliding_window=4, use_sliding_window=False), 64)
+    assert not packed_attention.runs_per_record(tf.Gemma3TextConfig(), 8)  # not a mask-free family
+
+
+def test_packed_loss_and_gradients_equal_the_padded_ones_in_fp32():
+    """TokenLoss, the training path: the summed loss and every gradient of a packed micro-batch."""
+    model = _family("llama", "sdpa")
+    loss_model = TokenLoss(model)
+    cache = _records()
+    rows = [[0, 2], [4], [1, 3, 5]]
+
+    def loss_and_grads(batch):
+        model.zero_grad(set_to_none=True)
+        loss = loss_model(batch)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    packed = loss_and_grads(collate_rows(cache, rows, 0, "rows"))
+    padded = loss_and_grads(collate(cache, [i for row in rows for i in row], 0))
+    assert torch.allclose(packed[0], padded[0], rtol=1e-6, atol=0)
+    for a, b in zip(packed[1], padded[1]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+
+def test_plan_prints_the_path_and_the_padding_before_and_after(tiny_mixed, tmp_path, capsys):
+    run = make_run(tmp_path / "on", tiny_mixed, total=6)
+    out = capsys.readouterr().out
+    assert "packing: on, SDPA with a block-causal mask" in out and "on a CPU: SDPA's causal kernel record by" in out
+    assert "rows of up to 95 tokens" in out
+    report = json.loads(run.plan.read_text())["packing"]
+    assert report["layout"] == {"gpu": "rows", "cpu": "records"} and report["padding_rows"] < report["padding_before"]
+    assert (f"{report['padding_before']:.1%} of the tokens computed in padded micro-batches, packed: "
+            f"{report['padding_rows']:.1%} in packed rows, none in one flat row") in out
+    make_run(tmp_path / "off", tiny_mixed, total=6, overrides=["tokens.packing=off"])
+    assert "packing: off: tokens.packing=off" in capsys.readouterr().out
+
+
+def test_packing_changes_only_the_order_of_the_sums(tiny_mixed, tmp_path):
+    """The same run three ways: packed in one flat row attended record by record (SDPA on a CPU, the
+    default here), packed in rows with a block-causal mask (eager attention), padded."""
+    base = ["lora.dropout=0.0"]  # dropout masks are drawn per micro-batch layout: compare without them
+    runs = {"records": ([], "packing: on, SDPA's causal kernel record by record"),
+            "rows": (["model.attn_implementation=eager"], "packing: on, eager attention with a block-causal mask"),
+            "padded": (["tokens.packing=off"], "packing: off")}
+    losses = {}
+    for name, (overrides, said) in runs.items():
+        run = make_run(tmp_path / name, tiny_mixed, total=6, single_stage=True, overrides=[*base, *overrides])
+        assert said in run.train("all").stdout
+        losses[name] = step_losses([run.stage_dir("all")])
+    assert [s for s, _ in losses["records"]] == [s for s, _ in losses["padded"]] == list(range(1, 7))
+    for name in ("records", "rows"):
+        assert [x for _, x in losses[name]] == pytest.approx([x for _, x in losses["padded"]], rel=1e-5)
