@@ -125,8 +125,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     # --- data, evaluation, reporting ------------------------------------------------
     train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model))
     train = _train_batches(cfg, d, train_collator, micro, mix)
-    distributed.print0(d, f"[{stage.name}] {packing.text()}" + (
-        f"; micro-batches of at most {micro} rows of at most {train.capacity} tokens" if packing.on else ""))
+    _announce_packing(d, stage.name, packing, micro, train.capacity)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
                       device=d.device)
     tracking = _tracking(args, plan, stage, state.step) if d.is_main else None
@@ -213,6 +212,12 @@ def _redo_pending_eval(state: LoopState, evaluator: Evaluator, preemption: distr
     kind, reason = state.eval_pending
     evaluator.run(state, kind, f"{reason}, redone after preemption")
     return preemption.requested()
+
+
+def _announce_packing(d: distributed.Dist, stage: str, packing, micro: int, capacity: int) -> None:
+    """Rank 0 prints the stage's micro-batch layout: packed (rows and their width) or padded, and why."""
+    distributed.print0(d, f"[{stage}] {packing.text()}" + (
+        f"; micro-batches of at most {micro} rows of at most {capacity} tokens" if packing.on else ""))
 
 
 def _announce(d: distributed.Dist, line: str, checkpointed: int, estimate) -> None:
