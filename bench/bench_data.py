@@ -368,7 +368,7 @@ def projection(results: list[dict]) -> list[str]:
     per_job = own * c_p + past * c_s
     merged = target * merge
     return [f"Projection, 10M records on {jobs} SLURM CPU jobs (one core each), from CPU seconds (wall seconds "
-            "here are the load of the other helpers' tests: load average 11-14 on 2 cores):",
+            "also carry the machine's other load: the load averages above):",
             "",
             f"- per record a shard owns (validate + tokenize, 1-shard run): c_p = {c_p * 1e3:.3f} ms CPU;",
             f"- per record a shard only reads past ({k}-shard run: its shards spent {sharded:,.0f} s CPU, "
@@ -379,10 +379,11 @@ def projection(results: list[dict]) -> list[str]:
             f"One of {jobs} shard jobs at 10M: {own:,} x {c_p * 1e3:.3f} ms + {past:,} x {c_s * 1e6:.1f} us = "
             f"{own * c_p:,.0f} + {past * c_s:,.0f} = {per_job:,.0f} s; the merges {target:,} x {merge * 1e6:.1f} us "
             f"= {merged:,.0f} s. About {per_job + merged:,.0f} s ({(per_job + merged) / 60:.0f} min) with the "
-            f"{jobs} jobs at once, against {target * c_p:,.0f} s ({target * c_p / 3600:.1f} h) for one job. At 32 "
-            "shards reading past the others' records costs about as much as a shard's own work: each shard "
-            "reads the whole file (32 x its bytes from the file system). Not measured: cluster queueing, a "
-            "shared file system's read rate."]
+            f"{jobs} jobs at once, against {target * c_p:,.0f} s ({target * c_p / 3600:.1f} h) for one job. "
+            f"Reading past the others' records is {past * c_s / max(own * c_p, 1e-9):.0%} of a shard's own work "
+            f"here (c_s is clamped at 0 where the sharded jobs spent no more than one job), but each shard "
+            f"reads the whole file ({jobs} x its bytes from the file system). Not measured: cluster queueing, "
+            "a shared file system's read rate."]
 
 
 def rerender(args, machine: str) -> None:
