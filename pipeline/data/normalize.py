@@ -32,6 +32,9 @@ from pipeline.data.readers import json_type as _json_type
 from pipeline.data.records import IMAGE_PLACEHOLDER, TEXT_ROLE, Problem, Record
 from pipeline.data.shapes import FieldMap, accepted_text, detect
 
+# The fields an assistant turn may carry its reasoning in (either one; kept as `reasoning_content`).
+REASONING_INPUTS = ("reasoning_content", "thinking")
+
 
 # Image references that are not local files.
 _REMOTE_SCHEMES = ("http://", "https://", "data:")
@@ -159,11 +162,15 @@ class _Conversation:
             message["tool_calls"] = calls
         if canonical == "tool":  # which call a result answers, for the templates that show it
             message.update({k: turn.source[k] for k in ("tool_call_id", "name") if isinstance(turn.source.get(k), str)})
-        reasoning = turn.source.get("reasoning_content") if turn.source else None
-        if reasoning is not None:
-            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.reasoning_content"
-            if canonical != "assistant" or not isinstance(reasoning, str):
-                located("bad_reasoning", "reasoning_content must be a string, in an assistant turn", at)
+        # Reasoning: `reasoning_content` (Qwen3, DeepSeek) or `thinking` (GPT-OSS / harmony datasets), one of them.
+        given = [k for k in REASONING_INPUTS if turn.source and turn.source.get(k) is not None]
+        if given:
+            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.{given[0]}"
+            reasoning = turn.source[given[0]]
+            if len(given) > 1:
+                located("bad_reasoning", f"a turn gives its reasoning twice ({' and '.join(given)}): keep one", at)
+            elif canonical != "assistant" or not isinstance(reasoning, str):
+                located("bad_reasoning", f"{given[0]} must be a string, in an assistant turn", at)
             elif reasoning.strip():
                 message["reasoning_content"] = reasoning
 

@@ -157,6 +157,28 @@ def test_reasoning_content_field_is_reasoning_too(run_tokenizers):
     assert supervised(enc) == ids_of(tokenizer, "<think>\ncopy it\n</think>\n\nalpha<|im_end|>")
 
 
+def test_a_thinking_field_is_reasoning_as_reasoning_content_is(run_tokenizers):
+    """GPT-OSS / harmony datasets carry an assistant turn's reasoning as `thinking`: read as the record
+    reader reads a line (`normalize_record`), it trains as `reasoning_content` does; both is a problem."""
+    from pipeline.data.normalize import normalize_record
+
+    tokenizer, _ = run_tokenizers["qwen3-thinking"]
+    answer = {"role": "assistant", "content": "alpha"}
+    read = {field: normalize_record({"messages": [{"role": "user", "content": "repeat: alpha"},
+                                                  {**answer, field: "copy it"}]},
+                                    index=0, line=1, file="t.jsonl", kind="jsonl", base_dir=".")
+            for field in ("thinking", "reasoning_content")}
+    assert all(not problems for _, problems in read.values())
+    assert read["thinking"][0].messages == read["reasoning_content"][0].messages
+    enc = encode_records([read["thinking"][0]], tokenizer, max_length=512, too_long="error")
+    assert supervised(enc) == ids_of(tokenizer, "<think>\ncopy it\n</think>\n\nalpha<|im_end|>")
+    _, problems = normalize_record({"messages": [{"role": "user", "content": "q"},
+                                                 {**answer, "thinking": "a", "reasoning_content": "b"}]},
+                                   index=0, line=1, file="t.jsonl", kind="jsonl", base_dir=".")
+    assert [p.reason for p in problems] == ["bad_reasoning"]
+    assert "reasoning twice (reasoning_content and thinking)" in problems[0].message
+
+
 def test_sentinel_characters_in_data_are_refused(run_tokenizers):
     from pipeline.errors import DataError
 
