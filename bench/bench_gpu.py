@@ -111,6 +111,18 @@ MFU_GOAL = 0.45  # issue 13: >= 45% by the 6N convention, Llama-3.2-1B LoRA bf16
 ARMS = {"config": [], "padded": ["tokens.packing=off"], "packed": ["tokens.packing=on"]}
 
 
+class ArmFailed(RuntimeError):
+    """One arm's trainer failed: reported as that arm's row; the other arms still run."""
+
+
+def extra_arm(text: str) -> tuple[str, list[str]]:
+    """`--extra-arm NAME=OVERRIDE[,OVERRIDE...]`: a named arm of the trainer config plus those overrides."""
+    name, sep, overrides = text.partition("=")
+    if not sep or not name or name in ARMS or not overrides:
+        raise argparse.ArgumentTypeError(f"--extra-arm {text!r}: expected NAME=key=value[,key=value] with a new NAME")
+    return name, overrides.split(",")
+
+
 def peak_tflops(name: str) -> float | None:
     for key, value in PEAK_TFLOPS:
         if key.lower() in name.lower():
@@ -247,7 +259,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
                         mix=args.lengths == "mix")
     default = {"model": tmp.parent / "model", "train": tmp / "train.safetensors", "val": "null"}  # no val set
     overrides = [f"optim.global_batch={args.global_batch}", f"optim.micro_batch={args.micro_batch}",
-                 "checkpoint.save_every=0", f"precision.mode={precision}", *ARMS[arm], *args.override]
+                 "checkpoint.save_every=0", f"precision.mode={precision}", *args.arm_overrides[arm], *args.override]
     run = C.plan_run(tmp / "run", default, total=args.steps, overrides=overrides, single_stage=True)
     cfg = train_config.load(run["config"])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
@@ -255,7 +267,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
            "--stage", "all", "--scratch", str(tmp / "scratch"), "--out", str(tmp / "out")]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=trainer_env(), timeout=3600)
     if proc.returncode != 0:
-        sys.exit(f"training failed ({arm}, length {seq_len}: {proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise ArmFailed(f"training failed ({arm}, length {seq_len}: {proc.returncode}):\n{proc.stderr[-4000:]}")
     # The stage's own line: "k of n layers" where it estimated memory, "off" where it had no budget (a CPU).
     chosen = re.search(r"activation checkpointing (\d+) of \d+ layers|activation checkpointing off", proc.stdout)
     rows = [json.loads(x) for x in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
@@ -292,6 +304,8 @@ def main() -> None:
                     help="the longest record (data.max_length); several: one run each")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["config"],
                     help="config: as the trainer config says; padded: tokens.packing=off; packed: tokens.packing=on")
+    ap.add_argument("--extra-arm", type=extra_arm, action="append", default=[], metavar="NAME=OVERRIDES",
+                    help="one more arm: the config plus comma-separated overrides (e.g. liger=model.fused_loss=liger)")
     ap.add_argument("--lengths", choices=("mix", "fixed"), default="mix",
                     help="mix: uniform in [max/16, max]; fixed: every record --seq-len long")
     ap.add_argument("--micro-batch", type=int, default=8)
@@ -303,6 +317,7 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
     C.add_smoke(ap)
     args = ap.parse_args()
+    args.arm_overrides = {**ARMS, **dict(args.extra_arm)}
     machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
     command = C.command_line(__file__)
 
@@ -321,18 +336,26 @@ def main() -> None:
         sys.exit(f"unknown peak FLOP/s for {gpu_name!r}: pass --peak-tflops")
 
     started = time.time()
-    arms = []
+    arms, failed = [], []
     with tempfile.TemporaryDirectory(prefix="bench_gpu_") as tmp:
         tmp = Path(tmp)
         info = build_model_dir(tmp / "model", args.preset, max(args.seq_len))
         for seq_len in args.seq_len:
-            for arm in args.arms:
-                trained = train_arm(tmp / f"{arm}-{seq_len}", args, seq_len=seq_len, arm=arm, precision=precision,
-                                    info=info)
+            for arm in [*args.arms, *(name for name, _ in args.extra_arm)]:
+                try:
+                    trained = train_arm(tmp / f"{arm}-{seq_len}", args, seq_len=seq_len, arm=arm,
+                                        precision=precision, info=info)
+                except (ArmFailed, Exception) as e:  # an OOM or a refused setting loses only this arm's row
+                    print(e, file=sys.stderr, flush=True)
+                    failed.append({"arm": arm, "seq_len": seq_len, "error": str(e)[-600:]})
+                    continue
                 cfg = trained["cfg"]
                 n_lora = lora_params(info, preset, cfg.lora.r)
                 per_token = flops_per_token(info, n_lora, trained["shape"])
                 arms.append(arm_figures(arm, seq_len, trained, per_token, peak, gpu_name))
+                print("arm done:", json.dumps(arms[-1]), flush=True)  # kept in the log if a later arm hangs
+    if not arms:
+        sys.exit(f"every arm failed: {json.dumps(failed, indent=1)}")
     figures = arms[0]  # what bench/run_all.py quotes
     print(json.dumps({"arms": arms, **info, "lora_params": n_lora}, indent=1))
     versions = C.versions("torch", "transformers", "peft", "flash_attn")
@@ -341,7 +364,7 @@ def main() -> None:
             "settings": {**vars(args), "out_dir": str(args.out_dir), "model": {**preset, **info},
                          "lora": {"r": cfg.lora.r, "alpha": cfg.lora.alpha, "params": n_lora},
                          "ema_rates": list(cfg.ema.rates)},
-            "figures": figures, "arms": arms}
+            "figures": figures, "arms": arms, "failed_arms": failed}
     C.write_results("gpu", report(args, command, versions, data, arms, precision, info, n_lora, cfg, peak),
                     data, args.out_dir)
 
@@ -379,6 +402,10 @@ def report(args, command, versions, data, arms, precision, info, n_lora, cfg, pe
                      f"({f['flops_per_token_6n'] / 1e9:.3g} GFLOP/token): {goal(f)} | {f['step_s']:.3f} s | "
                      f"{gib(f['mem_mb'])} / {gib(f['mem_reserved_mb'])} / {gib(f['estimate_mb'])} | "
                      f"{f['activation_checkpointing'].removeprefix('activation checkpointing ')} |")
+    for f in data["failed_arms"]:
+        lines.append(f"| {f['arm']} | {f['seq_len']} | failed: {f['error'].splitlines()[-1][:200]} | | | | | |")
+    if args.extra_arm:
+        lines += ["", "Extra arms: " + "; ".join(f"{n}: {', '.join(o)}" for n, o in args.extra_arm) + "."]
     return lines
 
 
