@@ -271,6 +271,8 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
     # The stage's own line: "k of n layers" where it estimated memory, "off" where it had no budget (a CPU).
     chosen = re.search(r"activation checkpointing (\d+) of \d+ layers|activation checkpointing off", proc.stdout)
     rows = [json.loads(x) for x in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+    # With profile.updates > 0 (an --extra-arm), the stage's one-line summary of where the time went.
+    profiled = re.search(r"\[\S+\] profile of updates .*", proc.stdout + proc.stderr)
     shapes = memory.read_shapes(str(tmp.parent / "model"))
     attention = memory.resolved_attention(cfg.model) or "sdpa"  # as the trainer child resolves it on the GPU
     estimate = memory.estimate(cfg, shapes, memory.Run(
@@ -280,7 +282,7 @@ def train_arm(tmp: Path, args, *, seq_len: int, arm: str, precision: str, info: 
         attention=attention))
     return {"cfg": cfg, "shape": shape, "rows": [r for r in rows if "loss" in r][args.warmup:],
             "checkpointing": chosen.group(0) if chosen else "activation checkpointing unknown",
-            "estimate_mb": estimate.total / 2**20}
+            "estimate_mb": estimate.total / 2**20, "profile": profiled.group(0) if profiled else None}
 
 
 def arm_figures(arm: str, seq_len: int, trained: dict, per_token: dict, peak: float | None, gpu_name: str) -> dict:
@@ -294,7 +296,7 @@ def arm_figures(arm: str, seq_len: int, trained: dict, per_token: dict, peak: fl
             "estimate_mb": trained["estimate_mb"], "activation_checkpointing": trained["checkpointing"],
             "flops_per_token_6n": per_token["6n"], "flops_per_token_lora_actual": per_token["lora_actual"],
             "mean_length": per_token["mean_length"], "supervised_fraction": per_token["supervised_fraction"],
-            "final_loss": rows[-1]["loss"]}
+            "final_loss": rows[-1]["loss"], "profile": trained["profile"]}
 
 
 def main() -> None:
@@ -402,6 +404,7 @@ def report(args, command, versions, data, arms, precision, info, n_lora, cfg, pe
                      f"({f['flops_per_token_6n'] / 1e9:.3g} GFLOP/token): {goal(f)} | {f['step_s']:.3f} s | "
                      f"{gib(f['mem_mb'])} / {gib(f['mem_reserved_mb'])} / {gib(f['estimate_mb'])} | "
                      f"{f['activation_checkpointing'].removeprefix('activation checkpointing ')} |")
+    lines += ["", *(f"Profile ({f['arm']}, {f['seq_len']}): {f['profile']}" for f in arms if f["profile"])]
     for f in data["failed_arms"]:
         lines.append(f"| {f['arm']} | {f['seq_len']} | failed: {f['error'].splitlines()[-1][:200]} | | | | | |")
     if args.extra_arm:

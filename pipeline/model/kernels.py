@@ -126,8 +126,10 @@ def fused_loss(choice: str, head: torch.nn.Module, device: torch.device):
     if choice == "chunked":
         return None
     bare = type(head) is torch.nn.Linear  # a LoRA- or token-adapted head is not one weight
+    half = bare and head.weight.dtype in (torch.bfloat16, torch.float16)
     if choice == "auto":
-        found = next((c for c in FUSED_LOSSES if installed(c)), None) if device.type == "cuda" else None
+        usable = [c for c in FUSED_LOSSES if installed(c) and (half or c != "cce")]
+        found = usable[0] if usable and device.type == "cuda" else None
         if found is None or not bare:
             return None
         choice = found
@@ -136,6 +138,10 @@ def fused_loss(choice: str, head: torch.nn.Module, device: torch.device):
                     "chunked loss", choice, type(head).__name__)
         return None
     if FUSED_LOSSES[choice] in (_liger, _cce):  # the real kernels (tests may put a fallback there)
+        if FUSED_LOSSES[choice] is _cce and not half:  # its backward asserts it (seen on an H200, cce 25.1.1)
+            raise UserError(f"model.fused_loss=cce: cut-cross-entropy's backward needs the output head in bf16 or "
+                            f"fp16 (precision.mode=bf16 | fp16), and this one is {head.weight.dtype}: use "
+                            "model.fused_loss=liger | chunked")
         if not installed(choice):
             raise UserError(f"model.fused_loss={choice}: {FUSED_LOSS_PACKAGES[choice]} is not installed "
                             "(pip install -e \".[gpu]\"), or use model.fused_loss=auto | chunked")

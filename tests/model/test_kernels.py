@@ -64,6 +64,17 @@ def test_auto_is_the_chunked_loss_on_a_cpu_and_with_an_adapted_head(tiny, monkey
     assert TokenLoss(adapted, fused_loss="liger").fused is None  # a LoRA layer, not a bare weight
 
 
+def test_cce_needs_a_half_precision_head(tiny):
+    """cut-cross-entropy's backward asserts bf16/fp16 weights (found on an H200: an fp32 head passed the
+    forward and failed in the backward); ours refuses it up front, naming the setting, and `auto` skips it."""
+    model = _model(tiny)
+    with pytest.raises(UserError, match="model.fused_loss=cce: .* needs the output head in bf16 or fp16"):
+        TokenLoss(model, fused_loss="cce")
+    model.get_output_embeddings().to(torch.bfloat16)
+    with pytest.raises(UserError, match="model.fused_loss=cce: cut_cross_entropy is not installed|CUDA only"):
+        TokenLoss(model, fused_loss="cce")  # past the dtype: the next refusal on this machine
+
+
 def test_liger_kernels_need_liger(tiny, monkeypatch):
     monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError, match="model.liger_kernels=true needs Liger-Kernel"):
