@@ -2,7 +2,7 @@
 
 CASES is the index of the corpus (`tests/data/malformed/`): one fault per file.
 Each file is validated by `python -m pipeline validate` in its own process
-(the runs go in parallel to keep the suite fast); the exit code, the message,
+(forked, two at a time, to keep the suite fast); the exit code, the message,
 `validation.json` and `validation.csv`, and their copies in `--failed-report-dir`
 (what survives Snakemake deleting a failed job's outputs) are then checked case
 by case. A case that is a fault only under another setting (all records too long
@@ -15,12 +15,11 @@ middle of clean files for the record/line locator.
 from __future__ import annotations
 
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from kits.cli import run_cli_forked
 
 DATA_DIR = Path(__file__).resolve().parent
 MALFORMED = DATA_DIR / "malformed"
@@ -92,25 +91,30 @@ GOOD_FILES = {"train": GOOD / "train.jsonl", "val": GOOD / "val.json", "test": G
 EXTRA_ARGS = {"all_too_long.jsonl": ["--too-long", "drop"]}
 
 
-def _validate(run_pipeline, tokenizer_dir: Path, out: Path, files: dict[str, Path], extra=()):
+def _validate_args(tokenizer_dir: Path, out: Path, files: dict[str, Path], extra=()) -> list:
     out.mkdir(parents=True, exist_ok=True)
     args = ["validate", "--tokenizer", tokenizer_dir, "--max-length", MAX_LENGTH, "--too-long", "error",
             "--duplicates", "error", "--reasoning", "auto", "--out-json", out / "validation.json", "--out-csv", out / "validation.csv",
             "--failed-report-dir", out / "failed"]
     for slot, path in files.items():
         args += [f"--{slot}", path]
-    proc = run_pipeline(*args, *extra)
+    return [*args, *extra]
+
+
+def _outcome(proc, out: Path):
     report = json.loads((out / "validation.json").read_text()) if (out / "validation.json").exists() else None
     table = pd.read_csv(out / "validation.csv") if (out / "validation.csv").exists() else None
     return proc, report, table
 
 
 @pytest.fixture(scope="module")
-def runs(run_pipeline, tiny_llava, tmp_path_factory):
+def runs(tiny_llava, tmp_path_factory):
     """All corpus runs plus the good dataset, keyed by file name ('good' for the clean run).
 
     Validated for a vision-language model (tiny LLaVA): the good dataset has a record with an
-    image, which a text-only model refuses (`images_on_text_model`).
+    image, which a text-only model refuses (`images_on_text_model`). Each run is the CLI in a
+    process of its own, forked from this one (`run_cli_forked`: the same exit code and output as
+    `python -m pipeline validate`, without ~3 s of interpreter start and imports a run).
     """
     tokenizer_dir = tiny_llava["model"]
     root = tmp_path_factory.mktemp("corpus")
@@ -119,11 +123,9 @@ def runs(run_pipeline, tiny_llava, tmp_path_factory):
         files = {"train": GOOD_FILES["train"]} if slot != "train" else {}
         files[slot] = MALFORMED / name
         jobs[name] = files
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        futures = {name: pool.submit(_validate, run_pipeline, tokenizer_dir, root / name, files,
-                                     EXTRA_ARGS.get(name, ()))
-                   for name, files in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}, root
+    procs = run_cli_forked({name: _validate_args(tokenizer_dir, root / name, files, EXTRA_ARGS.get(name, ()))
+                            for name, files in jobs.items()})
+    return {name: _outcome(procs[name], root / name) for name in jobs}, root
 
 
 def test_corpus_index_lists_every_file():
