@@ -9,7 +9,8 @@
 #   - bench/gpu_kernels_check.py: host syncs, one compiled loss graph, lora.fused, fused losses, Liger
 #     kernels, activation checkpointing through pipeline/compat.py          (~1.5 min)
 #   - bench_gpu.py at the Llama-3.2-1B shape, length 2048, then 4096 (MFU by both counts) (~3 min)
-#   - the same at 2048, padded, and packed with the profiler on (where the time goes)    (~2.5 min)
+#   - at 2048: the config, profiled (where the time goes), one micro-batch per update, and compiled
+#     decoder layers                                                           (~4-5 min)
 # Part 2:
 #   - the `gpu` tests (tests/train/test_gpu.py: 13 trainer launches, one compiling) (~5-6 min)
 #   - one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke, model.quantization=nf4) (~2 min)
@@ -37,11 +38,15 @@ step() {
 }
 part=${1:-all}
 if [ "$part" != 2 ]; then
-step kernels 120 python3 bench/gpu_kernels_check.py --out "$O/kernels.json"
-TAIL=30 step bench_1b 240 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 4 --global-batch 16 \
+step kernels 100 python3 bench/gpu_kernels_check.py --out "$O/kernels.json"
+TAIL=30 step bench_1b 200 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 4 --global-batch 16 \
     --steps 10 --warmup 3 --out-dir "$O"
-TAIL=8 step profile 170 python3 bench/bench_gpu.py --seq-len 2048 --micro-batch 4 --global-batch 16 --steps 8 \
-    --warmup 3 --arms padded --extra-arm profiled=profile.updates=3,profile.warmup=3 --out-dir /tmp/profile
+# The levers on the fixed cost per update seen on the H200 (bench/results/gpu_check.md): where the time goes
+# (profiled), one micro-batch per update instead of four (mb16: a quarter of the host's per-op work), and
+# the decoder layers compiled (compiled).
+TAIL=14 step levers 260 python3 bench/bench_gpu.py --seq-len 2048 --micro-batch 4 --global-batch 16 --steps 8 \
+    --warmup 3 --arms config --extra-arm profiled=profile.updates=3,profile.warmup=3 \
+    --extra-arm mb16=optim.micro_batch=16 --extra-arm compiled=model.compile=true --out-dir /tmp/levers
 fi
 if [ "$part" != 1 ]; then
 step gpu_tests 380 python3 -m pytest -o addopts= -p no:cacheprovider -q -rA --durations=0 tests/train/test_gpu.py
