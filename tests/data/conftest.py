@@ -43,4 +43,3 @@ def _run_pipeline(*args, timeout: float = 180) -> subprocess.CompletedProcess:
 def run_pipeline():
     """`run_pipeline("validate", "--train", ...)` -> CompletedProcess of `python -m pipeline ...`."""
     return _run_pipeline
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import subprocess
 import sys
@@ -36,8 +37,6 @@ def run_cli_forked(jobs: dict[str, list], *, parallel: int = 2, timeout: float =
                     os.dup2(err.fileno(), 2)
                     sys.stdout = open(1, "w", closefd=False, buffering=1)
                     sys.stderr = open(2, "w", closefd=False, buffering=1)
-                    import logging
-
                     logging.root.handlers.clear()  # pytest's capture handlers: a fresh interpreter has none
                     code = int(cli.main([str(a) for a in args]) or 0)
                 except SystemExit as e:
@@ -49,15 +48,20 @@ def run_cli_forked(jobs: dict[str, list], *, parallel: int = 2, timeout: float =
                     sys.stderr.flush()
                     os._exit(code)
             running[pid] = (name, args, out, err, time.monotonic())
-        pid, status = os.waitpid(-1, os.WNOHANG)
-        if pid == 0:
-            for child, (name, _, _, _, started) in running.items():
+        # Only our own children: another child of this process (a server a fixture started) is not ours to reap.
+        ended = None
+        for child in running:
+            pid, status = os.waitpid(child, os.WNOHANG)
+            if pid:
+                ended = pid, status
+                break
+        if ended is None:
+            for child, (*_, started) in running.items():
                 if time.monotonic() - started > timeout:
                     os.kill(child, 9)
             time.sleep(0.02)
             continue
-        if pid not in running:
-            continue
+        pid, status = ended
         name, args, out, err, _ = running.pop(pid)
         text = []
         for f in (out, err):
