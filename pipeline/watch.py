@@ -145,7 +145,13 @@ class Heartbeat:
                 seen[rank] = (count, float("inf"))  # said once
 
     def stop(self) -> None:
+        """Stop beating and wait for the thread to be out of its store call before the process group and
+        the interpreter go: a daemon thread still inside TCPStore's C++ at exit aborts the rank
+        ("terminate called without an active exception", seen once at the end of a 2-rank stage). At
+        most one beat plus the store's own timeout."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.HEARTBEAT_S + self.LOST_AFTER_S + 1)
 
     def lost(self) -> str | None:
         """Which other ranks stopped beating, grouped by node: `node sft-n2 (node rank 1, address

@@ -169,3 +169,29 @@ def test_the_ranks_get_the_rendezvous_endpoint_and_the_socket_interface_unless_t
     assert torchrun.network_env(topo, "ib0", {"NCCL_SOCKET_IFNAME": "^lo"}) == {
         "SFT_RDZV_ENDPOINT": "node1:29400", "GLOO_SOCKET_IFNAME": "ib0"}
     assert torchrun.network_env(topo, None, {}) == {"SFT_RDZV_ENDPOINT": "node1:29400"}
+
+
+def test_stopping_the_heartbeat_waits_for_its_thread_to_leave_the_store():
+    """A rank's exit must not find the heartbeat thread inside a store call (a C++ abort at exit): stop()
+    returns only once the thread has ended, here while a beat is held in the store for 0.5 s."""
+    import threading
+
+    import torch
+
+    from pipeline import distributed
+    from pipeline.watch import Heartbeat
+
+    entered = threading.Event()
+
+    class SlowStore:
+        def add(self, key, amount):
+            entered.set()
+            time.sleep(0.5)
+            return 1
+
+    beat = Heartbeat(distributed.Dist(rank=1, world_size=2, local_rank=1, device=torch.device("cpu")), SlowStore(), 5.0)
+    beat.HEARTBEAT_S = 0.01
+    beat._thread.start()
+    assert entered.wait(5)
+    beat.stop()
+    assert not beat._thread.is_alive()
