@@ -103,7 +103,8 @@ class SlurmCluster:
         timeout: float = 600,
         env: dict[str, str] | None = None,
     ) -> SnakemakeRun:
-        """Run ``python -m snakemake --profile <test profile> *args`` in workdir.
+        """Run ``python -m snakemake --profile <test profile> *args`` in workdir (through
+        snakemake_poll.py, which only polls SLURM more often).
 
         Uses the interpreter running pytest, the same one the plugin uses
         inside the jobs (``sys.executable -m snakemake``).  stderr is merged
@@ -124,7 +125,9 @@ class SlurmCluster:
         return SnakemakeRun(proc.returncode, proc.stdout, time.monotonic() - t0, cmd)
 
     def snakemake_cmd(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "snakemake", "--profile", str(self.profile), *args]
+        # snakemake with the plugin's status polls capped (snakemake_poll.py): the same run, less idle
+        return [sys.executable, str(Path(__file__).with_name("snakemake_poll.py")), "--profile", str(self.profile),
+                *args]
 
     def start_snakemake(
         self, workdir: Path, *args: str, env: dict[str, str] | None = None
