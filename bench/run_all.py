@@ -42,6 +42,7 @@ BENCHES = {  # name -> script (default arguments)
     "step": "bench_step.py",
     "load": "bench_load.py",
     "kernels": "bench_kernels.py",
+    "slurm_nodes": "bench_slurm_nodes.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -274,6 +275,15 @@ def build_results(results: Path = C.RESULTS) -> str:
                    f"{before['rss_mb']:.0f} / {after['rss_mb']:.0f} MiB; {'yes' if 'torch' in before['heavy'] else 'no'}"
                    f" / {'yes' if 'torch' in after['heavy'] else 'no'}",
                    "no torch at load: " + ("met" if "torch" not in after["heavy"] else "NOT met"), s)]
+    nodes = _load(results, "slurm_nodes")
+    if nodes:
+        by = {r["arm"]: r for r in nodes["rows"]}
+        one, two, backoff = (by.get(a) for a in ("1 node", "2 nodes", "2 nodes, plugin backoff"))
+        if one and two:
+            table.append(("default pipeline through the test SLURM cluster (2 cores), whole run: train.nodes=1 / 2"
+                          + (" / 2 with the plugin's own poll backoff" if backoff else "") + ", s",
+                          f"{one['wall_s']:.0f} / {two['wall_s']:.0f}" + (f" / {backoff['wall_s']:.0f}" if backoff else ""),
+                          "2-node tests add <= 4 min to CI: see the issue 35 note", src("slurm_nodes", nodes)))
     kernels = _load(results, "kernels")
     if kernels:
         s = src("kernels", kernels)
