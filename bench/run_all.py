@@ -43,6 +43,7 @@ BENCHES = {  # name -> script (default arguments)
     "load": "bench_load.py",
     "kernels": "bench_kernels.py",
     "slurm_nodes": "bench_slurm_nodes.py",
+    "host_ops": "bench_host_ops.py",
 }
 DEFAULT_RUN = ["train", "checkpoint", "stages", "gpu", "memory"]
 
@@ -275,6 +276,12 @@ def build_results(results: Path = C.RESULTS) -> str:
                    f"{before['rss_mb']:.0f} / {after['rss_mb']:.0f} MiB; {'yes' if 'torch' in before['heavy'] else 'no'}"
                    f" / {'yes' if 'torch' in after['heavy'] else 'no'}",
                    "no torch at load: " + ("met" if "torch" not in after["heavy"] else "NOT met"), s)]
+    host_ops = _load(results, "host_ops")
+    if host_ops:
+        peft_row = next(r for r in host_ops["rows"] if r["arm"] == "peft")
+        table.append((f"ops that compute (a kernel each on a GPU) per micro-batch, Llama-3.2-1B's structure "
+                      f"({host_ops['layers']} layers) with LoRA r=16 x 7, forward + backward",
+                      f"{peft_row['computing_ops']:,}", "(a count: see gpu_check.md)", src("host_ops", host_ops)))
     nodes = _load(results, "slurm_nodes")
     if nodes:
         by = {r["arm"]: r for r in nodes["rows"]}

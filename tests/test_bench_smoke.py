@@ -46,6 +46,7 @@ SCRIPTS = {
     "bench_step": ("--out-dir", ["step.json", "step.md"]),
     "bench_load": ("--out-dir", ["load.json", "load.md"]),
     "bench_kernels": ("--out-dir", ["kernels.json", "kernels.md"]),
+    "bench_host_ops": ("--out-dir", ["host_ops.json", "host_ops.md"]),
     "bench_slurm_nodes": ("--out-dir", ["slurm_nodes.json", "slurm_nodes.md"]),
     "gpu_kernels_check": ("--out", ["kernels_check.json"]),
     "run_all": ("--out", ["RESULTS.md"]),
