@@ -92,7 +92,8 @@ def main() -> None:
              f"`{command}` at commit {C.git_commit()}. {C.machine_text(machine)}. "
              f"{args.layers} layers, one micro-batch of 4 x 64 tokens, forward + backward, fp32, one thread; "
              "see the script's docstring.", "",
-             "| arm | ops that compute | top-level aten ops | ms per micro-batch (this CPU) | µs per top-level op | most common |",
+             "| arm | ops that compute | top-level aten ops | ms per micro-batch (this CPU) | µs per top-level op "
+             "| most common |",
              "|---|---:|---:|---:|---:|---|"]
     for r in rows:
         common = ", ".join(f"{n.removeprefix('aten::')} {k}" for n, k in r["most_common"])

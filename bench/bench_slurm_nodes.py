@@ -58,7 +58,8 @@ def workdir_for(dest: Path, nodes: int) -> Path:
 
 
 def env(cap: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if k.startswith("SLURM_TEST_") or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+    base = {k: v for k, v in os.environ.items()
+            if k.startswith("SLURM_TEST_") or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
     return {**base, "SLURM_TEST_POLL_CAP_S": cap, "OMP_NUM_THREADS": "1", "SFT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
 
 
@@ -99,13 +100,13 @@ def report(rows: list[dict], args) -> list[str]:
     ]
     for r in rows:
         jobs = r["training_jobs_s"]
-        lines.append(f"| {r['arm']} | {r['wall_s']:.0f} | " + " | ".join(f"{jobs.get(s, float('nan')):.0f}" for s in stages)
-                     + f" | {sum(jobs.values()):.0f} |")
+        per_stage = " | ".join(f"{jobs.get(s, float('nan')):.0f}" for s in stages)
+        lines.append(f"| {r['arm']} | {r['wall_s']:.0f} | {per_stage} | {sum(jobs.values()):.0f} |")
     by = {r["arm"]: r for r in rows}
     if {"1 node", "2 nodes"} <= set(by):
+        in_jobs = sum(by["2 nodes"]["training_jobs_s"].values()) - sum(by["1 node"]["training_jobs_s"].values())
         lines += ["", f"2 nodes add {by['2 nodes']['wall_s'] - by['1 node']['wall_s']:.0f} s to the whole run "
-                      f"({sum(by['2 nodes']['training_jobs_s'].values()) - sum(by['1 node']['training_jobs_s'].values()):.0f} s "
-                      "in the training jobs)."]
+                      f"({in_jobs:.0f} s in the training jobs)."]
     if {"2 nodes", "2 nodes, plugin backoff"} <= set(by):
         lines += [f"Capping the plugin's poll backoff at 2 s saves "
                   f"{by['2 nodes, plugin backoff']['wall_s'] - by['2 nodes']['wall_s']:.0f} s of the 2-node run."]
