@@ -11,18 +11,22 @@ SLURM_TEST_POLL_CAP_S sets the cap (default 2 s); 0 leaves the plugin's own back
 from __future__ import annotations
 
 import os
+import sys
 
 from snakemake_executor_plugin_slurm import Executor
 
 POLL_CAP_S = float(os.environ.get("SLURM_TEST_POLL_CAP_S", "2"))
 
-if POLL_CAP_S > 0:
-    _plugin_wait = Executor.next_seconds_between_status_checks  # the property of the plugin's base class
+_plugin_wait = getattr(Executor, "next_seconds_between_status_checks", None)  # a property of the plugins' base class
+if POLL_CAP_S > 0 and isinstance(_plugin_wait, property) and _plugin_wait.fset is not None:
 
     def _capped(self, seconds):
         _plugin_wait.fset(self, None if seconds is None else min(seconds, POLL_CAP_S))
 
     Executor.next_seconds_between_status_checks = property(_plugin_wait.fget, _capped)
+elif POLL_CAP_S > 0:  # another plugin version: its own polling, slower but the same run
+    print("snakemake_poll.py: this SLURM plugin has no settable next_seconds_between_status_checks; "
+          "its polls are not capped", file=sys.stderr)
 
 if __name__ == "__main__":
     from snakemake.cli import main
