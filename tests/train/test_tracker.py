@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -176,10 +177,12 @@ def test_wandb_offline_one_run_across_stages(tiny, tmp_path, monkeypatch):
     # read back with wandb's own reader of the .wandb transaction log
     history: dict[str, dict[int, float]] = {}
     ids = set()
+    kinds: dict[str, Counter] = {}  # per file, its record types: what a failure below shows
     for f in files:
         for data in _wandb_records(f):
             rec = wandb_internal_pb2.Record()  # wandb's own record type
             rec.ParseFromString(data)
+            kinds.setdefault(f.parent.name, Counter()).update([rec.WhichOneof("record_type")])
             if rec.WhichOneof("record_type") == "run":
                 ids.add(rec.run.run_id)
             elif rec.WhichOneof("record_type") == "history":
@@ -196,7 +199,10 @@ def test_wandb_offline_one_run_across_stages(tiny, tmp_path, monkeypatch):
     expected = _jsonl_metrics(run, names)
     for key, values in expected.items():
         assert history[key] == pytest.approx(values), key
-    assert set(history["eval/raw/loss"]) == {TOTAL}
+    errors = run.root / "tracker" / "errors.jsonl"
+    seen = (f"records per job: {kinds}; tracker errors: "
+            f"{errors.read_text() if errors.is_file() else 'none'}")
+    assert set(history.get("eval/raw/loss", {})) == {TOTAL}, seen
 
 
 def _wandb_records(path: Path):
