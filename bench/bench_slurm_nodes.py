@@ -3,8 +3,8 @@
     python bench/bench_slurm_nodes.py            # as root: starts tests/slurm/cluster.sh, ~12 min
     python bench/bench_slurm_nodes.py --smoke    # dry runs of each arm (no cluster): checks it runs
 
-Each arm is a fresh copy of the workflow, configured as tests/slurm/test_slurm_pipeline.py configures its
-own (the test profile, its partitions and accounts, rendezvous and collective timeouts of 60 s), run
+Each arm is a fresh copy of the workflow set up as the SLURM tests set up theirs (tests/kits/slurm.py:
+the workflow's partitions and accounts, rendezvous and collective timeouts of 60 s), run
 with `snakemake --profile tests/slurm/profile --workflow-profile profiles/default` through
 tests/slurm/snakemake_poll.py. The arms:
 
@@ -24,43 +24,25 @@ import argparse
 import datetime
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
+sys.path.insert(0, str(REPO / "tests"))
+from kits.slurm import clean_env, slurm_workdir  # noqa: E402  (the SLURM tests' own set-up)
+
 SLURM_TESTS = REPO / "tests/slurm"
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 ARMS = {"1 node": (1, "2"), "2 nodes": (2, "2"), "2 nodes, plugin backoff": (2, "0")}
 
 
-def workdir_for(dest: Path, nodes: int) -> Path:
-    """A copy of the workflow set up as the SLURM tests set up theirs, training on `nodes` nodes."""
-    dest.mkdir(parents=True)
-    for name in WORKFLOW_FILES:
-        (shutil.copytree if (REPO / name).is_dir() else shutil.copy2)(REPO / name, dest / name)
-    path = dest / "config/config.yaml"
-    config = yaml.safe_load(path.read_text())
-    config["slurm"]["evaluate"].update(partition="gpu", account="acct_workflow")
-    config["slurm"]["cpu"].update(account="acct_cpu")
-    config["train"].update(nodes=nodes, rdzv_timeout_s=60)
-    config["train"]["overrides"].append("distributed.timeout_s=60")
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return dest
-
-
 def env(cap: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items()
-            if k.startswith("SLURM_TEST_") or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
-    return {**base, "SLURM_TEST_POLL_CAP_S": cap, "OMP_NUM_THREADS": "1", "SFT_PROGRESS": "0", "PYTHONUNBUFFERED": "1"}
+    return clean_env({"SLURM_TEST_POLL_CAP_S": cap, "OMP_NUM_THREADS": "1", "SFT_PROGRESS": "0"})
 
 
 def training_jobs(workdir: Path) -> dict[str, float]:
@@ -76,7 +58,7 @@ def training_jobs(workdir: Path) -> dict[str, float]:
 
 def run_arm(root: Path, name: str, dry: bool) -> dict:
     nodes, cap = ARMS[name]
-    workdir = workdir_for(root / re.sub(r"\W+", "-", name), nodes)
+    workdir = slurm_workdir(root / re.sub(r"\W+", "-", name), nodes)
     cmd = [sys.executable, str(SLURM_TESTS / "snakemake_poll.py"), "--profile", str(SLURM_TESTS / "profile"),
            "--workflow-profile", "profiles/default", *(["-n"] if dry else [])]
     t0 = time.monotonic()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from kits.slurm import clean_env
 
 HERE = Path(__file__).resolve().parent
 CLUSTER_SH = HERE / "cluster.sh"
@@ -51,23 +52,6 @@ def _skip_or_fail(reason: str) -> None:
     if _in_ci():
         pytest.fail(f"SLURM tests cannot run under CI: {reason}", pytrace=False)
     pytest.skip(reason)
-
-
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment without inherited SLURM_*/SBATCH_*/SRUN_* job variables.
-
-    The SLURM_TEST_* knobs of cluster.sh (e.g. SLURM_TEST_FAKE_GPUS) are kept.
-    """
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith("SLURM_TEST_")
-        or not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))
-    }
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    if extra:
-        env.update(extra)
-    return env
 
 
 @dataclass

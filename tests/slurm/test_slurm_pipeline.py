@@ -43,6 +43,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kits.run import FINAL_ADAPTER, copy_workflow, jobs_in_log, sha256, snakemake
+from kits.slurm import COLLECTIVE_TIMEOUT_S, RDZV_TIMEOUT_S, slurm_workdir
 
 pytestmark = pytest.mark.slurm
 
@@ -51,29 +52,6 @@ VRUN = "demo"  # the {vrun} wildcard of a run without a sweep: the run itself
 # What one job gets on the test node (2 CPUs, ~22 GB; tests/slurm/cluster.sh): two jobs at once
 # (the test profile's set-resources).
 JOB_CPUS, JOB_MEM_MB = 1, 6000
-
-
-# The workflow's own `slurm` settings in the SLURM tests' copies (config/config.yaml): where the
-# test profile's set-resources say nothing, they decide; where it does, it wins.
-SLURM_SETTINGS = {"evaluate": {"partition": "gpu", "account": "acct_workflow"}, "cpu": {"account": "acct_cpu"}}
-# Every training stage on both nodes, with short rendezvous and collective timeouts: a lost node
-# ends its job within them (the defaults, 600 s and 1800 s, suit real clusters).
-RDZV_TIMEOUT_S, COLLECTIVE_TIMEOUT_S = 60, 60
-TWO_NODES = {"nodes": 2, "rdzv_timeout_s": RDZV_TIMEOUT_S}
-
-
-def _slurm_workdir(dest: Path) -> Path:
-    """A copy of the workflow whose config/config.yaml carries SLURM_SETTINGS and TWO_NODES (every
-    later snakemake call in it, local or not, then sees the same config)."""
-    workdir = copy_workflow(dest)
-    path = workdir / "config/config.yaml"
-    config = yaml.safe_load(path.read_text())
-    for kind, settings in SLURM_SETTINGS.items():
-        config["slurm"][kind].update(settings)
-    config["train"].update(TWO_NODES)
-    config["train"]["overrides"].append(f"distributed.timeout_s={COLLECTIVE_TIMEOUT_S}")
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return workdir
 
 
 def _submitted(record: Path) -> dict[str, list[dict[str, str]]]:
@@ -112,7 +90,7 @@ def slurm_run(slurm_cluster, tmp_path_factory) -> tuple[Path, object]:
     """A cold run of the whole default pipeline through the test SLURM profile."""
     if slurm_cluster.fake_gpus < 1:
         pytest.fail("the pipeline's rules ask for gpu=1: start the test cluster with SLURM_TEST_FAKE_GPUS=1")
-    workdir = _slurm_workdir(tmp_path_factory.mktemp("slurm-run"))
+    workdir = slurm_workdir(tmp_path_factory.mktemp("slurm-run"))
     env, _ = slurm_cluster.record_sbatch(workdir)  # -> workdir/sbatch_jobs.txt
     run = slurm_cluster.snakemake(workdir, "--workflow-profile", "profiles/default", timeout=1500, env=env)
     print(f"default pipeline through SLURM: {run.seconds:.0f} s")
@@ -222,7 +200,7 @@ def _chunk02_again(slurm_run, slurm_cluster, tmp_path, after: int, act) -> tuple
     job has logged update `after`, `act(workdir, job_id)` hits it. Returns the workdir, chunk02's
     plan entry, the job hit, snakemake's output and what `act` returned."""
     source, _ = slurm_run
-    workdir = _slurm_workdir(tmp_path / "wf")
+    workdir = slurm_workdir(tmp_path / "wf")
     # Start after chunk01: keep the prepared base, data, plan, pilot, gate and chunk01.
     shutil.copytree(source / "results", workdir / "results")
     for stage in ("chunk02", "tail"):
@@ -415,7 +393,7 @@ def test_a_two_rank_stage_on_one_node_equals_the_two_node_and_the_one_process_ru
     job's node (the multi-node path with one node); locally through --standalone. The pilot's adapter,
     EMA shadows and optimizer state equal the 2-node run's and the 1-process run's."""
     target = f"{RUN}/stages/pilot"
-    on_slurm = _two_rank_pilot(_slurm_workdir(tmp_path / "slurm"), local_default_run)
+    on_slurm = _two_rank_pilot(slurm_workdir(tmp_path / "slurm"), local_default_run)
     run = slurm_cluster.snakemake(on_slurm, target, "--workflow-profile", "profiles/default",
                                   "--configfile", "ranks.yaml", timeout=900)
     run.check()
@@ -433,7 +411,7 @@ def test_a_two_rank_stage_on_one_node_equals_the_two_node_and_the_one_process_ru
 
 
 def test_two_nodes_dry_run_asks_for_nodes_gpus_per_node_and_one_launcher_per_node(slurm_cluster, tmp_path):
-    workdir = _slurm_workdir(tmp_path / "wf")
+    workdir = slurm_workdir(tmp_path / "wf")
     (workdir / "nodes.yaml").write_text(yaml.safe_dump(
         {"train": {"nodes": 2, "gpus_per_node": 2, "rdzv_port": 29400, "socket_ifname": "ib0"}}))
     dry = slurm_cluster.snakemake(workdir, f"{RUN}/stages/pilot", "-n", "-p", "--workflow-profile",
