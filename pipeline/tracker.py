@@ -467,6 +467,9 @@ class WandbBackend:
             project=self.settings.project, entity=self.settings.entity or None, id=run_id or uuid.uuid4().hex[:12],
             resume="allow", name=name, group=group, tags=[f"{k}={v}" for k, v in self.settings.tags.items()] or None,
             dir=str(self.dir),
+            # this run's own object even while another run is active in the process (wandb's default
+            # there hands back that other run, and this run's metrics would be logged to it)
+            reinit="create_new",
             settings=self.wandb.Settings(init_timeout=TIMEOUT_S * 3, silent=True, console="off"),
         )
         self.run.define_metric("update")

@@ -160,7 +160,7 @@ def test_mlflow_one_run_every_update_once_across_a_sigkill(tiny, tmp_path, mlflo
 
 
 def test_wandb_offline_one_run_across_stages(tiny, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     from wandb.proto import wandb_internal_pb2
 
     _tracker_env(monkeypatch, "wandb", project="tracker-test")
@@ -170,6 +170,7 @@ def test_wandb_offline_one_run_across_stages(tiny, tmp_path, monkeypatch):
     names = stage_names(run)
     run.chain(names)
     _evaluate_stages(run, names[-1:])
+    wandb.teardown()  # the in-process evaluation's file is whole once wandb's service has stopped
     run_id = json.loads((run.root / "tracker" / "run.json").read_text())["run_id"]
     files = sorted((run.root / "tracker" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == len(names) + 1  # one per job (4 stages, 1 evaluation) ...
@@ -209,7 +210,9 @@ def _wandb_records(path: Path):
     """The records of a .wandb file: wandb's LevelDB-style log (a 7-byte header ":W&B", 0xBEE1,
     version 0; 32 KiB blocks of chunks, each crc32 / length / type FULL 1 FIRST 2 MIDDLE 3 LAST 4).
     wandb >= 0.2x reads it in its Go core only, so the framing is read here; the records are
-    parsed with wandb's protobuf classes."""
+    parsed with wandb's protobuf classes. The core buffers its writes: `run.finish()` can return
+    before the file holds the run's records (seen: an offline file of only its 7-byte header right
+    after finish), so a test that logged in-process reads the file after `wandb.teardown()`."""
     import struct
 
     data = path.read_bytes()
@@ -284,3 +287,37 @@ def test_mlflow_sweep_variants_are_child_runs_of_the_sweep(tmp_path, mlflow_serv
         assert run.data.tags["mlflow.parentRunId"] == parent and run.data.tags["sweep"] == "sweep"
         assert run.info.run_name == f"sweep/{name}" and run.data.params == {"optim.lr": str(run.data.metrics["final/exact_match"])}
     assert client.get_run(parent).info.run_name == "sweep"
+
+
+def test_wandb_two_runs_in_one_process_stay_apart(tmp_path, monkeypatch):
+    """A process that opens the trackers of two training runs (a notebook, a job that failed before
+    closing its tracker, in-process tests) logs each run's metrics to that run. wandb.init's own
+    default, while another run is active in the process, is to hand back that other run."""
+    wandb = pytest.importorskip("wandb")
+    from wandb.proto import wandb_internal_pb2
+
+    from pipeline.tracker import Tracker
+
+    _tracker_env(monkeypatch, "wandb", project="tracker-test")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first, second = Tracker(tmp_path / "first", job="test"), Tracker(tmp_path / "second", job="test")
+    first.log_evaluation({"stage": "tail", "step": 3, "rows": [{"weights": "raw", "loss": 1.5}]})
+    second.log_evaluation({"stage": "tail", "step": 5, "rows": [{"weights": "raw", "loss": 2.5}]})
+    second.close()
+    first.close()
+    wandb.teardown()  # the files are whole once wandb's service has stopped (see _wandb_records)
+    for tracker, step, loss in ((first, 3, 1.5), (second, 5, 2.5)):
+        assert not (tracker.dir / "errors.jsonl").exists(), (tracker.dir / "errors.jsonl").read_text()
+        run_id = tracker.run_id
+        files = list((tracker.dir / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert [f.name for f in files] == [f"run-{run_id}.wandb"], (tracker.run_dir.name, files)
+        rows, kinds = [], []
+        for data in _wandb_records(files[0]):
+            rec = wandb_internal_pb2.Record()
+            rec.ParseFromString(data)
+            kinds.append(rec.WhichOneof("record_type"))
+            if rec.WhichOneof("record_type") == "history":
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in rec.history.item})
+        assert [(r["update"], r["eval/raw/loss"]) for r in rows if "eval/raw/loss" in r] == [(step, loss)], (rows, kinds)
