@@ -56,6 +56,24 @@ def hf_model(lm) -> torch.nn.Module:
     return lm.get_base_model() if hasattr(lm, "get_base_model") else lm
 
 
+def body(hf) -> torch.nn.Module:
+    """The model without its LM head: the module whose output has `last_hidden_state`.
+
+    Its `base_model`, where the model's `base_model_prefix` names a child. Llama-4's
+    text-only `Llama4ForCausalLM` names `language_model` (its multimodal parent's name)
+    but keeps its body in `model`, so `base_model` is the whole causal LM there: then the
+    one child that is a Hugging Face model itself."""
+    if hf.base_model is not hf:
+        return hf.base_model
+    from transformers import PreTrainedModel
+
+    inner = [m for m in hf.children() if isinstance(m, PreTrainedModel)]
+    if len(inner) != 1:
+        raise ValueError(f"{type(hf).__name__}: no decoder body found (base_model_prefix "
+                         f"{hf.base_model_prefix!r} names no child, and {len(inner)} children are models)")
+    return inner[0]
+
+
 def chunk_tokens(vocab_size: int) -> int:
     """Rows per loss chunk: `CHUNK_LOGITS` logits elements."""
     return max(1, CHUNK_LOGITS // max(vocab_size, 1))
@@ -115,7 +133,7 @@ class TokenLoss(torch.nn.Module):
         balance = self.router is not None and self.training
         extra = {"output_router_logits": balance} if self.router is not None else {}
         with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
-            out = hf.base_model(**inputs, use_cache=False, **extra)
+            out = body(hf)(**inputs, use_cache=False, **extra)
         picked = out.last_hidden_state.flatten(0, 1).index_select(0, batch.loss_index)
         head = hf.get_output_embeddings()
         if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
@@ -237,7 +255,7 @@ def _probe_ids(config, vocab: int, device) -> torch.Tensor:
 def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's own logits, and its LM head applied to its decoder's last hidden states."""
     logits = hf(input_ids=ids, use_cache=False).logits.float()
-    ours = hf.get_output_embeddings()(hf.base_model(input_ids=ids, use_cache=False).last_hidden_state).float()
+    ours = hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float()
     return logits, ours
 
 

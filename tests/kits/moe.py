@@ -2,7 +2,8 @@
 
 `save_family(family, path)` writes a real Hugging Face dir (weights as
 `save_pretrained` stores them: per-expert tensors for Qwen3-MoE, Mixtral, OLMoE,
-Qwen3-Next and Nemotron-H, fused for GPT-OSS) with the demo's char-level
+Qwen3-Next, Qwen3.5-MoE, DeepSeek-V3, GLM-4.5 and Nemotron-H, fused for GPT-OSS and
+Llama 4) with the demo's char-level
 tokenizer and chat template, so the token caches of the `tiny` fixture serve
 every family. Two layers (four for Nemotron-H: one of each block kind), 32 wide,
 4 experts with 2 per token.
@@ -24,6 +25,19 @@ FAMILIES = {
     # linear attention (Gated DeltaNet) + full attention; experts + a shared expert (its gate is a router)
     "qwen3_next": ({"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkvz", "in_proj_ba", "out_proj",
                     "gate_proj", "up_proj", "down_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    # Qwen3.5's text model: Qwen3-Next's layout with the linear attention's input projections split four ways
+    "qwen3_5_moe": ({"q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b",
+                     "out_proj", "gate_proj", "up_proj", "down_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    # multi-head latent attention (low-rank q and kv projections); a dense first layer, then experts + shared
+    # experts, routed without a load-balancing loss (a bias per expert instead)
+    "deepseek_v3": ({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
+    # GLM-4.5: DeepSeek-V3's MoE layout with grouped-query attention
+    "glm4_moe": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+                 {"experts.gate_up_proj", "experts.down_proj"}),
+    # Llama 4's text model: experts + a shared expert in every layer, stored fused (as GPT-OSS stores them)
+    "llama4_text": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
+                    {"experts.gate_up_proj", "experts.down_proj"}),
     # Mamba-2 + attention + MoE (relu^2 experts: up_proj and down_proj) + MLP; peft refuses Mamba's out_proj
     "nemotron_h": ({"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"},
                    {"experts.up_proj", "experts.down_proj"}),
@@ -41,9 +55,13 @@ EXPERT_KEYS = {
     "gpt_oss": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.gate_up_proj"),
     "qwen3_next": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.0.down_proj.weight"),
     "nemotron_h": ("model.layers.1.mixer.experts", "backbone.layers.1.mixer.experts.0.up_proj.weight"),
+    "qwen3_5_moe": ("model.layers.0.mlp.experts", "model.layers.0.mlp.experts.0.down_proj.weight"),
+    "deepseek_v3": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.0.gate_proj.weight"),
+    "glm4_moe": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.0.up_proj.weight"),
+    "llama4_text": ("model.layers.0.feed_forward.experts", "model.layers.0.feed_forward.experts.gate_up_proj"),
 }
 # families whose model defines a load-balancing loss (`pipeline.model.router`)
-ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next"}
+ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe"}
 
 
 def config(family: str, tokenizer):
@@ -74,6 +92,26 @@ def config(family: str, tokenizer):
                                   linear_conv_kernel_dim=2, linear_key_head_dim=8, linear_value_head_dim=8,
                                   linear_num_key_heads=2, linear_num_value_heads=4, moe_intermediate_size=EXPERT_WIDTH,
                                   shared_expert_intermediate_size=EXPERT_WIDTH, num_experts=EXPERTS)
+    if family == "qwen3_5_moe":
+        return tf.Qwen3_5MoeTextConfig(**common, **attention, **experts, head_dim=HEAD_DIM, num_hidden_layers=2,
+                                       layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=2,
+                                       linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                                       linear_num_value_heads=4, moe_intermediate_size=EXPERT_WIDTH,
+                                       shared_expert_intermediate_size=EXPERT_WIDTH, num_experts=EXPERTS)
+    if family == "deepseek_v3":  # latent attention: as many K/V heads as query heads
+        return tf.DeepseekV3Config(**common, **{**attention, "num_key_value_heads": HEADS}, **experts,
+                                   num_hidden_layers=2, first_k_dense_replace=1, intermediate_size=64,
+                                   moe_intermediate_size=EXPERT_WIDTH, n_routed_experts=EXPERTS, n_shared_experts=1,
+                                   n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                                   qk_nope_head_dim=4, v_head_dim=HEAD_DIM)
+    if family == "glm4_moe":
+        return tf.Glm4MoeConfig(**common, **attention, **experts, head_dim=HEAD_DIM, num_hidden_layers=2,
+                                first_k_dense_replace=1, intermediate_size=64, moe_intermediate_size=EXPERT_WIDTH,
+                                n_routed_experts=EXPERTS, n_shared_experts=1, n_group=1, topk_group=1)
+    if family == "llama4_text":  # Llama 4 routes each token to one expert
+        return tf.Llama4TextConfig(**common, **attention, head_dim=HEAD_DIM, num_hidden_layers=2,
+                                   intermediate_size=EXPERT_WIDTH, intermediate_size_mlp=64, num_local_experts=EXPERTS,
+                                   num_experts_per_tok=1, interleave_moe_layer_step=1)
     if family == "nemotron_h":
         return tf.NemotronHConfig(**common, **attention, **experts, head_dim=HEAD_DIM,
                                   layers_block_type=["mamba", "moe", "attention", "mlp"], intermediate_size=64,
