@@ -164,8 +164,10 @@ class ModelConfig:
     fused_loss: FusedLoss = setting(
         FusedLoss.auto, "the LM head + cross-entropy: chunked = ours (chunks of logits recomputed in the backward); "
                         "liger / cce = Liger-Kernel's / cut-cross-entropy's fused kernel, which never writes the "
-                        "logits (CUDA, `pip install -e \".[gpu]\"`; not with LoRA on the head, added tokens or "
-                        "FSDP: chunked there); auto = liger, else cce, where installed on a GPU, else chunked")
+                        "logits (CUDA, `pip install -e \".[gpu]\"`; not with LoRA on the head, added tokens, "
+                        "FSDP or a model that scales or soft-caps its logits after the head (Gemma 2, Cohere, "
+                        "Granite, Falcon-H1): chunked there); auto = liger, else cce, where installed on a GPU, "
+                        "else chunked")
     liger_kernels: bool = setting(False, "Liger-Kernel's RMSNorm, SwiGLU and RoPE kernels in the decoder (CUDA, "
                                          "`pip install -e \".[gpu]\"`, the families Liger patches: llama, "
                                          "mistral, qwen2, qwen3, gemma, phi3, ...)")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -32,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import config_is_vision_language
+from pipeline.errors import UserError
 from pipeline.model import kernels, router
 # Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
 from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
@@ -74,6 +76,48 @@ def body(hf) -> torch.nn.Module:
     return inner[0]
 
 
+@dataclass(frozen=True)
+class LogitMap:
+    """What a model's own forward does to its LM head's output before the softmax: multiply by
+    `scale`, then, with a `cap`, soft-cap (cap * tanh(logits / cap)). The loss does the same to each
+    chunk's logits, so it trains the model that generates and is evaluated."""
+
+    scale: float = 1.0
+    cap: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.scale != 1.0 or self.cap is not None
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        return _mapped(logits, self.scale, self.cap or 0.0)
+
+    def __str__(self) -> str:
+        parts = ([f"x {self.scale:g}"] if self.scale != 1.0 else []) + ([f"soft-capped at {self.cap:g}"]
+                                                                         if self.cap is not None else [])
+        return ", then ".join(parts) or "as the head gives them"
+
+
+# Text model type -> its causal LM's step after the head, from its config, as the stock forward does it
+# (transformers' modeling_<type>.py). Granite divides by `logits_scaling`; HyperCLOVA X multiplies by it.
+_SOFTCAP = ("gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "mistral_large4", "nanochat")
+_LOGIT_MAPS = {
+    **{t: lambda c: LogitMap(cap=getattr(c, "final_logit_softcapping", None) or None) for t in _SOFTCAP},
+    **{t: lambda c: LogitMap(scale=float(c.logit_scale)) for t in ("cohere", "cohere2", "cohere2_moe")},
+    **{t: lambda c: LogitMap(scale=1.0 / float(c.logits_scaling))
+       for t in ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granitemoe_swa")},
+    "falcon_h1": lambda c: LogitMap(scale=float(c.lm_head_multiplier)),
+    "hyperclovax": lambda c: LogitMap(scale=float(c.logits_scaling)),
+}
+
+
+def logit_map(config) -> LogitMap:
+    """The step `config`'s model takes after its LM head (`LogitMap`; none for most families). A
+    vision-language model's is its text model's."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    found = _LOGIT_MAPS.get(getattr(text, "model_type", None))
+    return found(text) if found else LogitMap()
+
+
 def chunk_tokens(vocab_size: int) -> int:
     """Rows per loss chunk: `CHUNK_LOGITS` logits elements."""
     return max(1, CHUNK_LOGITS // max(vocab_size, 1))
@@ -89,9 +133,11 @@ class TokenLoss(torch.nn.Module):
     weight gathered and DDP its hooks ready). `lm` is the model (PEFT-wrapped
     under LoRA): the optimizer, the EMA and the checkpoints see that one.
 
-    Construction checks once, on a short probe, that the model's logits are
-    its LM head applied to its decoder's last hidden states (no soft-capping,
-    scaling or other step after the head that this loss would skip).
+    The step some families take after the head (soft-capping, a logit scale:
+    `logit_map`) is taken on each chunk's logits too. Construction checks once,
+    on a short probe, that the model's logits are its LM head applied to its
+    decoder's last hidden states, then that step (no other step after the head
+    that this loss would skip).
     """
 
     def __init__(self, lm, *, chunk: int | None = None, check: bool = True, mask_free: bool | None = None,
@@ -108,7 +154,12 @@ class TokenLoss(torch.nn.Module):
         if head is None:
             raise ValueError(f"{type(hf_model(lm)).__name__} has no output embeddings (LM head)")
         self.chunk = chunk or chunk_tokens(head.weight.shape[0])
-        self.fused = kernels.fused_loss(fused_loss, head, head.weight.device)
+        self.logits = logit_map(hf_model(lm).config)
+        if self.logits and str(fused_loss) in kernels.FUSED_LOSSES:
+            raise UserError(f"model.fused_loss={fused_loss}: {hf_model(lm).config.model_type} takes its logits "
+                            f"{self.logits} after the head, which the fused kernels leave out: use "
+                            "model.fused_loss=auto | chunked (the chunked loss does the same step)")
+        self.fused = None if self.logits else kernels.fused_loss(fused_loss, head, head.weight.device)
         self.mask_free = can_drop_mask(hf_model(lm)) if mask_free is None else mask_free
         # A mixture-of-experts model's load-balancing loss, added in training (`pipeline.model.router`);
         # `router_sum` collects its weighted values (detached) until the update takes them.
@@ -119,7 +170,7 @@ class TokenLoss(torch.nn.Module):
 
     def forward(self, batch: Batch, *, probe: bool = False) -> torch.Tensor:
         if probe:  # inside this module's forward, so FSDP has the root's weights gathered
-            return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
+            return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"], self.logits)
         hf = hf_model(self.lm)
         inputs = batch.inputs
         # Right padding only (`_padded`), see MASK_FREE_FAMILIES; a packed row keeps its position ids,
@@ -139,7 +190,7 @@ class TokenLoss(torch.nn.Module):
         if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
             loss = self.fused(picked, head.weight, head.bias, batch.targets)
         else:
-            loss = linear_cross_entropy_sum(picked, head, batch.targets, self.chunk)
+            loss = linear_cross_entropy_sum(picked, head, batch.targets, self.chunk, logits=self.logits)
         if balance:  # + coef * load-balancing loss * supervised tokens (`pipeline.model.router`)
             added, weighted = self.router.term(out.router_logits, inputs.get("attention_mask"), batch.supervised)
             loss = loss + added
@@ -169,9 +220,10 @@ class TokenLoss(torch.nn.Module):
             self.train(was_training)
         if not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3):
             raise ValueError(
-                f"{type(hf).__name__}: the logits are not the LM head applied to the last hidden states "
-                f"(max difference {float((logits - ours).abs().max()):.3g}); the chunked loss would train another "
-                "model than the one evaluated. Models that post-process their logits are not supported.")
+                f"{type(hf).__name__}: the logits are not the LM head applied to the last hidden states"
+                f"{f' (then {self.logits})' if self.logits else ''} (max difference "
+                f"{float((logits - ours).abs().max()):.3g}); the chunked loss would train another model than the "
+                "one evaluated. Models that post-process their logits in another way are not supported.")
 
 
 def can_drop_mask(model) -> bool:
@@ -181,8 +233,10 @@ def can_drop_mask(model) -> bool:
 
 
 def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                             chunk: int, *, compiled: bool | None = None) -> torch.Tensor:
-    """sum_i CE(head(hidden[i]), targets[i]) in fp32, `chunk` rows at a time.
+                             chunk: int, *, compiled: bool | None = None, logits: LogitMap = LogitMap()
+                             ) -> torch.Tensor:
+    """sum_i CE(logits(head(hidden[i])), targets[i]) in fp32, `chunk` rows at a time (`logits`: the
+    model's step after its head, `LogitMap`).
 
     Under autograd each chunk is checkpointed: its logits are freed after the
     forward and recomputed (with the same autocast state) in the backward.
@@ -207,14 +261,26 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, head: torch.nn.Module, target
         if compiled and h.shape[0] < chunk:
             h = torch.nn.functional.pad(h, (0, 0, 0, chunk - h.shape[0]))
             t = torch.nn.functional.pad(t, (0, chunk - t.shape[0]), value=IGNORE_INDEX)
-        part = checkpoint(loss, head, h, t, use_reentrant=False) if grad else loss(head, h, t)
+        mapped = (logits.scale, logits.cap or 0.0)
+        part = checkpoint(loss, head, h, t, *mapped, use_reentrant=False) if grad else loss(head, h, t, *mapped)
         total = part if total is None else total + part
     return total
 
 
-def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(head(hidden).float(), targets, ignore_index=IGNORE_INDEX,
-                                             reduction="sum")
+def _chunk_loss(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, scale: float = 1.0,
+                cap: float = 0.0) -> torch.Tensor:
+    """One chunk's summed cross-entropy; its logits x `scale`, then soft-capped at `cap` (0: not)."""
+    return torch.nn.functional.cross_entropy(_mapped(head(hidden).float(), scale, cap), targets,
+                                             ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _mapped(logits: torch.Tensor, scale: float, cap: float) -> torch.Tensor:
+    """`logits` x `scale`, then soft-capped at `cap` (0: not): `LogitMap`'s step."""
+    if scale != 1.0:
+        logits = logits * scale
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
 
 
 def chunk_loss_for(device: torch.device):
@@ -252,10 +318,10 @@ def _probe_ids(config, vocab: int, device) -> torch.Tensor:
     return torch.tensor(ids, device=device).unsqueeze(0)
 
 
-def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's own logits, and its LM head applied to its decoder's last hidden states."""
+def _probe_logits(hf, ids: torch.Tensor, mapped: LogitMap) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own logits, and its LM head applied to its decoder's last hidden states (then `mapped`)."""
     logits = hf(input_ids=ids, use_cache=False).logits.float()
-    ours = hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float()
+    ours = mapped(hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float())
     return logits, ours
 
 

@@ -176,3 +176,56 @@ def test_the_compiled_chunk_loss_compiles_one_graph_whatever_the_micro_batch(mon
     finally:
         loss_module._compiled_chunk_loss.cache_clear()
         torch._dynamo.reset()
+
+
+def _post_processing_model(family: str):
+    """A tiny random model of a family whose causal LM changes its head's logits, built from the stock
+    class with that step set large enough to matter at random init (the shipped values: Gemma 2 caps at
+    30, Command R7B scales by 0.0625, Granite 3.3 divides by 16, Falcon-H1-1.5B multiplies by ~0.04)."""
+    import transformers as tf
+
+    common = dict(vocab_size=64, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                  intermediate_size=64, max_position_embeddings=64, pad_token_id=0)
+    configs = {
+        "gemma2": lambda: tf.Gemma2Config(**common, head_dim=8, final_logit_softcapping=0.05),
+        "gemma3_text": lambda: tf.Gemma3TextConfig(**common, head_dim=8, final_logit_softcapping=0.05),
+        "cohere2": lambda: tf.Cohere2Config(**common, logit_scale=8.0),
+        "granite": lambda: tf.GraniteConfig(**common, logits_scaling=0.125),
+        "falcon_h1": lambda: tf.FalconH1Config(**common, lm_head_multiplier=8.0, mamba_d_ssm=32, mamba_n_heads=4,
+                                               mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_expand=1,
+                                               mamba_chunk_size=16),
+    }
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(configs[family]()).float().eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1"])
+def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
+    """Soft-capping (Gemma 2, Gemma 3 where set) and logit scaling (Cohere, Granite, Falcon-H1) are the
+    model's: the chunked loss equals the stock model's own loss with labels, and so do its gradients."""
+    from pipeline.errors import UserError
+    from pipeline.model.batch import Batch
+
+    model = _post_processing_model(family)
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = TokenLoss(model)  # its head probe passes: the logits are the head's, then the family's step
+    assert loss.logits, loss.logits
+    flat = ids.flatten()
+    index = torch.tensor([r * 12 + i for r in range(2) for i in range(11)])
+    ours = loss(Batch({"input_ids": ids}, index, flat[index + 1], tokens=24)) / len(index)
+    model.zero_grad()
+    ours.backward()
+    ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    theirs = model(input_ids=ids, labels=ids, use_cache=False).loss
+    theirs.backward()
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-6)
+    plain = torch.nn.functional.cross_entropy(  # what the loss would be without the step: not the same
+        model.get_output_embeddings()(model.base_model(input_ids=ids).last_hidden_state)[:, :-1].flatten(0, 1),
+        ids[:, 1:].flatten())
+    assert abs(float(plain) - float(theirs)) > 1e-3, (float(plain), float(theirs))
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
+    with pytest.raises(UserError, match="model.fused_loss=liger: .* after the head"):
+        TokenLoss(model, fused_loss="liger")
