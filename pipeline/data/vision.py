@@ -15,7 +15,8 @@ model's own `AutoProcessor`:
 * pixels: `pixels(paths)` decodes a batch's images and runs the processor's image
   processor, returning what the model's forward takes (``pixel_values``, and
   ``image_grid_thw`` for Qwen2-VL); `text_inputs(input_ids)` adds what the model
-  derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE).
+  derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
+  Gemma 3's ``token_type_ids`` for its attention within an image).
   The expansion and the pixels come from the same image processor with the same
   settings, so the image tokens of the cache always match the features.
 
@@ -42,6 +43,7 @@ from pipeline.errors import DataError, UserError
 log = logging.getLogger(__name__)
 
 MM_TOKEN_TYPE_IDS = "mm_token_type_ids"  # model input derived from the tokens (1 = image token)
+TOKEN_TYPE_IDS = "token_type_ids"  # the same, by Gemma 3's name
 
 
 def model_config(model: str | Path, trust_remote_code: bool = False):
@@ -75,6 +77,10 @@ class ImageText:
     `replace(processed, i)` is the processor's `replace_image_token`: the text
     that stands for image `i` of an image-processor output. Expansions are
     cached per image path (an image shared by many records is processed once).
+    `image_token` is what the chat template writes for an image, the processor's
+    `image_token`: the token the features replace (`image_token_id`, the config's)
+    for most families, Gemma 3's `<start_of_image>`, which the expansion turns into
+    `<start_of_image>`, its `<image_soft_token>`s and `<end_of_image>`.
     """
 
     tokenizer: object
@@ -84,7 +90,9 @@ class ImageText:
     image_token_id: int
     replace: Callable[[dict, int], str]
     pixel_names: tuple[str, ...]  # image-processor outputs the model takes
-    token_types: bool  # the model takes MM_TOKEN_TYPE_IDS
+    # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
+    # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
+    token_types: str | None
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- text -----------------------------------------------------------------------------
@@ -137,10 +145,10 @@ class ImageText:
         return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def text_inputs(self, input_ids) -> dict:
-        """Inputs the model derives from the tokens: Qwen2-VL's modality ids (1 on image tokens)."""
+        """Inputs the model derives from the tokens: the modality ids (1 on image tokens) of Qwen2-VL, Gemma 3."""
         if not self.token_types:
             return {}
-        return {MM_TOKEN_TYPE_IDS: (input_ids == self.image_token_id).to(input_ids.dtype)}
+        return {self.token_types: (input_ids == self.image_token_id).to(input_ids.dtype)}
 
 
 def load_image_text(model: str | Path, trust_remote_code: bool = False) -> ImageText:
@@ -165,17 +173,29 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     names = set(processor.model_input_names)
     return _image_text(model, config, tokenizer, processor.image_processor, template, processor.replace_image_token,
                        pixel_names=tuple(n for n in processor.image_processor.model_input_names if n in names),
-                       token_types=bool(getattr(type(processor), "return_mm_token_type_ids", False)))
+                       token_types=_token_types(type(processor), names), written=getattr(processor, "image_token", None))
 
 
-def _image_text(model, config, tokenizer, image_processor, template, replace, *, pixel_names, token_types) -> ImageText:
+def _token_types(cls, names) -> str | None:
+    """The name a processor class gives the modality ids it returns (`names`: its instance's input names,
+    None where there is no instance), or None when it returns none."""
+    if not getattr(cls, "return_mm_token_type_ids", False):
+        return None
+    return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in (names or ())), MM_TOKEN_TYPE_IDS)
+
+
+def _image_text(model, config, tokenizer, image_processor, template, replace, *, pixel_names, token_types,
+                written: str | None = None) -> ImageText:
+    """`written`: the processor's image token, what its chat template writes for an image (default: the
+    config's image token)."""
     if not template:
         raise UserError(f"the processor of {model} has no chat template")
     token_id = config.image_token_id
     token = tokenizer.convert_ids_to_tokens(token_id)
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
-    return ImageText(tokenizer, image_processor, template, token, token_id, replace, pixel_names, token_types)
+    return ImageText(tokenizer, image_processor, template, written or token, token_id, replace, pixel_names,
+                     token_types)
 
 
 class _ImageHalf:
@@ -207,7 +227,7 @@ def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
     return _image_text(model, config, tokenizer, image_processor, settings.get("chat_template") or tokenizer.chat_template,
                        functools.partial(cls.replace_image_token, half),
                        pixel_names=tuple(image_processor.model_input_names),
-                       token_types=bool(getattr(cls, "return_mm_token_type_ids", False)))
+                       token_types=_token_types(cls, None))
 
 
 def _processor_settings(model) -> dict:

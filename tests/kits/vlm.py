@@ -1,10 +1,14 @@
-"""Tiny random-weight vision-language models of two families, saved as real HF dirs, and their data.
+"""Tiny random-weight vision-language models, saved as real HF dirs, and their data.
 
 LLaVA comes from the embedded default's builder (`pipeline.demo.vlm`) at test
 size. Qwen2-VL is built here: the demo character tokenizer plus Qwen's vision
 tokens, a chat template that writes them for an image part, Qwen2-VL's image
 processor (8x8 patches, 2x2 merge: a 32x32 image is 4 image tokens) and
-`processor_config.json` naming the processor class. Nothing is downloaded.
+`processor_config.json` naming the processor class. Qwen2.5-VL and Qwen3-VL
+take the same tokenizer and image processor with their own model classes
+(`save_qwen_vl`); Gemma 3 (`save_gemma3`) its own processor, whose template
+writes `<start_of_image>` for an image, expanded to 4 `<image_soft_token>`s
+between it and `<end_of_image>`. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -43,34 +47,90 @@ def save_llava(path: Path, *, seed: int = 0) -> Path:
 
 def save_qwen2_vl(path: Path, *, seed: int = 0) -> Path:
     """A tiny random Qwen2-VL (2 vision blocks, 2 decoder layers), tokenizer, image processor, template."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    return save_qwen_vl(path, "qwen2_vl", seed=seed)
+
+
+# family -> (config class, model class, processor class, vision config): 2 blocks, 8x8 patches, 2x2 merge
+_QWEN_VL = {
+    "qwen2_vl": ("Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor",
+                 dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2)),
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLProcessor",
+                   dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, window_size=16,
+                        fullatt_block_indexes=[1])),
+    "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
+                 dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                      num_position_embeddings=16, deepstack_visual_indexes=[0])),
+}
+
+
+def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
+    """A tiny random Qwen2-VL, Qwen2.5-VL or Qwen3-VL (2 vision blocks, 2 decoder layers), the demo tokenizer
+    with Qwen's vision tokens, Qwen2-VL's image processor, and the template."""
+    import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from pipeline.demo import text as demo
 
+    config_cls, model_cls, processor_cls, vision = _QWEN_VL[family]
     tokenizer = demo.build_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS)})
     tokenizer.chat_template = QWEN_TEMPLATE
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
-    config = Qwen2VLConfig(
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+            **({"mrope_interleaved": True} if family == "qwen3_vl" else {})}
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = getattr(transformers, config_cls)(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id),
-        vision_config=dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=8,
-                           spatial_merge_size=2, temporal_patch_size=2),
+                         rope_parameters=rope, **({"head_dim": 16} if family == "qwen3_vl" else {}), **special),
+        vision_config=dict(vision, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        **({} if family == "qwen3_vl" else special),
     )
     torch.manual_seed(seed)
-    Qwen2VLForConditionalGeneration(config).save_pretrained(path)
+    getattr(transformers, model_cls)(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
                              temporal_patch_size=2).save_pretrained(path)
-    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}) + "\n")
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": processor_cls}) + "\n")
     (Path(path) / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    return path
+
+
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+GEMMA3_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<start_of_image>")
+
+
+def save_gemma3(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Gemma 3 (1-layer SigLIP tower, 2 decoder layers: one sliding-window, one global) with
+    its own processor: 32x32 images, 4 soft tokens each."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    from pipeline.demo import text as demo
+
+    base = demo.build_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": list(GEMMA3_TOKENS.values())})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="<|end|>",
+                                        pad_token="<pad>", unk_token="<unk>", chat_template=GEMMA3_TEMPLATE,
+                                        model_max_length=512, extra_special_tokens=GEMMA3_TOKENS)
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in GEMMA3_TOKENS.items()}
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = Gemma3Config(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         head_dim=16, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         sliding_window=16, layer_types=["sliding_attention", "full_attention"], **special),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        mm_tokens_per_image=4, boi_token_index=ids["boi_token"], eoi_token_index=ids["eoi_token"],
+        image_token_index=ids["image_token"], **special)
+    torch.manual_seed(seed)
+    Gemma3ForConditionalGeneration(config).save_pretrained(path)
+    Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer,
+                    chat_template=GEMMA3_TEMPLATE, image_seq_length=4).save_pretrained(path)
     return path
 
 
