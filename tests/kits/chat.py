@@ -87,6 +87,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("r1-distill-2025-01", "deepseek-r1-distill-2025-01.jinja", "<｜end▁of▁sentence｜>", _R1,
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1",
            stops=_R1_STOPS),
+    # DeepSeek-V3 (and V3-0324): R1's vocabulary and eos, no reasoning in the template
+    Family("deepseek-v3", "deepseek-v3.jinja", "<｜end▁of▁sentence｜>", _R1,
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
     Family("mistral-nemo", "mistral-nemo-instruct-2407.jinja", "</s>", _MISTRAL,
            bos="<s>", eos="</s>", unk="<unk>", stops=("</s>",)),
     Family("gemma-2", "gemma-2-it.jinja", "<end_of_turn>", _GEMMA,
