@@ -120,15 +120,17 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
 )}
 
 # Turn markers that give a shipped template's family away -> the built-in template that fits it.
+# (markers a family's shipped template writes, all of them, built-in template): a template with its own
+# format and none of these (GLM's <|assistant|> + <think>) gets the generic hint, not another family's format
 _FAMILY_HINTS = (
-    ("<|channel|>", "gpt-oss"),
-    ("<|start_header_id|>", "llama3"),
-    ("<｜Assistant｜>", "deepseek-r1"),
-    ("<think>", "qwen3 (or qwen3-thinking)"),
-    ("<|im_start|>", "chatml"),
-    ("<start_of_turn>", "gemma"),
-    ("[INST]", "mistral"),
-    ("<|assistant|>", "phi3"),
+    (("<|channel|>",), "gpt-oss"),
+    (("<|start_header_id|>",), "llama3"),
+    (("<｜Assistant｜>",), "deepseek-r1"),
+    (("<|im_start|>", "<think>"), "qwen3 (or qwen3-thinking)"),
+    (("<|im_start|>",), "chatml"),
+    (("<start_of_turn>",), "gemma"),
+    (("[INST]",), "mistral"),
+    (("<|assistant|>", "<|end|>"), "phi3"),
 )
 
 
@@ -163,7 +165,7 @@ def resolve_template(setting: str | None, tokenizer, *, where: str = "the tokeni
 
 def suggest_builtin(template: str) -> str:
     """'data.chat_template: llama3' (or a generic hint) for a shipped template that cannot be labelled."""
-    fit = next((name for marker, name in _FAMILY_HINTS if marker in template), None)
+    fit = next((name for markers, name in _FAMILY_HINTS if all(m in template for m in markers)), None)
     if fit is None:
         return f"set {SETTING} to a built-in template ({builtin_names()}) or a .jinja file of your own"
     return f"set {SETTING}: {fit} (a built-in training template for this family), or a .jinja file of your own"

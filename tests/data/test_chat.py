@@ -228,3 +228,24 @@ def test_vision_language_run_tokenizer_is_the_processor_as_shipped(request, fami
     assert not list((tmp_path / "tok").glob("*.safetensors"))
     with pytest.raises(UserError, match="data.chat_template='chatml': a vision-language model trains with"):
         prepare.prepare(model, tmp_path / "tok2", "chatml")
+
+
+@pytest.mark.parametrize(("family", "hint"), [
+    ("qwen3", "data.chat_template: qwen3 (or qwen3-thinking)"), ("qwen2.5", "data.chat_template: chatml"),
+    ("phi-3.5", "data.chat_template: phi3"), ("gemma-3", "data.chat_template: gemma"),
+    ("llama-3.1", "data.chat_template: llama3"), ("gpt-oss", "data.chat_template: gpt-oss"),
+])
+def test_the_builtin_suggested_for_a_shipped_template_is_its_familys(family, hint):
+    import kits.chat as chatkit
+
+    from pipeline.data.chat import suggest_builtin
+
+    assert suggest_builtin(chatkit.template_text(family)).startswith(f"set {hint} ")
+
+
+def test_a_template_of_its_own_format_gets_no_other_familys_builtin():
+    """GLM-4.5's turns (`<|assistant|>`, an empty think block) are neither Phi-3's nor Qwen3's format."""
+    from pipeline.data.chat import suggest_builtin
+
+    glm = "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n<think></think>\n{{ m.content }}{% endfor %}"
+    assert suggest_builtin(glm).startswith("set data.chat_template to a built-in template (")
