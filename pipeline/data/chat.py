@@ -17,8 +17,9 @@ generate after its generation prompt, through the token generation stops on.
 So a role header is prompt, and what a template writes after the header of its
 generation prompt is trained (GPT-OSS's ``<|channel|>final<|message|>``), as is
 everything from the content to the stop token
-(``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``). An empty think block before a turn
-without reasoning stays prompt. Unlike rendering prefixes of the conversation,
+(``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``); where a template writes no stop token
+after a conversation's last turn (GLM's writes nothing), the eos is appended and
+trained. An empty think block before a turn without reasoning stays prompt. Unlike rendering prefixes of the conversation,
 the single render does not ask a template to render a turn the same way whether
 or not it is the last one (Qwen3, Phi-3, DeepSeek-R1, GPT-OSS and Mistral's
 system prompt all do not).
@@ -392,6 +393,8 @@ class ChatRender:
         for n, (k, (first, last)) in enumerate(ordered):
             limit = ordered[n + 1][1][0] if n + 1 < len(ordered) else len(text)
             start, end = rule.start(text, bound, first), rule.end(text, last, limit, calls=k in calls)
+            if end is None and limit == len(text):  # the last turn, and the template closes it with no stop
+                text, end = _closed(text, last, rule, self.tokenizer, calls=k in calls)
             if end is None and k in calls:
                 raise DataError(f"{self.name}: no end-of-turn token ({', '.join(rule.stops) or 'none'}) after the "
                                 f"tool call {names[calls[k][-1]]!r}: choose a template that supports tools")
@@ -403,6 +406,20 @@ class ChatRender:
         calls_at = {n: span for (kind, n), span in where.items() if kind == "C"}
         return Rendered(text, spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
                         dropped_by_template=kept < offered, calls=calls_at)
+
+
+def _closed(text: str, last: int, rule: turns.TurnRule, tokenizer, *, calls: bool = False
+            ) -> tuple[str, int | None]:
+    """(`text`, the end of the stop token that closes its last turn, whose content ends at `last`): the
+    tokenizer's eos appended, where the template writes no stop token after that turn, and only whitespace
+    and special tokens (`calls`: after a calling turn's arguments, anything), else (`text`, None). GLM's
+    shipped template writes nothing after a last turn."""
+    eos = getattr(tokenizer, "eos_token", None)
+    if not eos:
+        return text, None
+    grown = text + eos
+    end = rule.end(grown, last, len(grown), calls=calls)
+    return (grown, end) if end == len(grown) else (text, None)
 
 
 def _put_back(pieces: list[str], parts: list[tuple[str, str]], names: list[str]

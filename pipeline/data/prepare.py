@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from pipeline.data.chat import BUILTIN_TEMPLATES, SETTING, TOKENIZER_OWN, resolve_template
-from pipeline.data.run_tokenizer import CHAT_FILE
+from pipeline.data.run_tokenizer import CHAT_FILE, GENERATION_CONFIG
 from pipeline.data.vision import is_vision_language
 from pipeline.errors import UserError
 from pipeline.storage import hub
@@ -81,6 +81,9 @@ def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | Non
         tokenizer.pad_token = tokenizer.eos_token
     out_dir.mkdir(parents=True)
     tokenizer.save_pretrained(str(out_dir))
+    # The model's stop tokens: the labels end a turn at one (`pipeline.data.turns.model_stops`)
+    if (model_dir / GENERATION_CONFIG).is_file():
+        shutil.copy2(model_dir / GENERATION_CONFIG, out_dir / GENERATION_CONFIG)
     info = {
         "model": str(model_dir),
         "template": source,

@@ -21,6 +21,7 @@ from pipeline.config import ModelConfig
 from pipeline.errors import UserError
 
 CHAT_FILE = "chat.json"
+GENERATION_CONFIG = "generation_config.json"  # the model's, copied beside its tokenizer: its stop tokens
 
 FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={template!r} on a vocabulary "
                      "without them), whose embedding rows must be trained; distributed.strategy=fsdp does not "

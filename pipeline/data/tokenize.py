@@ -59,6 +59,7 @@ BATCH_SIZE = 2048
 _TOKENIZER_FILE_PREFIXES = (
     "tokenizer", "special_tokens_map", "added_tokens", "chat_template", "vocab", "merges", "spiece", "sentencepiece",
     "preprocessor_config", "processor_config",  # a vision-language processor: how images expand into tokens
+    "generation_config",  # the model's stop tokens, which end a trained turn (`pipeline.data.turns.model_stops`)
 )
 
 

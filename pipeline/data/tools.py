@@ -12,6 +12,7 @@ tool result, does not support tools: the record is refused, naming the template.
 from __future__ import annotations
 
 import json
+import re
 
 from pipeline.errors import DataError
 
@@ -26,10 +27,16 @@ def check_arguments(rendered, record, calls: dict[int, list[int]], *, template: 
         for n in numbers:
             lo, hi = rendered.calls[n]
             end = next((e for s, e in rendered.spans if s <= lo < e), hi)
-            missing = [key for key in arguments[n] if json.dumps(key) not in text[hi:end]]
+            missing = [key for key in arguments[n] if not _names(key, text[hi:end])]
             if missing:
                 raise DataError(f"{template} does not render tool call arguments (argument {missing[0]!r} of "
                                 f"{names[n]!r} is not in its text): choose a template that supports tools")
+
+
+def _names(key: str, text: str) -> bool:
+    """Whether `text` writes the argument name `key`: JSON-quoted (``"city": ...``), or whole between
+    non-word characters (GLM's ``<arg_key>city</arg_key>``)."""
+    return json.dumps(key) in text or re.search(rf"(?<!\w){re.escape(key)}(?!\w)", text) is not None
 
 
 def written(content: str, text: str) -> bool:

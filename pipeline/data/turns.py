@@ -21,14 +21,20 @@ families:
   without reasoning stays prompt, although Qwen3's shipped generation prompt
   does not contain it: training it would teach the model never to think.
 - **End.** `TurnRule.stops` are the tokens generation stops on: the
-  tokenizer's eos and the template's end-of-turn marker (`TurnRule.end_of_turn`,
-  which the pipeline adds to generation's stop tokens), and for a tool call
-  the token that closes a calling turn (GPT-OSS's ``<|call|>``). A turn ends
-  after the first stop token that follows its content through whitespace and
-  special tokens only (``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``); a calling
-  turn's through its calls' arguments. A turn whose text reaches no stop token
-  (GPT-OSS's earlier final messages close with ``<|end|>``, which generation
-  does not stop on) is trained without a close and counted as such.
+  tokenizer's eos, the template's end-of-turn marker (`TurnRule.end_of_turn`,
+  which the pipeline adds to generation's stop tokens), the model's own
+  (``generation_config.json`` ``eos_token_id`` beside the tokenizer,
+  `model_stops`: GLM's ``<|user|>`` and ``<|observation|>``, the next turn's
+  header, which it ends a turn by writing), and for a tool call the token that
+  closes a calling turn (GPT-OSS's ``<|call|>``). A turn ends after the first
+  stop token that follows its content through whitespace and special tokens
+  only (``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``); a calling turn's through
+  its calls' arguments. A turn whose text reaches no stop token (GPT-OSS's
+  earlier final messages close with ``<|end|>``, which generation does not
+  stop on) is trained without a close and counted as such, but for the last
+  turn of a conversation after which the template writes nothing but
+  whitespace and special tokens (GLM's writes nothing): the eos is appended
+  there and trained, so the model is taught to stop.
 
 The end-of-turn marker is the eos where the template writes it after every
 assistant turn (through special tokens only: Command R7B's after
@@ -39,9 +45,13 @@ follows only the last turn; GPT-OSS's ``<|return|>``).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
+
+from pipeline.data.run_tokenizer import GENERATION_CONFIG
 
 # Private-use characters: a sentinel survives any trim/strip and no data holds them (checked).
 OPEN, CLOSE = "\ue000", "\ue001"
@@ -172,9 +182,26 @@ def _first_marker(text: str, markers: tuple[str, ...]) -> str | None:
     return next((m for m in markers if stripped.startswith(m)), None)
 
 
+def model_stops(tokenizer) -> tuple[str, ...]:
+    """The tokens the model's generation stops on, as its ``generation_config.json`` beside the tokenizer
+    (`tokenizer.name_or_path`) lists them (``eos_token_id``: one id or several); () where there is none."""
+    where = getattr(tokenizer, "name_or_path", "") or ""
+    path = Path(where, GENERATION_CONFIG) if where else None
+    if path is None or not path.is_file():
+        return ()
+    try:
+        ids = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return ()
+    ids = [ids] if isinstance(ids, int) else [i for i in ids or () if isinstance(i, int)]
+    tokens = [tokenizer.convert_ids_to_tokens(i) for i in ids if 0 <= i < len(tokenizer)]
+    return tuple(dict.fromkeys(t for t in tokens if t))
+
+
 def probe(tokenizer, template: str, convert=None) -> TurnRule:
     """The label rule's facts of `template` rendered by `tokenizer` (`convert`: messages -> what the template
-    takes, a vision-language processor's content parts), from three renders of a sentinel exchange."""
+    takes, a vision-language processor's content parts), from three renders of a sentinel exchange; the
+    stops are the end-of-turn marker, the eos and `model_stops`."""
     convert = convert or (lambda messages: messages)
     markers = special_markers(tokenizer)
     user, answer = {"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": sentinel("A", 0)}
@@ -187,7 +214,8 @@ def probe(tokenizer, template: str, convert=None) -> TurnRule:
                     if middle and answer["content"] in middle else None)
     eos = getattr(tokenizer, "eos_token", None) or None
     end_of_turn = _end_of_turn(after_last, after_middle, eos, markers)
-    return TurnRule(header, end_of_turn, tuple(dict.fromkeys(t for t in (end_of_turn, eos) if t)), markers)
+    stops = tuple(dict.fromkeys(t for t in (end_of_turn, eos, *model_stops(tokenizer)) if t))
+    return TurnRule(header, end_of_turn, stops, markers)
 
 
 def _end_of_turn(after_last: str | None, after_middle: str | None, eos: str | None,
@@ -203,7 +231,11 @@ def _end_of_turn(after_last: str | None, after_middle: str | None, eos: str | No
 
 def call_stop(tokenizer, template: str, rule: TurnRule, convert=None) -> str | None:
     """The token that closes a calling turn when it is none of `rule.stops` (GPT-OSS's ``<|call|>``): the last
-    special token the template writes after a call's name in a last turn. None: the stops do, or unknown."""
+    special token the template writes after a call's name in a last turn. None: the stops do, or unknown, or
+    the model's generation config lists its stop tokens (`model_stops`: they are in `rule.stops`, and the
+    token after a call need not be one: GLM's ``</tool_call>`` is followed by the stop ``<|observation|>``)."""
+    if model_stops(tokenizer):
+        return None
     convert = convert or (lambda messages: messages)
     call = {"id": "probecall", "type": "function", "function": {"name": sentinel("C", 0), "arguments": {"x": 1}}}
     text = _render(tokenizer, template, [{"role": "user", "content": _PROBE_USER},

@@ -282,8 +282,8 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
          f"{_reasoning_fix(template)}, or {REASONING_SETTING}: drop to silence this"),
         (EOT_NOT_TRAINED,
          "{n} record(s) of {split} have an assistant turn whose end-of-turn marker is not trained (the chat "
-         "template writes no token generation stops on right after the content), so the model is not taught "
-         "to stop: "
+         "template writes no token generation stops on right after the content, and another turn follows), so "
+         "the model is not taught to stop there: "
          f"{suggest_builtin(template)}"),
     ):
         positions = np.flatnonzero(hits[reason] & kept)

@@ -16,11 +16,10 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.data.run_tokenizer import CHAT_FILE, read_chat, vocab_rows
+from pipeline.data.run_tokenizer import CHAT_FILE, GENERATION_CONFIG, read_chat, vocab_rows
 from pipeline.errors import UserError
 from pipeline.storage.hf_dir import WEIGHT_FILE
 
-GENERATION_CONFIG = "generation_config.json"
 # Files that make up a tokenizer (or a processor's text side) in some format. An export drops the
 # base's before copying the run's: a stale one (added_tokens.json, a slow tokenizer's vocab, an old
 # chat_template.jinja) could shadow or contradict what the run trained with.

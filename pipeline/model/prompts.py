@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from pipeline.data import turns
 from pipeline.data.chat import end_of_turn
 from pipeline.data.vision import ImageText
 
@@ -29,12 +30,14 @@ class Prompts:
 
     @property
     def eos_token_id(self) -> list[int]:
-        """Ids that end a generated answer: the eos, and the template's end-of-turn marker where it is
-        another token (a run that added <|im_end|> to a base model whose eos is </s>)."""
+        """Ids that end a generated answer: the eos, the template's end-of-turn marker where it is
+        another token (a run that added <|im_end|> to a base model whose eos is </s>), and the model's own
+        stop tokens (`turns.model_stops`: GLM's <|user|>, <|observation|>), as the labels were trained."""
         ids = [self.tokenizer.eos_token_id]
         marker = end_of_turn(self.tokenizer, self.images.chat_template if self.images else None)
         if marker is not None:
             ids.append(self.tokenizer.convert_tokens_to_ids(marker))
+        ids += [self.tokenizer.convert_tokens_to_ids(t) for t in turns.model_stops(self.tokenizer)]
         return list(dict.fromkeys(i for i in ids if i is not None))
 
     def encode(self, conversations: list[list[dict]], images: list[list[str]]) -> dict[str, torch.Tensor]:

@@ -249,3 +249,45 @@ def test_a_template_of_its_own_format_gets_no_other_familys_builtin():
 
     glm = "[gMASK]<sop>{% for m in messages %}<|{{ m.role }}|>\n<think></think>\n{{ m.content }}{% endfor %}"
     assert suggest_builtin(glm).startswith("set data.chat_template to a built-in template (")
+
+
+NEXT_HEADER_TEMPLATE = (  # GLM's shape: a turn ends where the next one's header begins; nothing after the last
+    "{{ bos_token }}{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("stops", [None, ["<|end|>", "<|user|>"]], ids=["no generation config", "generation config"])
+def test_the_models_stop_tokens_end_a_turn_and_the_last_turn_gets_the_eos(tokenizer_dir, tmp_path, stops):
+    """The run tokenizer carries the model's generation_config.json: its eos ids are stop tokens, which
+    close a turn where the template writes the next turn's header (GLM's `<|user|>`); after a last turn
+    the template writes nothing, so the eos (`<|end|>` here) is appended and trained."""
+    import json
+    import shutil
+
+    from pipeline.model.prompts import Prompts
+
+    model = tmp_path / "model"
+    shutil.copytree(tokenizer_dir, model)
+    if stops:
+        ids = AutoTokenizer.from_pretrained(tokenizer_dir).convert_tokens_to_ids(stops)
+        (model / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    (tmp_path / "glm.jinja").write_text(NEXT_HEADER_TEMPLATE)
+    prepare.prepare(model, tmp_path / "run", str(tmp_path / "glm.jinja"))
+    assert (tmp_path / "run" / "generation_config.json").is_file() == bool(stops)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "run")
+    messages = [{"role": "user", "content": "say a"}, {"role": "assistant", "content": "a"},
+                {"role": "user", "content": "say b"}, {"role": "assistant", "content": "b"}]
+    enc = encode_records([Record(id="r", messages=messages, images=[], index=0, line=1)], tokenizer,
+                         max_length=512, too_long="error")
+    runs = [tokenizer.decode(enc.input_ids[i:j]) for i, j in _runs(enc.labels)]
+    assert runs == (["a<|user|>", "b<|end|>"] if stops else ["a", "b<|end|>"])
+    assert enc.stats["eot_trained"] == (1 if stops else 0)  # every turn closed
+    user = tokenizer.convert_tokens_to_ids("<|user|>")
+    assert (user in Prompts(tokenizer).eos_token_id) == bool(stops)  # generation stops where training taught
+
+
+def _runs(labels) -> list[tuple[int, int]]:
+    on = [int(x) != IGNORE_INDEX for x in labels] + [False]
+    return [(i, next(j for j in range(i, len(on)) if not on[j])) for i in range(len(on) - 1)
+            if on[i] and (i == 0 or not on[i - 1])]

@@ -210,7 +210,9 @@ def _check(family, conversations, reasoning, *, check_input):
         expectations.append(flags)
         closed += every_close
         if check_input is not None:
-            rendered = _render_ids(family, check_input(messages))
+            fam = chatkit.FAMILIES[family]
+            rendered = _render_ids(family, check_input(messages)) + (chatkit.char_ids(family, fam.eos)
+                                                                     if fam.appends else [])
             assert ids == rendered, (f"{where}: input ids differ from the template's rendering; "
                                      f"{_first_difference(family, ids, rendered, rendered)}")
         want = _expected_labels(family, ids, texts, where)

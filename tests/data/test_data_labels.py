@@ -145,8 +145,9 @@ def _tokenizer_with(tokenizer_dir, template: str, dest: Path) -> Path:
     return dest
 
 
-def _reasoning_data(path: Path, word: str = "w") -> Path:
-    """5 records; 0, 2 and 4 with reasoning (inline <think> or reasoning_content)."""
+def _reasoning_data(path: Path, word: str = "w", turns: int = 1) -> Path:
+    """5 records; 0, 2 and 4 with reasoning (inline <think> or reasoning_content); `turns` exchanges each
+    (the reasoning in the last)."""
     rows = []
     for i in range(5):
         answer = {"role": "assistant", "content": f"{word}{i}"}
@@ -154,7 +155,9 @@ def _reasoning_data(path: Path, word: str = "w") -> Path:
             answer["content"] = f"<think>\ncopy it\n</think>\n\n{word}{i}"
         elif i == 2:
             answer["reasoning_content"] = "copy it"
-        rows.append({"id": f"r{i}", "messages": [{"role": "user", "content": f"repeat: {word}{i}"}, answer]})
+        earlier = [m for t in range(turns - 1) for m in ({"role": "user", "content": f"say {word}{i}x{t}"},
+                                                         {"role": "assistant", "content": f"{word}{i}x{t}"})]
+        rows.append({"id": f"r{i}", "messages": [*earlier, {"role": "user", "content": f"repeat: {word}{i}"}, answer]})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -199,8 +202,13 @@ def test_a_template_that_renders_reasoning_trains_it_without_a_warning(tmp_path,
 
 
 def test_untrained_end_of_turn_is_warned_about(tmp_path, tokenizer_dir, capsys):
+    """A template with no stop token after a turn: the last turn of a record is closed by the eos the
+    labeller appends (single-turn records are not warned about); an earlier turn stays unclosed, warned."""
     tok = _tokenizer_with(tokenizer_dir, NO_END_MARKER, tmp_path / "tok")
-    train = _reasoning_data(tmp_path / "train.jsonl")
+    single = v.validate_dataset(_reasoning_data(tmp_path / "single.jsonl"), tokenizer_dir=tok, max_length=128,
+                                too_long="error")
+    assert single.warnings == [] and _chat(single.files["train"])[:2] == (5, 0)
+    train = _reasoning_data(tmp_path / "train.jsonl", turns=2)
     assert v.main(["--train", str(train), "--tokenizer", str(tok), "--max-length", "128", "--too-long", "error",
                    "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"), "--out-csv", str(tmp_path / "v.csv")]) == 0
     report = json.loads((tmp_path / "v.json").read_text())

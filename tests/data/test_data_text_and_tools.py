@@ -195,7 +195,8 @@ def test_a_template_without_tools_refuses_the_record_naming_the_template(tmp_pat
         encode_records(records, tokenizer, max_length=8192, too_long="error", source="t.jsonl")
     message = str(err.value)
     assert message.startswith("t.jsonl record 0 (line 1): ") and why in message
-    assert "the chat template (data.chat_template: tokenizer)" in message and "supports tools" in message
+    where = tokenizer.name_or_path  # the kit's tokenizer dir (it holds the family's generation config)
+    assert f"the chat template (data.chat_template: tokenizer, in {where})" in message and "supports tools" in message
 
 
 def test_tool_call_defects_are_each_reported(tmp_path):

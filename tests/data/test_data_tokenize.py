@@ -77,9 +77,11 @@ def test_labels_follow_any_template_not_just_the_demo_one(tokenizer_dir):
     tokenizer = _with_template(tokenizer_dir, PLAIN_TEMPLATE)
     rec = record()
     enc = tk.encode_records([rec], tokenizer, max_length=512, too_long="error")
-    assert enc.input_ids.tolist() == template_ids(tokenizer, rec.messages)
-    # No special token closes a turn here: the content alone is trained, and the stats say so.
-    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [a for _, a in EXCHANGES]
+    # No special token closes a turn here: an earlier turn's content alone is trained, and the stats say so;
+    # after the last turn the eos is appended and trained (with the blank line the template writes before it).
+    assert enc.input_ids.tolist() == template_ids(tokenizer, rec.messages) + [tokenizer.eos_token_id]
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == (
+        [a for _, a in EXCHANGES[:-1]] + [EXCHANGES[-1][1] + "\n\n" + tokenizer.eos_token])
     assert enc.stats["eot_trained"] == 0
 
 
@@ -87,7 +89,8 @@ def test_generation_prompt_that_differs_from_the_turn_is_fine(tokenizer_dir):
     # The old prefix-render method refused this (as it refused Qwen3, Phi-3 and R1-Distill).
     tokenizer = _with_template(tokenizer_dir, PLAIN_TEMPLATE.replace("{{ 'a: ' }}{% endif %}", "{{ 'a:\n' }}{% endif %}"))
     enc = tk.encode_records([record(index=4)], tokenizer, max_length=512, too_long="error", source="set.jsonl")
-    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [a for _, a in EXCHANGES]
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == (
+        [a for _, a in EXCHANGES[:-1]] + [EXCHANGES[-1][1] + "\n\n" + tokenizer.eos_token])
 
 
 def test_template_that_rewrites_the_content_is_a_clear_error(tokenizer_dir):

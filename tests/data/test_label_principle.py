@@ -7,7 +7,9 @@ assistant turn k of each conversation: P = the render of the messages before tur
 generate is F after the end of P (where F does not write all of P, DeepSeek-R1's ``<think>\\n``: after
 their common token prefix), through the first token generation stops on: the model's eos ids as its
 ``generation_config.json`` lists them (`chatkit.Family.stops`, data). One documented exception: an empty
-think block right after the prompt stays prompt. The labeller's supervised tokens of the record F after
+think block right after the prompt stays prompt. Where F holds no stop token after the turn (GLM-4.5's
+template writes nothing after a last turn), the model still generates one: the labeller appends the eos
+to F and trains it. The labeller's supervised tokens of the record F after
 the last non-assistant message's content must be exactly that span; the earlier turns are the last turn
 of a shorter record. Nothing here uses `pipeline.data.turns`.
 
@@ -71,7 +73,7 @@ READS = {"qwen3": "reasoning_content", "qwen3-2025-04": "reasoning_content", "gp
          "builtin:gpt-oss": "reasoning_content"}
 # The templates that render tool calls and results (the others are refused: tests/data/test_data_text_and_tools).
 TOOL_TEMPLATES = ["qwen2.5", "qwen3", "qwen3-2025-04", "llama-3.1", "llama-3.2", "mistral-nemo", "gpt-oss",
-                  "builtin:qwen2.5"]
+                  "glm-4.5", "builtin:qwen2.5"]
 
 
 def _cases():
@@ -110,9 +112,10 @@ def _ids(name, messages, tools=None, **kwargs):
 
 
 def derived_span(name, messages, tools=None) -> tuple[int, int]:
-    """[start, end) in the ids of `messages` (ending with an assistant turn) that the model must generate."""
+    """[start, end) in the ids of `messages` (ending with an assistant turn) that the model must generate, in
+    `trained_ids` (the render, and the eos where the render holds no stop token after the turn)."""
     prompt = _ids(name, messages[:-1], tools, add_generation_prompt=True)
-    ids = _ids(name, messages, tools)
+    ids = trained_ids(name, messages, tools)
     start = prompt_end(name, prompt, ids)
     empty = EMPTY_THINK.match(_decode(name, ids[start:]))
     if empty:
@@ -120,6 +123,18 @@ def derived_span(name, messages, tools=None) -> tuple[int, int]:
     stops = {chatkit.vocabulary(name)[s] for s in chatkit.family_of(name).stops}
     end = next(i + 1 for i in range(start, len(ids)) if ids[i] in stops)
     return start, end
+
+
+def trained_ids(name, messages, tools=None) -> list[int]:
+    """The render of `messages` (ending with an assistant turn), with the eos appended where it holds no stop
+    token after the turn's generation prompt."""
+    prompt = _ids(name, messages[:-1], tools, add_generation_prompt=True)
+    ids = _ids(name, messages, tools)
+    fam = chatkit.family_of(name)
+    stops = {chatkit.vocabulary(name)[s] for s in fam.stops}
+    if any(i in stops for i in ids[prompt_end(name, prompt, ids):]):
+        return ids
+    return ids + chatkit.char_ids(name, fam.eos)
 
 
 def prompt_end(name, prompt, ids) -> int:
@@ -159,7 +174,7 @@ def test_labels_are_what_the_model_generates_after_its_generation_prompt(name, c
         record = Record(id="r", messages=[dict(m) for m in turn], images=[], index=0, line=1, tools=tools)
         enc = encode_records([record], tokenizer, max_length=1 << 16, too_long="error")
         ids = enc.input_ids.tolist()
-        assert ids == _ids(name, turn, tools)  # the labeller trains on the template's own render
+        assert ids == trained_ids(name, turn, tools)  # the labeller trains on the template's own render
         lo = _context_end(name, turn, ids, start)
         supervised = [i for i in range(lo, len(ids)) if enc.labels[i] != IGNORE_INDEX]
         assert supervised == list(range(start, end)), (
@@ -179,7 +194,9 @@ def test_the_end_of_turn_marker_generation_adds_is_a_stop_token_of_the_model(nam
     """`end_of_turn` is what prompts and exports add to generation's stop tokens: one the model stops on."""
     from pipeline.data.chat import end_of_turn
 
-    assert end_of_turn(chatkit.build_tokenizer(name)) in chatkit.FAMILIES[name].stops
+    found, family = end_of_turn(chatkit.build_tokenizer(name)), chatkit.FAMILIES[name]
+    # A template that writes nothing after a last turn has no marker (the eos the labeller appends is a stop)
+    assert found is None if family.appends else found in family.stops
 
 
 # --- the two families the old rule labelled wrong -------------------------------------------------

@@ -43,6 +43,8 @@ class Family:
     stops: tuple[str, ...] = ()
     lead: str = ""  # what the model writes before the content: template text after the generation prompt
     mid_eot: str | None = None  # what is trained after the content of a turn that a later turn follows (None: eot)
+    # The template writes no stop token after a last assistant turn: the labeller appends the eos (then `eot`).
+    appends: bool = False
 
 
 _LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
@@ -63,6 +65,10 @@ _COHERE2 = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "
             "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
             "<|SYSTEM_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>",
             "<|START_ACTION|>", "<|END_ACTION|>", "<|START_TOOL_RESULT|>", "<|END_TOOL_RESULT|>")
+
+_GLM = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
+        "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+        "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 _L31_STOPS = ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
 _QWEN_STOPS = ("<|im_end|>", "<|endoftext|>")
@@ -87,6 +93,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("r1-distill-2025-01", "deepseek-r1-distill-2025-01.jinja", "<｜end▁of▁sentence｜>", _R1,
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", reasoning="r1",
            stops=_R1_STOPS),
+    # GLM-4.5: a turn ends where the model writes the next turn's header (<|user|>, <|observation|>: stops of its
+    # generation config); after a last turn the template writes nothing, so the labeller appends the eos
+    Family("glm-4.5", "glm-4.5.jinja", "<|endoftext|>", _GLM, eos="<|endoftext|>", pad="<|endoftext|>",
+           mid_eot="<|user|>", appends=True, stops=("<|endoftext|>", "<|user|>", "<|observation|>")),
     # DeepSeek-V3 (and V3-0324): R1's vocabulary and eos, no reasoning in the template
     Family("deepseek-v3", "deepseek-v3.jinja", "<｜end▁of▁sentence｜>", _R1,
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
@@ -157,7 +167,12 @@ def vocabulary(family: str) -> dict[str, int]:
 
 @lru_cache(maxsize=None)
 def build_tokenizer(family: str):
-    """The family's tiny fast tokenizer (cached: build once per family)."""
+    """The family's tiny fast tokenizer (cached: build once per family), loaded from a dir that also holds
+    the model's ``generation_config.json`` (``eos_token_id``: the family's `Family.stops`), as a model dir
+    does: the labeller reads the tokens generation stops on from there."""
+    import json
+    import tempfile
+
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -166,7 +181,7 @@ def build_tokenizer(family: str):
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in (*fam.specials, UNK)])
-    return PreTrainedTokenizerFast(
+    built = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=fam.bos,
         eos_token=fam.eos,
@@ -175,6 +190,11 @@ def build_tokenizer(family: str):
         chat_template=template_text(family),
         model_max_length=1 << 20,
     )
+    where = Path(tempfile.mkdtemp(prefix="chatkit-"))
+    built.save_pretrained(where)
+    stops = [vocabulary(family)[t] for t in fam.stops]
+    (where / "generation_config.json").write_text(json.dumps({"eos_token_id": stops}) + "\n")
+    return PreTrainedTokenizerFast.from_pretrained(where)
 
 
 def char_ids(family: str, text: str) -> list[int]:
