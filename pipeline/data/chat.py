@@ -19,10 +19,10 @@ generation prompt is trained (GPT-OSS's ``<|channel|>final<|message|>``), as is
 everything from the content to the stop token
 (``<|END_RESPONSE|><|END_OF_TURN_TOKEN|>``); where a template writes no stop token
 after a conversation's last turn (GLM's writes nothing), the eos is appended and
-trained. An empty think block before a turn without reasoning stays prompt. Unlike rendering prefixes of the conversation,
-the single render does not ask a template to render a turn the same way whether
-or not it is the last one (Qwen3, Phi-3, DeepSeek-R1, GPT-OSS and Mistral's
-system prompt all do not).
+trained. An empty think block before a turn without reasoning stays prompt.
+Unlike rendering prefixes of the conversation, the single render does not ask a
+template to render a turn the same way whether or not it is the last one (Qwen3,
+Phi-3, DeepSeek-R1, GPT-OSS and Mistral's system prompt all do not).
 
 One check keeps it honest: the conversation rendered with its real contents
 must equal the sentinel rendering with the contents put back. A template whose

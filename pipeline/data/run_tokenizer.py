@@ -23,6 +23,12 @@ from pipeline.errors import UserError
 CHAT_FILE = "chat.json"
 GENERATION_CONFIG = "generation_config.json"  # the model's, copied beside its tokenizer: its stop tokens
 
+
+def eos_ids(generation_config: dict) -> list[int]:
+    """A generation config's ``eos_token_id`` as a list: it holds one id, several, or none."""
+    ids = generation_config.get("eos_token_id")
+    return [ids] if isinstance(ids, int) else [i for i in ids or () if isinstance(i, int)]
+
 FSDP_TOKENS_ERROR = ("{where} adds special tokens {tokens} (data.chat_template={template!r} on a vocabulary "
                      "without them), whose embedding rows must be trained; distributed.strategy=fsdp does not "
                      "support that yet: use distributed.strategy=ddp, or a chat template whose turn markers "

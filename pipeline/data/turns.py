@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from pipeline.data.run_tokenizer import GENERATION_CONFIG
+from pipeline.data.run_tokenizer import GENERATION_CONFIG, eos_ids
 
 # Private-use characters: a sentinel survives any trim/strip and no data holds them (checked).
 OPEN, CLOSE = "\ue000", "\ue001"
@@ -190,10 +190,9 @@ def model_stops(tokenizer) -> tuple[str, ...]:
     if path is None or not path.is_file():
         return ()
     try:
-        ids = json.loads(path.read_text()).get("eos_token_id")
+        ids = eos_ids(json.loads(path.read_text()))
     except (OSError, ValueError):
         return ()
-    ids = [ids] if isinstance(ids, int) else [i for i in ids or () if isinstance(i, int)]
     tokens = [tokenizer.convert_ids_to_tokens(i) for i in ids if 0 <= i < len(tokenizer)]
     return tuple(dict.fromkeys(t for t in tokens if t))
 

@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from pipeline.data.run_tokenizer import CHAT_FILE, GENERATION_CONFIG, read_chat, vocab_rows
+from pipeline.data.run_tokenizer import CHAT_FILE, GENERATION_CONFIG, eos_ids, read_chat, vocab_rows
 from pipeline.errors import UserError
 from pipeline.storage.hf_dir import WEIGHT_FILE
 
@@ -63,8 +63,7 @@ def stop_at_end_of_turn(dst: Path, end_of_turn_id: int | None, base: Path | str 
     path = dst / GENERATION_CONFIG
     source = path if path.is_file() else Path(base) / GENERATION_CONFIG if base else None
     config = json.loads(source.read_text()) if source is not None and source.is_file() else {}
-    eos = config.get("eos_token_id")
-    eos = [] if eos is None else list(eos) if isinstance(eos, list) else [eos]
+    eos = eos_ids(config)
     if end_of_turn_id in eos:
         if source == path:
             return
