@@ -60,12 +60,27 @@ _QWEN_VL = {
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
                  dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                       num_position_embeddings=16, deepstack_visual_indexes=[0])),
+    # Qwen3.5's checkpoints are this composite class (Gated DeltaNet + attention layers, a vision tower),
+    # dense and mixture of experts alike, with Qwen3-VL's processor
+    "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
+                dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                     num_position_embeddings=16)),
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", "Qwen3VLProcessor",
+                    dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                         num_position_embeddings=16)),
 }
+# The text model's settings beyond the common ones: Qwen3.5's layer mix and linear-attention heads
+_QWEN3_5_TEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=2,
+                     linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
+_TEXT = {"qwen3_vl": dict(head_dim=16), "qwen3_5": _QWEN3_5_TEXT,
+         "qwen3_5_moe": dict(_QWEN3_5_TEXT, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                             num_experts=4, num_experts_per_tok=2)}
+_INTERLEAVED = {"qwen3_vl", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
 
 
 def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
-    """A tiny random Qwen2-VL, Qwen2.5-VL or Qwen3-VL (2 vision blocks, 2 decoder layers), the demo tokenizer
-    with Qwen's vision tokens, Qwen2-VL's image processor, and the template."""
+    """A tiny random Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 (dense or MoE) (2 vision blocks, 2 decoder
+    layers), the demo tokenizer with Qwen's vision tokens, Qwen2-VL's image processor, and the template."""
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -77,17 +92,17 @@ def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
     tokenizer.chat_template = QWEN_TEMPLATE
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-            **({"mrope_interleaved": True} if family == "qwen3_vl" else {})}
+            **({"mrope_interleaved": True} if family in _INTERLEAVED else {})}
     special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                    pad_token_id=tokenizer.pad_token_id)
     config = getattr(transformers, config_cls)(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         rope_parameters=rope, **({"head_dim": 16} if family == "qwen3_vl" else {}), **special),
+                         rope_parameters=rope, **_TEXT.get(family, {}), **special),
         vision_config=dict(vision, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        **({} if family == "qwen3_vl" else special),
+        **({} if family in _INTERLEAVED else special),
     )
     torch.manual_seed(seed)
     getattr(transformers, model_cls)(config).save_pretrained(path)

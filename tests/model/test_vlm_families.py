@@ -1,4 +1,5 @@
-"""Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Gemma 3.
+"""Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
+mixture of experts: its checkpoints are all this composite class), Gemma 3.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -25,6 +26,8 @@ from kits.vlm import make_vlm_data, save_gemma3, save_qwen_vl
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
     "qwen3_vl": lambda path: save_qwen_vl(path, "qwen3_vl"),
+    "qwen3_5": lambda path: save_qwen_vl(path, "qwen3_5"),
+    "qwen3_5_moe": lambda path: save_qwen_vl(path, "qwen3_5_moe"),
     "gemma3": save_gemma3,
 }
 
@@ -49,7 +52,9 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
 
     data = vlms[family]
     run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]"])
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]",
+                              # peft's ParamWrapper, which adapts fused experts, takes no dropout
+                              *(["lora.dropout=0"] if family.endswith("_moe") else [])])
     out = run.stage_dir("all")
     assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
                        "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
@@ -58,6 +63,9 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
 
     export = tmp_path / "export"
     consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    if family.endswith("_moe"):  # the experts are trained, not only attention
+        adapted = json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
+        assert {"experts.gate_up_proj", "experts.down_proj"} <= set(adapted), adapted
     merge_dirs(data["model"], export / "adapter", export / "merged")
     report = verify(data["model"], export / "adapter", export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
