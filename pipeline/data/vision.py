@@ -24,12 +24,12 @@ One case builds the processor from its parts: in Transformers 5 the Qwen2-VL
 processor also holds a video processor that needs torchvision, which an
 image-only run does not. Without torchvision, `load_image_text` takes the
 tokenizer and image processor on their own and calls the processor class's own
-`replace_image_token` on just the attributes it reads (see `_ImageHalf`).
+image step (`_process_images`, `replace_image_token`) on an instance holding just
+its image half (see `_image_half`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -74,8 +74,9 @@ def config_is_vision_language(config) -> bool:
 class ImageText:
     """The processor of a vision-language model, reduced to what training and evaluation need.
 
-    `replace(processed, i)` is the processor's `replace_image_token`: the text
-    that stands for image `i` of an image-processor output. Expansions are
+    `process(images)` is the processor's image step: the image processor's
+    output, and per image the text that stands for it (its `replace_image_token`).
+    Expansions are
     cached per image path (an image shared by many records is processed once).
     `image_token` is what the chat template writes for an image, the processor's
     `image_token`: the token the features replace (`image_token_id`, the config's)
@@ -88,7 +89,10 @@ class ImageText:
     chat_template: str
     image_token: str
     image_token_id: int
-    replace: Callable[[dict, int], str]
+    # the processor's `_process_images`: images -> (image-processor output, each image's text); it passes the
+    # image processor what the processor adds (Pixtral's patch: the tower's x the merge), then calls
+    # `replace_image_token` per image
+    process: Callable[..., tuple[dict, list[str]]]
     pixel_names: tuple[str, ...]  # image-processor outputs the model takes
     # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
     # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
@@ -115,10 +119,10 @@ class ImageText:
         """The processor's text for the image at `path` (its image tokens)."""
         if path not in self._expansions:
             try:
-                processed = self.image_processor(images=[open_rgb(path)], return_tensors="np")
+                _, texts = self.process([open_rgb(path)], return_tensors="np")
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot process image {path}: {err}") from None
-            self._expansions[path] = str(self.replace(processed, 0))
+            self._expansions[path] = str(texts[0])
         return self._expansions[path]
 
     def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
@@ -141,7 +145,7 @@ class ImageText:
 
     def pixels(self, paths: list[str]) -> dict:
         """The model's image inputs for these images, in order (decoded here: run it in a loader worker)."""
-        processed = self.image_processor(images=[open_rgb(p) for p in paths], return_tensors="pt")
+        processed, _ = self.process([open_rgb(p) for p in paths], return_tensors="pt")
         return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def text_inputs(self, input_ids) -> dict:
@@ -171,7 +175,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
     names = set(processor.model_input_names)
-    return _image_text(model, config, tokenizer, processor.image_processor, template, processor.replace_image_token,
+    return _image_text(model, config, tokenizer, processor.image_processor, template, processor._process_images,
                        pixel_names=tuple(n for n in processor.image_processor.model_input_names if n in names),
                        token_types=_token_types(type(processor), names), written=getattr(processor, "image_token", None))
 
@@ -184,7 +188,7 @@ def _token_types(cls, names) -> str | None:
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in (names or ())), MM_TOKEN_TYPE_IDS)
 
 
-def _image_text(model, config, tokenizer, image_processor, template, replace, *, pixel_names, token_types,
+def _image_text(model, config, tokenizer, image_processor, template, process, *, pixel_names, token_types,
                 written: str | None = None) -> ImageText:
     """`written`: the processor's image token, what its chat template writes for an image (default: the
     config's image token)."""
@@ -194,40 +198,63 @@ def _image_text(model, config, tokenizer, image_processor, template, replace, *,
     token = tokenizer.convert_ids_to_tokens(token_id)
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
-    return ImageText(tokenizer, image_processor, template, written or token, token_id, replace, pixel_names,
+    return ImageText(tokenizer, image_processor, template, written or token, token_id, process, pixel_names,
                      token_types)
 
 
-class _ImageHalf:
-    """What a processor's `replace_image_token` reads of itself: the image processor, the
-    image token and the processor's saved settings (patch size, ...), without its video half."""
+class _TokenizerAttributes:
+    """Attributes a processor sets from its tokenizer in its constructor (Gemma 4's `boi_token`, `eoi_token`:
+    the tokenizer's named special tokens), read from the tokenizer where nothing else has them."""
 
-    def __init__(self, image_processor, image_token: str, settings: dict):
-        self.__dict__.update(settings)
-        self.image_processor = image_processor
-        self.image_token = image_token
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name == "tokenizer":
+            raise AttributeError(name)
+        return getattr(self.tokenizer, name)
+
+
+def _image_half(cls, image_processor, tokenizer, settings: dict):
+    """An instance of processor class `cls` holding only its image half: the image processor, the tokenizer
+    and the processor's saved settings (patch size, image token, ...), its constructor not run (it would
+    build the video half). Its own `_process_images` and `replace_image_token` then run as they are."""
+    half = object.__new__(type(f"{cls.__name__}ImageHalf", (_TokenizerAttributes, cls), {}))
+    half.__dict__.update(settings, image_processor=image_processor, tokenizer=tokenizer)
+    return half
 
 
 def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
     """The processor's image half, when its video half cannot be built (no torchvision)."""
-    import transformers
     from transformers import AutoImageProcessor, AutoTokenizer
 
+    from pipeline import compat
+
     settings = _processor_settings(model)
-    cls = getattr(transformers, str(settings.get("processor_class")), None)
+    name = str(settings.get("processor_class"))
+    cls = compat.processor_class(name)
     if cls is None or not hasattr(cls, "replace_image_token"):
-        raise UserError(f"cannot load the processor of {model}: it needs torchvision, and its class "
-                        f"{settings.get('processor_class')!r} is unknown here")
+        raise UserError(f"cannot load the processor of {model}: it needs torchvision (not installed), and its "
+                        f"class {name!r} cannot be used without it")
     tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    token = tokenizer.convert_ids_to_tokens(config.image_token_id)
-    half = _ImageHalf(image_processor, token, {k: v for k, v in settings.items() if not isinstance(v, dict)})
+    try:
+        image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except ImportError as err:
+        raise UserError(f"cannot load the image processor of {model}: {name}'s needs torchvision, which is not "
+                        f"installed (pip install torchvision): {str(err).strip().splitlines()[0]}") from None
+    settings = {k: v for k, v in settings.items() if not isinstance(v, dict)}
+    settings.setdefault("image_token", tokenizer.convert_ids_to_tokens(config.image_token_id))
+    half = _image_half(cls, image_processor, tokenizer, settings)
     log.warning("%s: torchvision is not installed, so its %s cannot be built; using its image half only",
                 model, cls.__name__)
     return _image_text(model, config, tokenizer, image_processor, settings.get("chat_template") or tokenizer.chat_template,
-                       functools.partial(cls.replace_image_token, half),
-                       pixel_names=tuple(image_processor.model_input_names),
-                       token_types=_token_types(cls, None))
+                       half._process_images,
+                       pixel_names=tuple(n for n in image_processor.model_input_names if n not in _unused(cls, half)),
+                       token_types=_token_types(cls, None), written=half.image_token)
+
+
+def _unused(cls, half) -> set[str]:
+    """The image-processor outputs a processor class keeps from the model (its `unused_input_names`: Gemma 4's
+    `num_soft_tokens_per_image`, which only its `replace_image_token` reads)."""
+    names = getattr(cls, "unused_input_names", ())
+    return set(names.fget(half) if isinstance(names, property) else names or ())
 
 
 def _processor_settings(model) -> dict:

@@ -4,7 +4,8 @@ An image-text-to-text model has three parts: the vision tower (encoder), the
 projector that maps its features into the language model's embedding space,
 and the language model. Transformers names them per family (LLaVA:
 `model.vision_tower`, `model.multi_modal_projector`, `model.language_model`;
-Qwen2-VL: `model.visual`, `model.visual.merger`, `model.language_model`);
+Qwen2-VL: `model.visual`, `model.visual.merger`, `model.language_model`; Gemma 4's
+projector is `model.embed_vision`);
 `find_parts` finds the shallowest module under each known name.
 
 What is trained (`vision` config group, `lora` group for the language model):
@@ -25,7 +26,7 @@ from pipeline.errors import UserError
 
 # Module names of each part across families, most common first.
 TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder")
-PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector")
+PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector", "embed_vision")
 LANGUAGE_NAMES = ("language_model", "text_model")
 
 

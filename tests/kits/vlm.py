@@ -162,3 +162,138 @@ def make_vlm_data(root: Path, model_dir: Path, *, n_train=32, n_val=8, n_test=8,
                       too_long="error", fingerprint=fingerprint, split=split, images=images)
     return {"root": root, "model": model_dir, "train": root / "train.safetensors", "val": root / "val.safetensors",
             "test": paths["test"], "data": root / "data"}
+
+
+# Gemma 4's tokenizer attributes (its processor reads them), and its video token, which the processor adds
+GEMMA4_TOKENS = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                 "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>"}
+GEMMA4_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+
+
+def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
+    """A tiny random Gemma 4 (1-block vision tower; 2 decoder layers, one sliding-window, one global, attending
+    both ways within an image, logits soft-capped; `moe`: each with a mixture of 4 experts beside its MLP, the
+    26B-A4B's layout) with its processor's settings: 4x4 patches pooled 2x2, the fewest soft tokens its image
+    processor allows (70: a 32x32 image is scaled to 64x64, 64 `<|image|>`s between `<|image>` and
+    `<image|>`). Its video half needs torchvision to be built, so the dir is written as the processor saves it."""
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, PreTrainedTokenizerFast
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from pipeline.demo import text as demo
+
+    base = demo.build_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": [*GEMMA4_TOKENS.values(), "<|video|>"]})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="<|end|>",
+                                        pad_token="<pad>", unk_token="<unk>", chat_template=GEMMA4_TEMPLATE,
+                                        model_max_length=512, extra_special_tokens=GEMMA4_TOKENS)
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in GEMMA4_TOKENS.items()}
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = Gemma4Config(
+        text_config=dict(vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=2, head_dim=16, global_head_dim=16,
+                         num_attention_heads=2, num_key_value_heads=1, hidden_size_per_layer_input=8,
+                         max_position_embeddings=256, sliding_window=16, final_logit_softcapping=30.0,
+                         layer_types=["sliding_attention", "full_attention"], use_bidirectional_attention="vision",
+                         **(dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
+                            if moe else {}), **special),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=8, patch_size=4, pooling_kernel_size=2,
+                           position_embedding_size=64),
+        audio_config=None, boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"],
+        image_token_id=ids["image_token"], video_token_id=tokenizer.convert_tokens_to_ids("<|video|>"),
+        boa_token_id=ids["boa_token"], eoa_token_index=ids["eoa_token"], audio_token_id=ids["audio_token"], **special)
+    torch.manual_seed(seed)
+    Gemma4ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    image = Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
+    video = dict(video_processor_type="Gemma4VideoProcessor", patch_size=4, pooling_kernel_size=2,
+                 max_soft_tokens=70, do_rescale=True, rescale_factor=1 / 255, do_normalize=False)
+    (Path(path) / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "Gemma4Processor", "image_seq_length": 70, "video_processor": video,
+         **{k: json.loads(v.to_json_string()) for k, v in [("image_processor", image),
+                                                           ("feature_extractor", Gemma4AudioFeatureExtractor())]}}, indent=2) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(GEMMA4_TEMPLATE)
+    return path
+
+
+PIXTRAL_TOKENS = ("[IMG]", "[IMG_BREAK]", "[IMG_END]")
+PIXTRAL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "[IMG]")
+
+
+def save_mistral3(path: Path, *, seed: int = 0, longest_edge: int = 24) -> Path:
+    """A tiny random Mistral Small 3 (1-block Pixtral tower with 8x8 patches merged 2x2, 2 decoder layers) with
+    Pixtral's processor settings and image processor, saved as Mistral's checkpoints are: the image processor's
+    patch is the tower's (8), the processor's `spatial_merge_size` (2) makes its image tokens 16x16 pixels.
+    Images are scaled to `longest_edge` (a 32x32 one to 24x24) and padded to whole 16-pixel tokens by the
+    processor: 2x2 `[IMG]`s with an `[IMG_BREAK]` after each row, the last one `[IMG_END]`."""
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    from pipeline.demo import text as demo
+
+    tokenizer = demo.build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(PIXTRAL_TOKENS)})
+    tokenizer.chat_template = PIXTRAL_TEMPLATE
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = Mistral3Config(
+        text_config=dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+                         max_position_embeddings=256, **special),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           head_dim=8, image_size=64, patch_size=8),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2, **special)
+    torch.manual_seed(seed)
+    Mistral3ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    PixtralImageProcessorPil(size={"longest_edge": longest_edge}, patch_size={"height": 8, "width": 8}
+                             ).save_pretrained(path)
+    (Path(path) / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2, "image_token": "[IMG]",
+         "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}, indent=2) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(PIXTRAL_TEMPLATE)
+    return path
+
+
+LLAMA4_TOKENS = ("<|image_start|>", "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>",
+                 "<|tile_y_separator|>")
+LLAMA4_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+
+
+def save_llama4(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Llama 4 (1-block vision tower with 8x8 patches on 16x16 tiles, pixel shuffle 0.5; 2 decoder
+    layers, the second a mixture of 4 experts stored fused, Llama 4's layout) with Llama 4's processor
+    settings. Its image processor exists only for torchvision; it is saved as the processor would save it."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    from pipeline.demo import text as demo
+
+    tokenizer = demo.build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA4_TOKENS)})
+    tokenizer.chat_template = LLAMA4_TEMPLATE
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in LLAMA4_TOKENS}
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = Llama4Config(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=16, intermediate_size_mlp=64,
+                         num_hidden_layers=2, head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+                         num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2,
+                         max_position_embeddings=256, attention_chunk_size=64, **special),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8, pixel_shuffle_ratio=0.5, vision_output_dim=16,
+                           projector_input_dim=32, projector_output_dim=32),
+        boi_token_index=ids["<|image_start|>"], eoi_token_index=ids["<|image_end|>"],
+        image_token_index=ids["<|patch|>"])
+    torch.manual_seed(seed)
+    Llama4ForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    image = dict(image_processor_type="Llama4ImageProcessor", size={"height": 16, "width": 16}, max_patches=4,
+                 resize_to_max_canvas=False, do_resize=True, do_rescale=True, rescale_factor=1 / 255,
+                 do_normalize=True, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], do_convert_rgb=True)
+    (Path(path) / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "Llama4Processor", "patch_size": 8, "pixel_shuffle_ratio": 0.5, "image_processor": image},
+        indent=2) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(LLAMA4_TEMPLATE)
+    return path

@@ -1,5 +1,6 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
-mixture of experts: its checkpoints are all this composite class), Gemma 3.
+mixture of experts: its checkpoints are all this composite class), Gemma 3, Gemma 4 (dense and with experts),
+Mistral Small 3 (Pixtral's processor).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -10,7 +11,14 @@ images) and stock loading of the merged dir. For Gemma 3, whose processor runs
 without torchvision here, a batch is also compared with what its processor
 gives for the same conversation: the same tokens (`<start_of_image>`, which the
 template writes, expanded to the soft tokens), pixels and `token_type_ids`
-(Gemma 3's attention is bidirectional within an image only with them).
+(Gemma 3's attention is bidirectional within an image only with them); likewise for
+Mistral Small 3, whose Pixtral processor rows the `[IMG]`s with `[IMG_BREAK]`s and
+pads each image to whole tokens of the tower's patch x the merge.
+
+Without torchvision (here and in CI) the processors of Gemma 4 (a video half) and
+Pixtral cannot be built by `AutoProcessor`; their image halves are
+(`pipeline.data.vision._from_parts`). Llama 4's image processor exists only for
+torchvision: it is refused with a clear error.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import math
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import make_vlm_data, save_gemma3, save_qwen_vl
+from kits.vlm import make_vlm_data, save_gemma3, save_gemma4, save_llama4, save_mistral3, save_qwen_vl
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -29,7 +37,12 @@ SAVERS = {
     "qwen3_5": lambda path: save_qwen_vl(path, "qwen3_5"),
     "qwen3_5_moe": lambda path: save_qwen_vl(path, "qwen3_5_moe"),
     "gemma3": save_gemma3,
+    "gemma4": save_gemma4,
+    "gemma4_moe": lambda path: save_gemma4(path, moe=True),
+    "mistral3": save_mistral3,
 }
+# Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
+MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
 
 pytestmark = pytest.mark.usefixtures("own_signal_handlers")
 
@@ -37,7 +50,8 @@ pytestmark = pytest.mark.usefixtures("own_signal_handlers")
 @pytest.fixture(scope="module")
 def vlms(tmp_path_factory) -> dict:
     """Each family's model dir and token caches, made once for the module."""
-    return {family: make_vlm_data(tmp_path_factory.mktemp(family), save(tmp_path_factory.mktemp(family) / "model"))
+    return {family: make_vlm_data(tmp_path_factory.mktemp(family), save(tmp_path_factory.mktemp(family) / "model"),
+                                  max_length=MAX_LENGTH.get(family, 96))
             for family, save in SAVERS.items()}
 
 
@@ -97,3 +111,70 @@ def test_gemma3_batches_are_what_its_processor_gives(vlms):
     for key, value in theirs.items():
         same = torch.allclose(ours[key].float(), value.float()) if key == "pixel_values" else torch.equal(ours[key], value)
         assert same, key
+
+
+def test_mistral3_batches_are_what_its_processor_gives(vlms):
+    """Pixtral's processor passes its image processor the tower's patch x the merge (16 pixels): a 32x32 image
+    scaled to 24x24 is padded to 32x32, 2 rows of 2 `[IMG]`s, the rows ended by `[IMG_BREAK]`, the last by
+    `[IMG_END]` (the image processor alone, with its 8-pixel patch, would keep 24x24: 1 token, 3x3 patches)."""
+    from pipeline import compat
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.data.tokenize import load_chat
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    data = vlms["mistral3"]
+    _, images = load_chat(data["model"])
+    assert images.image_token == "[IMG]" and images.token_types is None
+    record = load_records(data["data"] / "val.jsonl")[0]
+    processor = compat.processor_class("PixtralProcessor").from_pretrained(data["model"])
+    text = processor.apply_chat_template(images.conversation(record.messages), tokenize=False)
+    theirs = processor(text=[text], images=[[open_rgb(p) for p in record.images]], return_tensors="pt")
+    ours = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0]).inputs
+    assert bool(theirs.pop("attention_mask").all())
+    assert set(theirs) <= set(ours), (sorted(theirs), sorted(ours))
+    tokens = processor.tokenizer.convert_ids_to_tokens(theirs["input_ids"][0])
+    assert "[IMG][IMG][IMG_BREAK][IMG][IMG][IMG_END]" in "".join(tokens)
+    assert theirs["image_sizes"].tolist() == [[32, 32]]
+    for key, value in theirs.items():
+        same = torch.allclose(ours[key].float(), value.float()) if key == "pixel_values" else torch.equal(ours[key], value)
+        assert same, key
+
+
+def test_gemma4_image_half_gives_its_inputs(vlms):
+    """Gemma 4's processor reads its image tokens off the tokenizer and keeps `num_soft_tokens_per_image` (which
+    only its token expansion reads) from the model; its modality ids mark the soft tokens, which its attention
+    sees both ways; its logits are soft-capped as its text config says."""
+    from transformers import AutoConfig
+
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.tokenize import load_chat
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+    from pipeline.model.loss import logit_map
+
+    data = vlms["gemma4"]
+    tokenizer, images = load_chat(data["model"])
+    assert images.image_token == "<|image|>" and images.token_types == "mm_token_type_ids"
+    assert images.pixel_names == ("pixel_values", "image_position_ids")
+    batch = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0]).inputs
+    assert set(images.pixel_names) <= set(batch)
+    text = "".join(tokenizer.convert_ids_to_tokens(batch["input_ids"][0]))
+    assert "<|image>" + "<|image|>" * 64 + "<image|>" in text
+    assert int(batch["mm_token_type_ids"].sum()) == 64
+    assert logit_map(AutoConfig.from_pretrained(data["model"])).cap == 30.0
+
+
+def test_llama4_without_torchvision_is_refused_clearly(tmp_path):
+    """Llama 4's image processor (its tiles) is written for torchvision only: without it, tokenizing names it."""
+    import importlib.util
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: Llama 4's processor loads")
+    with pytest.raises(UserError, match="torchvision"):
+        load_chat(save_llama4(tmp_path / "model"))
