@@ -22,10 +22,6 @@ entries:
                             (gate_proj, up_proj, down_proj, w1..w3) of MoE families onto the fused
                             experts (`peft_refuses_target`, `peft_remapped_targets`: asked of peft
                             itself, nothing where the check or the conversion is missing)
-  processor classes         without torchvision, transformers (5.17 to 5.24) puts a placeholder for
-                            a processor whose module imports a helper of its torchvision image
-                            processor (Pixtral's); `processor_class` imports the real one with the
-                            PIL image processor's module, which has the same helpers, standing in
 
 Imports of torch and transformers happen inside the functions: this module is
 imported by code that must stay light (`pipeline.config`'s neighbours do not
@@ -250,44 +246,3 @@ def peft_remapped_targets(model, names: list[str]) -> set[str]:
         if name not in set(config.target_modules or ()):
             moved.add(name)
     return moved
-
-
-def processor_class(name: str):
-    """Transformers' processor class `name`, or None where there is none.
-
-    Without torchvision, transformers gives a placeholder for a processor whose
-    module imports a helper from its torchvision image processor's module
-    (Pixtral's, 5.17 to 5.24: `get_resize_output_image_size`, for counting tokens
-    ahead). The family's PIL image processor module defines the same helpers, so
-    the module is imported with that one standing in for the torchvision one
-    (for the import only), which gives the real class; None where there is no
-    PIL twin, or the module still needs what is not installed.
-    """
-    import importlib
-    import sys
-
-    import transformers
-    from transformers.utils.import_utils import DummyObject
-
-    cls = getattr(transformers, name, None)
-    if not isinstance(cls, DummyObject):
-        return cls
-    package, module = cls.__module__.rsplit(".", 1)
-    stem = module.removeprefix("processing_")
-    torchvision_half = f"{package}.image_processing_{stem}"
-    try:
-        twin = importlib.import_module(f"{package}.image_processing_pil_{stem}")
-    except ImportError:
-        return None
-    before = sys.modules.get(torchvision_half)
-    sys.modules[torchvision_half] = twin
-    try:
-        found = getattr(importlib.import_module(cls.__module__), name, None)
-    except ImportError:
-        return None
-    finally:
-        if before is None:
-            sys.modules.pop(torchvision_half, None)
-        else:
-            sys.modules[torchvision_half] = before
-    return None if isinstance(found, DummyObject) else found

@@ -145,16 +145,3 @@ def test_a_sliding_window_model_keeps_its_mask_builder():
     with compat.skip_mask_builder(model):
         assert model.config._attn_implementation == "sdpa"
 
-
-def test_a_processor_whose_module_imports_a_torchvision_helper_is_the_real_class():
-    """Pixtral's processor module imports a helper of its torchvision image processor; the class comes back
-    real (its own `replace_image_token`) with or without torchvision, and no module is left standing in."""
-    from transformers.utils.import_utils import DummyObject
-
-    before = dict(sys.modules)
-    cls = compat.processor_class("PixtralProcessor")
-    assert cls is not None and not isinstance(cls, DummyObject)
-    assert cls.__name__ == "PixtralProcessor" and "replace_image_token" in vars(cls)
-    name = "transformers.models.pixtral.image_processing_pixtral"
-    assert sys.modules.get(name) is before.get(name) or sys.modules[name].__name__ == name
-    assert compat.processor_class("NoSuchProcessor") is None

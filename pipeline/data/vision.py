@@ -225,20 +225,14 @@ def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
     """The processor's image half, when its video half cannot be built (no torchvision)."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from pipeline import compat
-
     settings = _processor_settings(model)
     name = str(settings.get("processor_class"))
-    cls = compat.processor_class(name)
+    cls = processor_class(name)
     if cls is None or not hasattr(cls, "replace_image_token"):
         raise UserError(f"cannot load the processor of {model}: it needs torchvision (not installed), and its "
                         f"class {name!r} cannot be used without it")
     tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    try:
-        image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except ImportError as err:
-        raise UserError(f"cannot load the image processor of {model}: {name}'s needs torchvision, which is not "
-                        f"installed (pip install torchvision): {str(err).strip().splitlines()[0]}") from None
+    image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     settings = {k: v for k, v in settings.items() if not isinstance(v, dict)}
     settings.setdefault("image_token", tokenizer.convert_ids_to_tokens(config.image_token_id))
     half = _image_half(cls, image_processor, tokenizer, settings)
@@ -255,6 +249,47 @@ def _unused(cls, half) -> set[str]:
     `num_soft_tokens_per_image`, which only its `replace_image_token` reads)."""
     names = getattr(cls, "unused_input_names", ())
     return set(names.fget(half) if isinstance(names, property) else names or ())
+
+
+def processor_class(name: str):
+    """Transformers' processor class `name`, or None where there is none.
+
+    Without torchvision, transformers gives a placeholder for a processor whose
+    module imports a helper from its torchvision image processor's module
+    (Pixtral's, 5.17 to 5.24: `get_resize_output_image_size`, for counting tokens
+    ahead). The family's PIL image processor module defines the same helpers, so
+    the module is imported with that one standing in for the torchvision one
+    (for the import only), which gives the real class; None where there is no
+    PIL twin, or the module still needs what is not installed.
+    """
+    import importlib
+    import sys
+
+    import transformers
+    from transformers.utils.import_utils import DummyObject
+
+    cls = getattr(transformers, name, None)
+    if not isinstance(cls, DummyObject):
+        return cls
+    package, module = cls.__module__.rsplit(".", 1)
+    stem = module.removeprefix("processing_")
+    torchvision_half = f"{package}.image_processing_{stem}"
+    try:
+        twin = importlib.import_module(f"{package}.image_processing_pil_{stem}")
+    except ImportError:
+        return None
+    before = sys.modules.get(torchvision_half)
+    sys.modules[torchvision_half] = twin
+    try:
+        found = getattr(importlib.import_module(cls.__module__), name, None)
+    except ImportError:
+        return None
+    finally:
+        if before is None:
+            sys.modules.pop(torchvision_half, None)
+        else:
+            sys.modules[torchvision_half] = before
+    return None if isinstance(found, DummyObject) else found
 
 
 def _processor_settings(model) -> dict:

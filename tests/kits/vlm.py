@@ -8,7 +8,10 @@ processor (8x8 patches, 2x2 merge: a 32x32 image is 4 image tokens) and
 take the same tokenizer and image processor with their own model classes
 (`save_qwen_vl`); Gemma 3 (`save_gemma3`) its own processor, whose template
 writes `<start_of_image>` for an image, expanded to 4 `<image_soft_token>`s
-between it and `<end_of_image>`. Nothing is downloaded.
+between it and `<end_of_image>`; Gemma 4 (`save_gemma4`, dense or with experts), Mistral Small 3
+(`save_mistral3`, Pixtral's processor settings) and Llama 4 (`save_llama4`, fused experts) are saved
+as their processors save them (their processors cannot all be built without torchvision). Nothing
+is downloaded.
 """
 
 from __future__ import annotations
@@ -121,19 +124,10 @@ GEMMA3_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_e
 def save_gemma3(path: Path, *, seed: int = 0) -> Path:
     """A tiny random Gemma 3 (1-layer SigLIP tower, 2 decoder layers: one sliding-window, one global) with
     its own processor: 32x32 images, 4 soft tokens each."""
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor, PreTrainedTokenizerFast
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-    from pipeline.demo import text as demo
-
-    base = demo.build_tokenizer()
-    base.add_special_tokens({"additional_special_tokens": list(GEMMA3_TOKENS.values())})
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="<|end|>",
-                                        pad_token="<pad>", unk_token="<unk>", chat_template=GEMMA3_TEMPLATE,
-                                        model_max_length=512, extra_special_tokens=GEMMA3_TOKENS)
-    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in GEMMA3_TOKENS.items()}
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
+    tokenizer, ids, special = _named_tokens_tokenizer(GEMMA3_TOKENS, GEMMA3_TEMPLATE)
     config = Gemma3Config(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          head_dim=16, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
@@ -147,6 +141,24 @@ def save_gemma3(path: Path, *, seed: int = 0) -> Path:
     Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer,
                     chat_template=GEMMA3_TEMPLATE, image_seq_length=4).save_pretrained(path)
     return path
+
+
+def _named_tokens_tokenizer(named: dict[str, str], template: str, extra: tuple[str, ...] = ()):
+    """The demo tokenizer with a family's image tokens as named special tokens (`tokenizer.boi_token`, ...,
+    which Gemma's processors read), and `extra` tokens; returns it, the named tokens' ids and the config's
+    bos / eos / pad ids."""
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.demo import text as demo
+
+    base = demo.build_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": [*named.values(), *extra]})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="<|end|>",
+                                        pad_token="<pad>", unk_token="<unk>", chat_template=template,
+                                        model_max_length=512, extra_special_tokens=named)
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    return tokenizer, {k: tokenizer.convert_tokens_to_ids(t) for k, t in named.items()}, special
 
 
 def make_vlm_data(root: Path, model_dir: Path, *, n_train=32, n_val=8, n_test=8, max_length=96) -> dict:
@@ -176,20 +188,11 @@ def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     26B-A4B's layout) with its processor's settings: 4x4 patches pooled 2x2, the fewest soft tokens its image
     processor allows (70: a 32x32 image is scaled to 64x64, 64 `<|image|>`s between `<|image>` and
     `<image|>`). Its video half needs torchvision to be built, so the dir is written as the processor saves it."""
-    from transformers import Gemma4Config, Gemma4ForConditionalGeneration, PreTrainedTokenizerFast
+    from transformers import Gemma4Config, Gemma4ForConditionalGeneration
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    from pipeline.demo import text as demo
-
-    base = demo.build_tokenizer()
-    base.add_special_tokens({"additional_special_tokens": [*GEMMA4_TOKENS.values(), "<|video|>"]})
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token="<s>", eos_token="<|end|>",
-                                        pad_token="<pad>", unk_token="<unk>", chat_template=GEMMA4_TEMPLATE,
-                                        model_max_length=512, extra_special_tokens=GEMMA4_TOKENS)
-    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in GEMMA4_TOKENS.items()}
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
+    tokenizer, ids, special = _named_tokens_tokenizer(GEMMA4_TOKENS, GEMMA4_TEMPLATE, extra=("<|video|>",))
     config = Gemma4Config(
         text_config=dict(vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer), hidden_size=32,
                          intermediate_size=64, num_hidden_layers=2, head_dim=16, global_head_dim=16,
@@ -210,10 +213,10 @@ def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     image = Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=2, max_soft_tokens=70)
     video = dict(video_processor_type="Gemma4VideoProcessor", patch_size=4, pooling_kernel_size=2,
                  max_soft_tokens=70, do_rescale=True, rescale_factor=1 / 255, do_normalize=False)
+    halves = {"image_processor": image, "feature_extractor": Gemma4AudioFeatureExtractor()}
     (Path(path) / "processor_config.json").write_text(json.dumps(
         {"processor_class": "Gemma4Processor", "image_seq_length": 70, "video_processor": video,
-         **{k: json.loads(v.to_json_string()) for k, v in [("image_processor", image),
-                                                           ("feature_extractor", Gemma4AudioFeatureExtractor())]}}, indent=2) + "\n")
+         **{name: json.loads(half.to_json_string()) for name, half in halves.items()}}, indent=2) + "\n")
     (Path(path) / "chat_template.jinja").write_text(GEMMA4_TEMPLATE)
     return path
 

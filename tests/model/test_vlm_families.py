@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 import torch
@@ -117,11 +118,11 @@ def test_mistral3_batches_are_what_its_processor_gives(vlms):
     """Pixtral's processor passes its image processor the tower's patch x the merge (16 pixels): a 32x32 image
     scaled to 24x24 is padded to 32x32, 2 rows of 2 `[IMG]`s, the rows ended by `[IMG_BREAK]`, the last by
     `[IMG_END]` (the image processor alone, with its 8-pixel patch, would keep 24x24: 1 token, 3x3 patches)."""
-    from pipeline import compat
     from pipeline.data.cache import TokenCache
     from pipeline.data.formats import load_records
     from pipeline.data.images import open_rgb
     from pipeline.data.tokenize import load_chat
+    from pipeline.data.vision import processor_class
     from pipeline.model import loading
     from pipeline.model.batch import Collator
 
@@ -129,7 +130,7 @@ def test_mistral3_batches_are_what_its_processor_gives(vlms):
     _, images = load_chat(data["model"])
     assert images.image_token == "[IMG]" and images.token_types is None
     record = load_records(data["data"] / "val.jsonl")[0]
-    processor = compat.processor_class("PixtralProcessor").from_pretrained(data["model"])
+    processor = processor_class("PixtralProcessor").from_pretrained(data["model"])
     text = processor.apply_chat_template(images.conversation(record.messages), tokenize=False)
     theirs = processor(text=[text], images=[[open_rgb(p) for p in record.images]], return_tensors="pt")
     ours = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0]).inputs
@@ -178,3 +179,61 @@ def test_llama4_without_torchvision_is_refused_clearly(tmp_path):
         pytest.skip("torchvision is installed: Llama 4's processor loads")
     with pytest.raises(UserError, match="torchvision"):
         load_chat(save_llama4(tmp_path / "model"))
+
+
+def test_llama4_adapter_on_its_fused_experts_merges_into_its_layout(tmp_path):
+    """What can run of Llama 4 without its image processor: LoRA as a run attaches it (the experts' fused
+    weights under the composite model, lora.dropout=0), the streaming merge == peft's merge_and_unload saved
+    by transformers, tensor by tensor, and the merged dir loads stock and gives the adapted model's logits."""
+    import dataclasses
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.export.merge import merge_dirs
+    from pipeline.model.adapter import attach_lora
+
+    base = save_llama4(tmp_path / "base")
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                              lora=dataclasses.replace(cfg.lora, dropout=0.0))
+    peft = attach_lora(AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32), cfg)
+    assert peft.peft_config["default"].target_parameters == ["experts.down_proj", "experts.gate_up_proj"]
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in peft.named_parameters():
+            if "lora_" in name:  # B randomized (not the zero init)
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    peft.save_pretrained(tmp_path / "adapter")
+    merge_dirs(base, tmp_path / "adapter", tmp_path / "merged")
+    ids = torch.randint(0, 50, (1, 12), generator=generator)
+    with torch.no_grad():  # (the composite's forward without pixels fails in transformers 5.24: its text model's)
+        want = peft.base_model.model.language_model(input_ids=ids).logits
+    peft.merge_and_unload().save_pretrained(tmp_path / "reference")
+    ours, theirs, before = (load_file(tmp_path / d / "model.safetensors") for d in ("merged", "reference", "base"))
+    assert set(ours) == set(theirs) == set(before)
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-6, msg=key)
+    assert {k.rsplit(".", 1)[-1] for k in ours if "experts" in k and not torch.equal(ours[k], before[k])} == {
+        "gate_up_proj", "down_proj"}
+    merged, info = AutoModelForImageTextToText.from_pretrained(tmp_path / "merged", output_loading_info=True)
+    assert not any(info.values()), info
+    with torch.no_grad():
+        torch.testing.assert_close(merged.language_model(input_ids=ids).logits, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_processor_whose_module_imports_a_torchvision_helper_is_the_real_class():
+    """Pixtral's processor module imports a helper of its torchvision image processor; the class comes back
+    real (its own `replace_image_token`) with or without torchvision, and no module is left standing in."""
+    from transformers.utils.import_utils import DummyObject
+
+    from pipeline.data.vision import processor_class
+
+    before = dict(sys.modules)
+    cls = processor_class("PixtralProcessor")
+    assert cls is not None and not isinstance(cls, DummyObject)
+    assert cls.__name__ == "PixtralProcessor" and "replace_image_token" in vars(cls)
+    name = "transformers.models.pixtral.image_processing_pixtral"
+    assert sys.modules.get(name) is before.get(name) or sys.modules[name].__name__ == name
+    assert processor_class("NoSuchProcessor") is None
