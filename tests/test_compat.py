@@ -144,4 +144,3 @@ def test_a_sliding_window_model_keeps_its_mask_builder():
                                              attn_implementation="sdpa"))
     with compat.skip_mask_builder(model):
         assert model.config._attn_implementation == "sdpa"
-

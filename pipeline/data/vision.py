@@ -76,8 +76,8 @@ class ImageText:
 
     `process(images)` is the processor's image step: the image processor's
     output, and per image the text that stands for it (its `replace_image_token`).
-    Expansions are
-    cached per image path (an image shared by many records is processed once).
+    Expansions are cached per image path (an image shared by many records is
+    processed once).
     `image_token` is what the chat template writes for an image, the processor's
     `image_token`: the token the features replace (`image_token_id`, the config's)
     for most families, Gemma 3's `<start_of_image>`, which the expansion turns into
@@ -234,7 +234,9 @@ def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
     tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
     settings = {k: v for k, v in settings.items() if not isinstance(v, dict)}
-    settings.setdefault("image_token", tokenizer.convert_ids_to_tokens(config.image_token_id))
+    # what processors take for their image token: the saved one, else the tokenizer's named one, else the config's
+    settings.setdefault("image_token", getattr(tokenizer, "image_token", None)
+                        or tokenizer.convert_ids_to_tokens(config.image_token_id))
     half = _image_half(cls, image_processor, tokenizer, settings)
     log.warning("%s: torchvision is not installed, so its %s cannot be built; using its image half only",
                 model, cls.__name__)
