@@ -125,9 +125,6 @@ def _strip_reasoning(messages):
 # its generation prompt (None: as Qwen3, `<think>\n{reasoning}\n</think>\n\n` all trained)
 _AFTER_PROMPT = {"qwen3.5": "{thought}\n</think>\n\n", "nemotron": "{thought}\n</think>\n",
                  "lfm2.5": "<think>{thought}</think>"}
-# The families whose templates write something before every answer (`Family.lead`) only after the last user
-# message: Qwen3.5's think block
-_LEAD_AFTER_LAST_USER = {"qwen3.5"}
 
 
 def _expected(family, messages, reasoning):
@@ -142,14 +139,13 @@ def _expected(family, messages, reasoning):
         last = k == len(messages) - 1
         close = fam.eot if last or fam.mid_eot is None else fam.mid_eot
         closed &= bool(close)
-        lead = "" if fam.reasoning in _LEAD_AFTER_LAST_USER and k < last_user else fam.lead
         thought, answer = _split_reasoning(m)
         if thought is None:
-            texts.append(lead + answer + close)
+            texts.append(fam.lead + answer + close)
             continue
         has = True
         if reasoning == "drop":
-            texts.append(lead + answer + close)
+            texts.append(fam.lead + answer + close)
             not_trained = True
         elif fam.reasoning in _AFTER_PROMPT and k > last_user:
             texts.append(_AFTER_PROMPT[fam.reasoning].format(thought=thought) + answer + close)
@@ -158,10 +154,8 @@ def _expected(family, messages, reasoning):
         elif fam.reasoning == "gpt-oss" and last:  # the analysis channel, then the final one
             texts.append(f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant{fam.lead}{answer}{close}")
         else:  # the template does not render this turn's reasoning
-            # R1's deletes the content before </think>, and what it leaves before the answer is model output;
-            # Nemotron's leaves its empty think block and a newline.
-            gap = {"r1": "\n\n", "nemotron": "\n"}.get(fam.reasoning, "")
-            texts.append(lead + gap + answer + close)
+            # R1's deletes the content before </think>, and what it leaves before the answer is model output.
+            texts.append(fam.lead + ("\n\n" if fam.reasoning == "r1" else "") + answer + close)
             not_trained = by_template = True
     return texts, has, not_trained, by_template, closed
 

@@ -7,7 +7,8 @@ assistant turn k of each conversation: P = the render of the messages before tur
 generate is F after the end of P (where F does not write all of P, DeepSeek-R1's ``<think>\\n``: after
 their common token prefix), through the first token generation stops on: the model's eos ids as its
 ``generation_config.json`` lists them (`chatkit.Family.stops`, data). One documented exception: an empty
-think block right after the prompt stays prompt. Where F holds no stop token after the turn (GLM-4.5's
+think block right after the prompt stays prompt, and so does the close of an empty one the prompt opened
+(Qwen3.5's and Nemotron 3's prompts end in ``<think>\n``). Where F holds no stop token after the turn (GLM-4.5's
 template writes nothing after a last turn), the model still generates one: the labeller appends the eos
 to F and trains it. The labeller's supervised tokens of the record F after
 the last non-assistant message's content must be exactly that span; the earlier turns are the last turn
@@ -32,6 +33,7 @@ from pipeline.data.formats import Record
 from pipeline.data.tokenize import encode_records
 
 EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
+THINK_CLOSE = re.compile(r"\s*</think>\s*")
 
 
 def _user(text):
@@ -121,6 +123,9 @@ def derived_span(name, messages, tools=None) -> tuple[int, int]:
     ids = trained_ids(name, messages, tools)
     start = prompt_end(name, prompt, ids)
     empty = EMPTY_THINK.match(_decode(name, ids[start:]))
+    opened = _decode(name, prompt)
+    if empty is None and opened.rfind("<think>") > opened.rfind("</think>"):  # the prompt opened a think block
+        empty = THINK_CLOSE.match(_decode(name, ids[start:]))
     if empty:
         start += len(chatkit.char_ids(name, empty.group()))
     stops = {chatkit.vocabulary(name)[s] for s in chatkit.family_of(name).stops}

@@ -131,18 +131,19 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     # Qwen3-Instruct-2507: Qwen3's vocabulary, no thinking mode
     Family("qwen3-instruct-2507", "qwen3-instruct-2507.jinja", "<|im_end|>", _QWEN3,
            eos="<|im_end|>", pad="<|endoftext|>", stops=_QWEN_STOPS),
-    # Qwen3.5 (4B and up) and Qwen3.6: the generation prompt ends in <think>\n (thinking on), so an empty think
-    # block's close, and the reasoning where given, are model output; earlier turns render no reasoning
+    # Qwen3.5 (4B and up) and Qwen3.6: the generation prompt ends in <think>\n (thinking on): the reasoning where
+    # given is model output, the close of an empty block stays prompt; earlier turns render no reasoning
     Family("qwen3.5", "qwen3.5.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
-           reasoning="qwen3.5", lead="\n</think>\n\n", stops=_QWEN_STOPS),
+           reasoning="qwen3.5", stops=_QWEN_STOPS),
     Family("qwen3.6", "qwen3.6.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
-           reasoning="qwen3.5", lead="\n</think>\n\n", stops=_QWEN_STOPS),
+           reasoning="qwen3.5", stops=_QWEN_STOPS),
     # Qwen3.5 up to 2B: thinking off, the generation prompt holds the empty think block
     Family("qwen3.5-small", "qwen3.5-small.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
            reasoning="qwen3.5", stops=_QWEN_STOPS),
-    # Nemotron 3 Nano: the generation prompt ends in <think>\n; a turn without reasoning renders <think></think>
+    # Nemotron 3 Nano: the generation prompt ends in <think>\n; a turn without reasoning renders <think></think>,
+    # whose close stays prompt
     Family("nemotron-3-nano", "nemotron-3-nano.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
-           pad="<unk>", unk="<unk>", reasoning="nemotron", lead="</think>", stops=("</s>", "<|im_end|>")),
+           pad="<unk>", unk="<unk>", reasoning="nemotron", stops=("</s>", "<|im_end|>")),
     Family("lfm2", "lfm2.jinja", "<|im_end|>", _LFM2, bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
            stops=("<|im_end|>",)),
     # LFM2.5: reads reasoning from `thinking`, written <think>...</think> with no newlines, last turns only
