@@ -21,7 +21,7 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.errors import UserError
-from pipeline.model import base, kernels, router, targets, vision
+from pipeline.model import base, kernels, loss, router, targets, vision
 from pipeline.model.adapter import attach_lora, no_input_casts
 from pipeline.model.base import auto_class, decoder_layers, is_vision_language  # noqa: F401  (re-exported)
 from pipeline.model.expert_keys import stored_apart
@@ -54,12 +54,18 @@ def plan_model(cfg: TrainConfig, *, world: int | None) -> targets.Targets | None
     """At plan time, on the base's skeleton on the meta device (nothing read, nothing allocated):
     print the attention kernel and why (an explicit one the model does not support: UserError naming
     `model.attn_implementation`), what LoRA adapts per module kind (`pipeline.model.targets`, which
-    refuses what peft would) and the router loss; refuse FSDP on a mixture of experts. Returns the
+    refuses what peft would) and the router loss; refuse a model whose decoder body the loss cannot run
+    apart from its head (Llama 4's composite); refuse FSDP on a mixture of experts. Returns the
     resolved LoRA targets (None in full fine-tuning). `world`: ranks per stage, if fixed."""
     skeleton = base.meta_model(cfg.model)
     impl, reason = base.attention_choice(cfg.model.attn_implementation, skeleton.config)
     print(f"attention: {impl} ({reason}; each job resolves it again for its own device)")
     check_vision_settings(skeleton, cfg)
+    try:  # the loss runs the body and the head apart (`pipeline.model.loss`): a model without a body cannot train
+        loss.body(skeleton)
+    except ValueError as err:
+        raise UserError(f"{cfg.model.path} cannot be trained here: the loss runs the model's decoder body (the "
+                        f"module giving last_hidden_state, images merged in) and then its head, and {err}") from None
     resolved = None
     if cfg.lora.enabled:
         resolved = targets.resolve(skeleton, cfg.lora, cfg.moe, tower=cfg.vision.train_tower, where=cfg.model.path)

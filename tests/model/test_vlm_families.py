@@ -181,6 +181,24 @@ def test_llama4_without_torchvision_is_refused_clearly(tmp_path):
         load_chat(save_llama4(tmp_path / "model"))
 
 
+def test_llama4_is_refused_at_plan_time_for_want_of_a_decoder_body(tmp_path):
+    """Llama 4's composite merges the image features in its own forward, then runs its language model, a causal
+    LM with its head (no module gives the merged hidden states, which the loss needs before the head): the plan
+    says so, naming the model."""
+    import dataclasses
+
+    from pipeline.config import TrainConfig
+    from pipeline.errors import UserError
+    from pipeline.model.loading import plan_model
+
+    base = save_llama4(tmp_path / "model")
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                              lora=dataclasses.replace(cfg.lora, dropout=0.0))
+    with pytest.raises(UserError, match=r"model cannot be trained here: .*Llama4ForConditionalGeneration: no decoder"):
+        plan_model(cfg, world=1)
+
+
 def test_llama4_adapter_on_its_fused_experts_merges_into_its_layout(tmp_path):
     """What can run of Llama 4 without its image processor: LoRA as a run attaches it (the experts' fused
     weights under the composite model, lora.dropout=0), the streaming merge == peft's merge_and_unload saved
