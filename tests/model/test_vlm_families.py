@@ -17,8 +17,10 @@ pads each image to whole tokens of the tower's patch x the merge.
 
 Without torchvision (here and in CI) the processors of Gemma 4 (a video half) and
 Pixtral cannot be built by `AutoProcessor`; their image halves are
-(`pipeline.data.vision._from_parts`). Llama 4's image processor exists only for
-torchvision: it is refused with a clear error.
+(`pipeline.data.vision._from_parts`). Llama 4 is refused at plan time (its composite
+has no decoder body the loss can run apart from the head) and, without torchvision,
+at tokenize time (its image processor exists only for torchvision); its adapter on the
+fused experts is merged and stock-loaded.
 """
 
 from __future__ import annotations
