@@ -204,21 +204,33 @@ def _image_text(model, config, tokenizer, image_processor, template, process, *,
 
 class _TokenizerAttributes:
     """Attributes a processor sets from its tokenizer in its constructor (Gemma 4's `boi_token`, `eoi_token`:
-    the tokenizer's named special tokens), read from the tokenizer where nothing else has them."""
+    the tokenizer's named special tokens), read from the tokenizer where nothing else has them. Pickled
+    by the processor class's name (loader workers may be started fresh), rebuilt by `_half_of`."""
 
     def __getattr__(self, name: str):
         if name.startswith("__") or name == "tokenizer":
             raise AttributeError(name)
         return getattr(self.tokenizer, name)
 
+    def __reduce__(self):
+        return _half_of, (self._processor_class, dict(self.__dict__))
+
+
+def _half_of(name: str, state: dict):
+    """An instance of processor class `name` (`processor_class`) with `state` as its attributes, its
+    constructor not run."""
+    cls = processor_class(name)
+    half = object.__new__(type(f"{name}ImageHalf", (_TokenizerAttributes, cls), {}))
+    half.__dict__.update(state)
+    return half
+
 
 def _image_half(cls, image_processor, tokenizer, settings: dict):
     """An instance of processor class `cls` holding only its image half: the image processor, the tokenizer
     and the processor's saved settings (patch size, image token, ...), its constructor not run (it would
     build the video half). Its own `_process_images` and `replace_image_token` then run as they are."""
-    half = object.__new__(type(f"{cls.__name__}ImageHalf", (_TokenizerAttributes, cls), {}))
-    half.__dict__.update(settings, image_processor=image_processor, tokenizer=tokenizer)
-    return half
+    return _half_of(cls.__name__, {**settings, "image_processor": image_processor, "tokenizer": tokenizer,
+                                   "_processor_class": cls.__name__})
 
 
 def _from_parts(model, config, trust_remote_code: bool) -> ImageText:

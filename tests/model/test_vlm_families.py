@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import sys
 
 import pytest
@@ -144,6 +145,8 @@ def test_mistral3_batches_are_what_its_processor_gives(vlms):
     for key, value in theirs.items():
         same = torch.allclose(ours[key].float(), value.float()) if key == "pixel_values" else torch.equal(ours[key], value)
         assert same, key
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    assert again.pixels(record.images)["image_sizes"].tolist() == [[32, 32]]
 
 
 def test_gemma4_image_half_gives_its_inputs(vlms):
@@ -153,6 +156,7 @@ def test_gemma4_image_half_gives_its_inputs(vlms):
     from transformers import AutoConfig
 
     from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
     from pipeline.data.tokenize import load_chat
     from pipeline.model import loading
     from pipeline.model.batch import Collator
@@ -168,6 +172,9 @@ def test_gemma4_image_half_gives_its_inputs(vlms):
     assert "<|image>" + "<|image|>" * 64 + "<image|>" in text
     assert int(batch["mm_token_type_ids"].sum()) == 64
     assert logit_map(AutoConfig.from_pretrained(data["model"])).cap == 30.0
+    path = load_records(data["data"] / "val.jsonl")[0].images[0]
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    assert again.expansion(path) == images.expansion(path) and again.pixel_names == images.pixel_names
 
 
 def test_llama4_without_torchvision_is_refused_clearly(tmp_path):
