@@ -29,7 +29,6 @@ tokenizer and image processor on their own and calls the processor class's own
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -93,6 +92,8 @@ class ImageText:
     # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
     # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
     token_types: str | None
+    # what the processor passes its image processor and `replace_image_token` on every call (`_images_kwargs`)
+    image_kwargs: dict = field(default_factory=dict)
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- text -----------------------------------------------------------------------------
@@ -115,10 +116,10 @@ class ImageText:
         """The processor's text for the image at `path` (its image tokens)."""
         if path not in self._expansions:
             try:
-                processed = self.image_processor(images=[open_rgb(path)], return_tensors="np")
+                processed = self.image_processor(images=[open_rgb(path)], **self.image_kwargs, return_tensors="np")
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot process image {path}: {err}") from None
-            self._expansions[path] = str(self.replace(processed, 0))
+            self._expansions[path] = str(self.replace(processed, 0, **self.image_kwargs))
         return self._expansions[path]
 
     def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
@@ -141,7 +142,7 @@ class ImageText:
 
     def pixels(self, paths: list[str]) -> dict:
         """The model's image inputs for these images, in order (decoded here: run it in a loader worker)."""
-        processed = self.image_processor(images=[open_rgb(p) for p in paths], return_tensors="pt")
+        processed = self.image_processor(images=[open_rgb(p) for p in paths], **self.image_kwargs, return_tensors="pt")
         return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def text_inputs(self, input_ids) -> dict:
@@ -153,91 +154,131 @@ class ImageText:
 
 def load_image_text(model: str | Path, trust_remote_code: bool = False) -> ImageText:
     """The `ImageText` of a vision-language model dir or hub id; `UserError` if it has no usable processor."""
-    from transformers import AutoProcessor
-
     config = model_config(model, trust_remote_code)
     if not config_is_vision_language(config):
         raise UserError(f"{model} is not an image-text-to-text model (no vision part in its config)")
-    try:
-        processor = AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except ImportError as err:
-        if "torchvision" not in str(err).lower():
-            raise
-        return _from_parts(model, config, trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load the processor of {model}: {err}") from None
+    processor = _processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
-    names = set(processor.model_input_names)
-    return _image_text(model, config, tokenizer, processor.image_processor, template, processor.replace_image_token,
-                       pixel_names=tuple(n for n in processor.image_processor.model_input_names if n in names),
-                       token_types=_token_types(type(processor), names), written=getattr(processor, "image_token", None))
-
-
-def _token_types(cls, names) -> str | None:
-    """The name a processor class gives the modality ids it returns (`names`: its instance's input names,
-    None where there is no instance), or None when it returns none."""
-    if not getattr(cls, "return_mm_token_type_ids", False):
-        return None
-    return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in (names or ())), MM_TOKEN_TYPE_IDS)
-
-
-def _image_text(model, config, tokenizer, image_processor, template, replace, *, pixel_names, token_types,
-                written: str | None = None) -> ImageText:
-    """`written`: the processor's image token, what its chat template writes for an image (default: the
-    config's image token)."""
     if not template:
         raise UserError(f"the processor of {model} has no chat template")
     token_id = config.image_token_id
     token = tokenizer.convert_ids_to_tokens(token_id)
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
-    return ImageText(tokenizer, image_processor, template, written or token, token_id, replace, pixel_names,
-                     token_types)
+    names = set(processor.model_input_names)
+    return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
+                     token_id, processor.replace_image_token,
+                     tuple(n for n in processor.image_processor.model_input_names if n in names),
+                     _token_types(type(processor), names), _images_kwargs(processor))
 
 
-class _ImageHalf:
-    """What a processor's `replace_image_token` reads of itself: the image processor, the
-    image token and the processor's saved settings (patch size, ...), without its video half."""
-
-    def __init__(self, image_processor, image_token: str, settings: dict):
-        self.__dict__.update(settings)
-        self.image_processor = image_processor
-        self.image_token = image_token
+def _token_types(cls, names) -> str | None:
+    """The name a processor class gives the modality ids it returns (`names`: its instance's input names),
+    or None when it returns none."""
+    if not getattr(cls, "return_mm_token_type_ids", False):
+        return None
+    return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 
 
-def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
-    """The processor's image half, when its video half cannot be built (no torchvision)."""
+def _images_kwargs(processor) -> dict:
+    """What the processor passes its image processor on every call: its class's image defaults (SmolVLM's
+    `return_row_col_info`, InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`) merged with its settings, by
+    the processor's own merge (a private method, called the same way in 5.17 and 5.2x); without the tensor
+    type, which each call chooses."""
+    merged = processor._merge_kwargs(processor.valid_processor_kwargs,
+                                     tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
+    return {k: v for k, v in merged.items() if k != "return_tensors"}
+
+
+def _processor(model, trust_remote_code: bool):
+    """The model's `AutoProcessor`; where one of its parts cannot be built here (a video processor that needs
+    torchvision), the same processor class with that part standing in (`_image_only`)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except ImportError as err:  # a part's class needs a package not installed here
+        missing = err
+    except ValueError as err:
+        if "torchvision" not in str(err):  # the auto video processor's way to say it needs torchvision
+            raise UserError(f"cannot load the processor of {model}: {err}") from None
+        missing = ImportError(str(err))
+    except OSError as err:
+        raise UserError(f"cannot load the processor of {model}: {err}") from None
+    try:
+        return _image_only(model, trust_remote_code, missing)
+    except ImportError as err:  # a part an image-only run needs (its image processor, the processor itself)
+        raise UserError(f"cannot build the processor of {model}: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _image_only(model, trust_remote_code: bool, missing: ImportError):
+    """The model's processor class built from its tokenizer, its image processor and its saved settings, with
+    an `_Absent` for each video part: the class's own `__init__` runs, so its `replace_image_token` reads
+    what it always reads. Only the type check of the parts is relaxed, for the stand-ins (5.2x checks a video
+    processor against a class it does not export without torchvision)."""
     import transformers
     from transformers import AutoImageProcessor, AutoTokenizer
 
     settings = _processor_settings(model)
-    cls = getattr(transformers, str(settings.get("processor_class")), None)
+    cls = getattr(transformers, str(settings.pop("processor_class", None)), None)
     if cls is None or not hasattr(cls, "replace_image_token"):
-        raise UserError(f"cannot load the processor of {model}: it needs torchvision, and its class "
-                        f"{settings.get('processor_class')!r} is unknown here")
-    tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    token = tokenizer.convert_ids_to_tokens(config.image_token_id)
-    half = _ImageHalf(image_processor, token, {k: v for k, v in settings.items() if not isinstance(v, dict)})
-    log.warning("%s: torchvision is not installed, so its %s cannot be built; using its image half only",
-                model, cls.__name__)
-    return _image_text(model, config, tokenizer, image_processor, settings.get("chat_template") or tokenizer.chat_template,
-                       functools.partial(cls.replace_image_token, half),
-                       pixel_names=tuple(image_processor.model_input_names),
-                       token_types=_token_types(cls, None))
+        raise missing
+    reason = _first_line(missing)
+    parts = {"tokenizer": AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code),
+             "image_processor": AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)}
+    args = []
+    for name in cls.get_attributes():
+        if name not in parts and "video" not in name:
+            raise missing
+        args.append(parts.get(name) or _Absent(name, reason))
+
+    class ImageOnly(cls):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if isinstance(argument, _Absent):
+                return _Absent
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+        def to_dict(self):  # its settings, as saved: the stand-ins were never saved
+            return {k: v for k, v in super().to_dict().items() if not isinstance(v, _Absent)}
+
+        def __reduce__(self):  # a class made here pickles as the call that makes it
+            return _image_only, (model, trust_remote_code, ImportError(reason))
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
+    log.warning("%s: %s; its %s is built for images only", model, reason, cls.__name__)
+    return ImageOnly.from_args_and_dict(args, settings)
+
+
+class _Absent:
+    """Stands in for a processor part that cannot be built here (a video processor without torchvision):
+    it contributes no model inputs and refuses any use, saying why."""
+
+    model_input_names: tuple = ()
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def __call__(self, *args, **kwargs):
+        raise UserError(f"the processor's {self.name} cannot be used here: {self.reason}")
 
 
 def _processor_settings(model) -> dict:
-    """processor_config.json of a local dir, with the processor class from the tokenizer config as a fallback."""
+    """processor_config.json of a local dir (its sub-processors' own sections left out), with the processor
+    class from the tokenizer config as a fallback and the chat template of chat_template.jinja."""
     root = Path(model)
     settings: dict = {}
     for name in ("tokenizer_config.json", "processor_config.json"):
         if (root / name).is_file():
             data = json.loads((root / name).read_text())
-            settings.update({k: v for k, v in data.items() if name == "processor_config.json" or k == "processor_class"})
+            settings.update({k: v for k, v in data.items() if not isinstance(v, dict)
+                             and (name == "processor_config.json" or k == "processor_class")})
     if (root / "chat_template.jinja").is_file():
         settings["chat_template"] = (root / "chat_template.jinja").read_text()
     return settings

@@ -162,3 +162,162 @@ def make_vlm_data(root: Path, model_dir: Path, *, n_train=32, n_val=8, n_test=8,
                       too_long="error", fingerprint=fingerprint, split=split, images=images)
     return {"root": root, "model": model_dir, "train": root / "train.safetensors", "val": root / "val.safetensors",
             "test": paths["test"], "data": root / "data"}
+
+
+def _family_tokenizer(specials: list[str], *, bos: str, eos: str, template: str, named: dict | None = None):
+    """The demo's character tokenizer with a family's special tokens, its bos / eos and chat template;
+    `named`: extra special tokens the family's processor reads by attribute (`tokenizer.image_token`, ...)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.demo import text as demo
+
+    base = demo.build_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in base.get_vocab()]})
+    return PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=bos, eos_token=eos,
+                                   pad_token="<pad>", unk_token="<unk>", chat_template=template, model_max_length=512,
+                                   **({"extra_special_tokens": named} if named else {}))
+
+
+def _text_config(tokenizer, **extra) -> dict:
+    """A 2-layer, 32-wide decoder's settings for `tokenizer`, as a composite config's `text_config`."""
+    return dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id, **extra)
+
+
+def _save_parts(path: Path, model, tokenizer, image_processor, template: str, processor_class: str, **settings):
+    """A model dir whose processor is written as its parts (tokenizer, image processor, processor_config.json,
+    chat_template.jinja), as a hub checkpoint holds it: for processors that cannot be built here (a video
+    half that needs torchvision)."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    image_processor.save_pretrained(path)
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": processor_class, **settings}) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(template)
+    return path
+
+
+# SmolVLM2's chat template, verbatim: transformers' SmolVLMProcessor DEFAULT_CHAT_TEMPLATE
+# (models/smolvlm/processing_smolvlm.py, 5.24), the template of HuggingFaceTB/SmolVLM2-*-Instruct.
+SMOLVLM_TEMPLATE = "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'] is string %}{{': ' + message['content']}}{% else %}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"  # noqa: E501
+# Idefics3's, verbatim: TRL's trl/chat_templates/idefics3.jinja (content only as a list of parts)
+IDEFICS3_TEMPLATE = "<|begin_of_text|>{% for message in messages %}{{message['role'].capitalize()}}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"  # noqa: E501
+_IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", "<video>",
+                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+
+
+def save_smolvlm(path: Path, *, family: str = "smolvlm", seed: int = 0) -> Path:
+    """A tiny random SmolVLM2 (`SmolVLMForConditionalGeneration`) or Idefics3 (`family="idefics3"`): a 1-layer
+    SigLIP-style tower on 32x32 tiles (8x8 patches, pixel shuffle 2: 4 `<image>` tokens a tile), 2 Llama layers.
+
+    SmolVLM2 splits an image: a 32x32 image is resized to 64x64 and cut into 2x2 tiles plus the whole image,
+    each written as `<fake_token_around_image>`, `<row_r_col_c>` (or `<global-img>`) and its 4 `<image>`
+    tokens. Idefics3 keeps an image whole (`do_image_splitting=False`). Its processor is written as parts:
+    SmolVLM's video processor needs torchvision."""
+    import transformers
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    smol = family == "smolvlm"
+    template = SMOLVLM_TEMPLATE if smol else IDEFICS3_TEMPLATE
+    bos = "<|im_start|>" if smol else "<|begin_of_text|>"
+    tokenizer = _family_tokenizer([bos, *_IDEFICS_TOKENS], bos=bos, eos="<end_of_utterance>", template=template)
+    config = getattr(transformers, "SmolVLMConfig" if smol else "Idefics3Config")(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = getattr(transformers, "SmolVLMForConditionalGeneration" if smol else "Idefics3ForConditionalGeneration")(
+        config)
+    # the PIL backend by name: the same pixels with or without torchvision installed here
+    images = SmolVLMImageProcessorPil(size={"longest_edge": 64 if smol else 32}, max_image_size={"longest_edge": 32},
+                                      do_image_splitting=smol)
+    return _save_parts(path, model, tokenizer, images, template, "SmolVLMProcessor" if smol else "Idefics3Processor",
+                       image_seq_len=4)
+
+
+# InternVL3's -hf chat template, verbatim: the `chat_template` transformers' converter writes into the -hf
+# checkpoints (models/internvl/convert_internvl_weights_to_hf.py); it writes the processor's <IMG_CONTEXT>
+INTERNVL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}"
+    "{{ message['content'] }}"
+    "{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}"
+    "{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}"
+    "{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}"
+    "{{ content['text'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% endif %}"
+    "{{'<|im_end|>\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{'<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                   "video_token": "<video>"}
+
+
+def save_internvl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random InternVL3 (`InternVLForConditionalGeneration`: a 1-layer InternViT on 32x32 images, 8x8
+    patches, pixel shuffle 0.5: `<img>`, 4 `<IMG_CONTEXT>`, `</img>` an image; 2 Qwen2 layers), GOT-OCR2's
+    image processor (one 32x32 tile). Its processor is written as parts: the video processor needs torchvision."""
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|im_start|>", "<|im_end|>", *INTERNVL_TOKENS.values()], bos=None,
+                                  eos="<|im_end|>", template=INTERNVL_TEMPLATE, named=INTERNVL_TOKENS)
+    config = InternVLConfig(
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=[32, 32], patch_size=[8, 8]),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"), downsample_ratio=0.5,
+        vision_feature_layer=-1, vision_feature_select_strategy="default")
+    torch.manual_seed(seed)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
+    return _save_parts(path, InternVLForConditionalGeneration(config), tokenizer, images, INTERNVL_TEMPLATE,
+                       "InternVLProcessor", image_seq_length=4)
+
+
+# LLaVA-NeXT's (llava-v1.6-mistral), verbatim: TRL's trl/chat_templates/llava_next.jinja (content only as parts)
+LLAVA_NEXT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'][0]['text'] + "
+    "'\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ '[INST] ' }}{# Render all images first #}{% for content "
+    "in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}{# Render all text "
+    "next #}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}"
+    "{% endfor %}{{' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'][0]['text'] + "
+    "'</s> '}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+# anyres: a 32x32 image takes the 32x32 grid, 2x2 tiles of 16x16 plus the whole image resized
+LLAVA_NEXT_PINPOINTS = [[16, 32], [32, 16], [32, 32]]
+
+
+def save_llava_next(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LLaVA-NeXT (`LlavaNextForConditionalGeneration`: a 1-layer CLIP tower on 16x16 tiles,
+    8x8 patches, 2 Llama layers) with its own processor: anyres, so a 32x32 image is the whole image
+    (4 features) plus a 2x2 grid of tiles, unpadded with a newline per row (4 x 4 + 4): 24 `<image>`."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<image>", "[INST]", "[/INST]", "</s>"], bos="<s>", eos="</s>",
+                                  template=LLAVA_NEXT_TEMPLATE)
+    config = LlavaNextConfig(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=16, patch_size=8, projection_dim=16),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,
+        vision_feature_select_strategy="default", vision_feature_layer=-1, image_seq_length=4)
+    torch.manual_seed(seed)
+    LlavaNextForConditionalGeneration(config).save_pretrained(path)
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                        image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+    LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
+                       num_additional_image_tokens=1, chat_template=LLAVA_NEXT_TEMPLATE).save_pretrained(path)
+    return path
