@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import make_vlm_data, save_gemma3, save_qwen_vl
+from kits.vlm import make_vlm_data, save_gemma3, save_internvl, save_llava_next, save_qwen_vl, save_smolvlm
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -29,6 +30,10 @@ SAVERS = {
     "qwen3_5": lambda path: save_qwen_vl(path, "qwen3_5"),
     "qwen3_5_moe": lambda path: save_qwen_vl(path, "qwen3_5_moe"),
     "gemma3": save_gemma3,
+    "smolvlm": save_smolvlm,
+    "idefics3": lambda path: save_smolvlm(path, family="idefics3"),
+    "internvl": save_internvl,
+    "llava_next": save_llava_next,
 }
 
 pytestmark = pytest.mark.usefixtures("own_signal_handlers")
@@ -97,3 +102,55 @@ def test_gemma3_batches_are_what_its_processor_gives(vlms):
     for key, value in theirs.items():
         same = torch.allclose(ours[key].float(), value.float()) if key == "pixel_values" else torch.equal(ours[key], value)
         assert same, key
+
+
+def _processor_batch(data, images, processor) -> tuple[dict, dict]:
+    """(what `processor` gives for the first validation record's conversation, our collated batch of it)."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    record = load_records(data["data"] / "val.jsonl")[0]
+    text = processor.tokenizer.apply_chat_template(images.conversation(record.messages), tokenize=False,
+                                                   chat_template=images.chat_template)
+    theirs = processor(text=[text], images=[[open_rgb(p) for p in record.images]], return_tensors="pt",
+                       add_special_tokens=False)
+    ours = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0]).inputs
+    assert bool(theirs.pop("attention_mask").all())  # one record, no padding: ours leaves the mask out
+    assert set(theirs) == set(ours), (sorted(theirs), sorted(ours))
+    return dict(theirs), ours
+
+
+def test_llava_next_batches_are_what_its_processor_gives(vlms):
+    """LLaVA-NeXT's anyres: the image's token count follows its size and grid (24 here), and the model takes
+    `image_sizes` beside the pixels of every tile; ours == its own processor's (AutoProcessor, stock)."""
+    from transformers import AutoProcessor
+
+    from pipeline.data.tokenize import load_chat
+
+    data = vlms["llava_next"]
+    _, images = load_chat(data["model"])
+    theirs, ours = _processor_batch(data, images, AutoProcessor.from_pretrained(data["model"]))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 24
+    assert tuple(theirs["pixel_values"].shape) == (1, 5, 3, 16, 16)  # the whole image + 2x2 tiles
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+
+def test_smolvlm_batches_are_what_its_processor_gives(vlms):
+    """SmolVLM2's split image: 2x2 tiles and the whole image, each `<fake_token_around_image>`, a row/col token
+    (or `<global-img>`) and 4 `<image>` tokens; `pixel_attention_mask` beside the pixels. Its processor class
+    (built for images only here: its video processor needs torchvision) gives the same."""
+    from pipeline.data.tokenize import load_chat
+    from pipeline.data.vision import _processor
+
+    data = vlms["smolvlm"]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))  # as a loader worker started by spawn gets it
+    theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 5 * 4
+    assert images.tokenizer.convert_tokens_to_ids("<row_2_col_2>") in theirs["input_ids"]
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
