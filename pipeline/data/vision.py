@@ -210,7 +210,7 @@ def _processor(model, trust_remote_code: bool):
         raise UserError(f"cannot load the processor of {model}: {err}") from None
     try:
         return _image_only(model, trust_remote_code, missing)
-    except ImportError as err:  # a part an image-only run needs (its image processor, the processor itself)
+    except (ImportError, ValueError) as err:  # a part an image-only run needs: its image processor, the class itself
         raise UserError(f"cannot build the processor of {model}: {_first_line(err)}") from None
 
 

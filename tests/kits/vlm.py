@@ -321,3 +321,30 @@ def save_llava_next(path: Path, *, seed: int = 0) -> Path:
     LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
                        num_additional_image_tokens=1, chat_template=LLAVA_NEXT_TEMPLATE).save_pretrained(path)
     return path
+
+
+LFM2_VL_TOKENS = ["<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>", "<|im_start|>", "<|im_end|>"]
+
+
+def save_lfm2_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LFM2-VL (`Lfm2VlForConditionalGeneration`: a 1-layer SigLIP2 tower, 2 LFM2 layers, one
+    convolution and one attention) whose processor is written as parts. Its image processor exists only for
+    torchvision (no PIL backend in transformers), so without torchvision the pipeline refuses it by name."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    tokenizer = _family_tokenizer(LFM2_VL_TOKENS, bos="<s>", eos="<|im_end|>", template=INTERNVL_TEMPLATE.replace(
+        "<IMG_CONTEXT>", "<image>"))
+    config = Lfm2VlConfig(
+        text_config=_text_config(tokenizer, model_type="lfm2", layer_types=["conv", "full_attention"]),
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, patch_size=8, num_patches=16),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), projector_hidden_size=32)
+    torch.manual_seed(seed)
+    Lfm2VlForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    # what Lfm2VlImageProcessor.save_pretrained writes, by hand: the class cannot be built without torchvision
+    (Path(path) / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Lfm2VlImageProcessor", "do_image_splitting": False, "encoder_patch_size": 8,
+         "min_image_tokens": 4, "max_image_tokens": 16, "downsample_factor": 2}) + "\n")
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor"}) + "\n")
+    return path

@@ -154,3 +154,23 @@ def test_smolvlm_batches_are_what_its_processor_gives(vlms):
     assert images.tokenizer.convert_tokens_to_ids("<row_2_col_2>") in theirs["input_ids"]
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
+
+
+def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
+    """LFM2-VL's image processor exists only for torchvision (transformers has no PIL backend for it): without
+    torchvision, tokenizing for it stops with one line naming the model and the missing package."""
+    from kits.vlm import save_lfm2_vl
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    try:
+        import torchvision  # noqa: F401
+        pytest.skip("torchvision is installed: this is the refusal without it")
+    except ImportError:
+        pass
+    model = save_lfm2_vl(tmp_path / "lfm2_vl")
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "torchvision" in message and "\n" not in message, message
