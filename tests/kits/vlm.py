@@ -348,3 +348,47 @@ def save_lfm2_vl(path: Path, *, seed: int = 0) -> Path:
          "min_image_tokens": 4, "max_image_tokens": 16, "downsample_factor": 2}) + "\n")
     (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor"}) + "\n")
     return path
+
+
+# GLM-4.1V's turn format (role markers, `[gMASK]<sop>`, an image as `<|begin_of_image|><|image|><|end_of_image|>`,
+# a turn ended by the next one's marker), as vLLM's GLM-4.1V example prompt writes it. Not the shipped template:
+# no verbatim copy of it is at hand here.
+GLM4V_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|begin_of_image|><|image|><|end_of_image|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+GLM4V_TOKENS = ["[gMASK]", "<sop>", "<|endoftext|>", "<|begin_of_image|>", "<|image|>", "<|end_of_image|>",
+                "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
+
+
+def save_glm4v(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random GLM-4.1V (`Glm4vForConditionalGeneration`: 2 vision blocks, 8x8 patches, 2x2 merge: a
+    32x32 image is 4 `<|image|>` tokens with `image_grid_thw`; 2 decoder layers with 3-D RoPE), GLM-4.1V's
+    image processor; the processor is written as parts (its video processor needs torchvision)."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
+    config = Glm4vConfig(
+        text_config=_text_config(tokenizer, rope_parameters=rope),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    torch.manual_seed(seed)
+    # its pixel bounds count the 2 frames an image is repeated into
+    images = Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
+                                    merge_size=2, temporal_patch_size=2)
+    return _save_parts(path, Glm4vForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
+                       "Glm4vProcessor")

@@ -22,7 +22,8 @@ import pickle
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import make_vlm_data, save_gemma3, save_internvl, save_llava_next, save_qwen_vl, save_smolvlm
+from kits.vlm import (make_vlm_data, save_gemma3, save_glm4v, save_internvl, save_llava_next, save_qwen_vl,
+                      save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -34,6 +35,7 @@ SAVERS = {
     "idefics3": lambda path: save_smolvlm(path, family="idefics3"),
     "internvl": save_internvl,
     "llava_next": save_llava_next,
+    "glm4v": save_glm4v,
 }
 
 pytestmark = pytest.mark.usefixtures("own_signal_handlers")
@@ -123,35 +125,36 @@ def _processor_batch(data, images, processor) -> tuple[dict, dict]:
     return dict(theirs), ours
 
 
-def test_llava_next_batches_are_what_its_processor_gives(vlms):
-    """LLaVA-NeXT's anyres: the image's token count follows its size and grid (24 here), and the model takes
-    `image_sizes` beside the pixels of every tile; ours == its own processor's (AutoProcessor, stock)."""
-    from transformers import AutoProcessor
-
-    from pipeline.data.tokenize import load_chat
-
-    data = vlms["llava_next"]
-    _, images = load_chat(data["model"])
-    theirs, ours = _processor_batch(data, images, AutoProcessor.from_pretrained(data["model"]))
-    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 24
-    assert tuple(theirs["pixel_values"].shape) == (1, 5, 3, 16, 16)  # the whole image + 2x2 tiles
-    for key, value in theirs.items():
-        assert torch.equal(ours[key], value), key
+# image tokens an image of the demo (32x32) expands to, in families whose batches are checked against their processor
+IMAGE_TOKENS = {
+    "smolvlm": 5 * 4,  # split: 2x2 tiles and the whole image, 4 each, with <fake_token_around_image> and row/col tokens
+    "idefics3": 4,  # whole
+    "internvl": 4,  # one tile, between <img> and </img>
+    "llava_next": 4 + 2 * 2 * 4 + 4,  # anyres: the whole image, a 2x2 grid of tiles unpadded, a newline per row
+    "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
+}
 
 
-def test_smolvlm_batches_are_what_its_processor_gives(vlms):
-    """SmolVLM2's split image: 2x2 tiles and the whole image, each `<fake_token_around_image>`, a row/col token
-    (or `<global-img>`) and 4 `<image>` tokens; `pixel_attention_mask` beside the pixels. Its processor class
-    (built for images only here: its video processor needs torchvision) gives the same."""
+@pytest.mark.parametrize("family", list(IMAGE_TOKENS))
+def test_batches_are_what_the_processor_gives(family, vlms):
+    """Our batch of a record == what the family's processor class gives for the same conversation: tokens
+    (each image expanded as its size and settings say), pixels and every other image input (SmolVLM's
+    `pixel_attention_mask`, LLaVA-NeXT's `image_sizes`, GLM-4.1V's `image_grid_thw` and modality ids).
+    LLaVA-NeXT's processor is stock `AutoProcessor`; the others' are their own class built for images only
+    (their video processors need torchvision). Pickled first, as a loader worker started by spawn gets it."""
     from pipeline.data.tokenize import load_chat
     from pipeline.data.vision import _processor
 
-    data = vlms["smolvlm"]
+    data = vlms[family]
     _, images = load_chat(data["model"])
-    images = pickle.loads(pickle.dumps(images))  # as a loader worker started by spawn gets it
+    images = pickle.loads(pickle.dumps(images))
     theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
-    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 5 * 4
-    assert images.tokenizer.convert_tokens_to_ids("<row_2_col_2>") in theirs["input_ids"]
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == IMAGE_TOKENS[family]
+    if family == "smolvlm":
+        assert images.tokenizer.convert_tokens_to_ids("<row_2_col_2>") in theirs["input_ids"]
+    if family == "glm4v":  # its template ends no turn: the labeller appends the eos, trained, to the last one
+        assert int(ours["input_ids"][0, -1]) == images.tokenizer.eos_token_id
+        ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
 
