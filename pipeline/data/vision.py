@@ -18,13 +18,18 @@ model's own `AutoProcessor`:
   derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
   Gemma 3's ``token_type_ids`` for its attention within an image).
   The expansion and the pixels come from the same image processor with the same
-  settings, so the image tokens of the cache always match the features.
+  settings (the processor's own image kwargs too: SmolVLM's row/col layout,
+  InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
+  tokens of the cache always match the features.
 
-One case builds the processor from its parts: in Transformers 5 the Qwen2-VL
-processor also holds a video processor that needs torchvision, which an
-image-only run does not. Without torchvision, `load_image_text` takes the
-tokenizer and image processor on their own and calls the processor class's own
-`replace_image_token` on just the attributes it reads (see `_ImageHalf`).
+One case builds the processor without `AutoProcessor`: a processor whose video
+processor needs torchvision (Qwen2-VL, Qwen3-VL, SmolVLM2, InternVL, GLM-4.1V in
+Transformers 5), which an image-only run does not. Without torchvision,
+`load_image_text` builds the same processor class from its tokenizer, image
+processor and saved settings, with a stand-in for the video processor that
+refuses any use (`_image_only`). A processor that cannot be built even so (an
+image processor that exists only for torchvision, as LFM2-VL's) is one
+`UserError` naming the model and what is missing.
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ processor (8x8 patches, 2x2 merge: a 32x32 image is 4 image tokens) and
 take the same tokenizer and image processor with their own model classes
 (`save_qwen_vl`); Gemma 3 (`save_gemma3`) its own processor, whose template
 writes `<start_of_image>` for an image, expanded to 4 `<image_soft_token>`s
-between it and `<end_of_image>`. Nothing is downloaded.
+between it and `<end_of_image>`. SmolVLM2 / Idefics3 (`save_smolvlm`), InternVL3 (`save_internvl`),
+LLaVA-NeXT (`save_llava_next`), GLM-4.1V (`save_glm4v`) and LFM2-VL (`save_lfm2_vl`) take the demo
+tokenizer with their special tokens, their own image processors (PIL backends) and, where known, their
+shipped chat templates (sources named); those whose processor holds a torchvision-only video processor
+are written as parts, as a hub checkpoint holds them. Nothing is downloaded.
 """
 
 from __future__ import annotations

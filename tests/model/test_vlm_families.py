@@ -1,5 +1,6 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
-mixture of experts: its checkpoints are all this composite class), Gemma 3.
+mixture of experts: its checkpoints are all this composite class), Gemma 3, SmolVLM2, Idefics3, InternVL3,
+LLaVA-NeXT, GLM-4.1V (LFM2-VL: refused without torchvision).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
