@@ -14,6 +14,9 @@ Markers the vocabulary has (a Llama 3 base has ``<|eot_id|>``) are used as they 
 
 A vision-language model keeps its processor's own template: its processor
 files are copied as they are (a different template is not supported yet).
+
+`data.chat_template_kwargs` (`pipeline.data.template_vars`) become the defaults of
+the run's template, in whichever file holds it; ``chat.json`` records them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 
 from pipeline.data.chat import BUILTIN_TEMPLATES, SETTING, TOKENIZER_OWN, resolve_template
 from pipeline.data.run_tokenizer import CHAT_FILE, GENERATION_CONFIG
+from pipeline.data.template_vars import with_defaults
 from pipeline.data.vision import is_vision_language
 from pipeline.errors import UserError
 from pipeline.storage import hub
@@ -38,8 +42,38 @@ def _needs_adding(tokenizer, token: str) -> bool:
     return len(ids) != 1 or tokenizer.convert_ids_to_tokens(ids[0]) != token
 
 
-def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | None) -> dict:
-    """Write the run's tokenizer dir; returns what `CHAT_FILE` holds."""
+def _set_processor_defaults(out_dir: Path, kwargs: dict, model_dir: Path) -> None:
+    """`kwargs` as the defaults of every chat template the copied processor files hold."""
+    if not kwargs:
+        return
+    where = f"the chat template of {model_dir}"
+    found = False
+    if (out_dir / "chat_template.jinja").is_file():
+        path = out_dir / "chat_template.jinja"
+        path.write_text(with_defaults(path.read_text(encoding="utf-8"), kwargs, where=where), encoding="utf-8")
+        found = True
+    for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
+        path = out_dir / name
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+        value = data.get("chat_template")
+        if isinstance(value, str):
+            data["chat_template"] = with_defaults(value, kwargs, where=where)
+        elif isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
+            data["chat_template"] = [{**t, "template": with_defaults(t["template"], kwargs, where=where)}
+                                     for t in value]
+        else:
+            continue
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        found = True
+    if not found:
+        raise UserError(f"data.chat_template_kwargs: the processor files of {model_dir} hold no chat template")
+
+
+def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | None,
+            template_kwargs: dict | None = None) -> dict:
+    """Write the run's tokenizer dir; returns what `CHAT_FILE` holds. `template_kwargs`:
+    `data.chat_template_kwargs`, the defaults of the template's own variables."""
+    template_kwargs = template_kwargs or {}
     from transformers import AutoTokenizer
     from tokenizers import AddedToken
 
@@ -54,7 +88,9 @@ def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | Non
         for path in model_dir.iterdir():
             if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES) and not path.name.startswith("model."):
                 shutil.copy2(path, out_dir / path.name)
-        info = {"model": str(model_dir), "template": "processor", "added_tokens": {}, "vision_language": True}
+        _set_processor_defaults(out_dir, template_kwargs, model_dir)
+        info = {"model": str(model_dir), "template": "processor", "added_tokens": {}, "vision_language": True,
+                "template_kwargs": template_kwargs}
         (out_dir / CHAT_FILE).write_text(json.dumps(info, indent=2) + "\n")
         return info
     try:
@@ -75,7 +111,7 @@ def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | Non
         if end_of_turn is None:
             raise UserError(f"{SETTING}={chat_template!r} closes assistant turns with the eos token, and the "
                             f"tokenizer of {model_dir} has none")
-    tokenizer.chat_template = template
+    tokenizer.chat_template = with_defaults(template, template_kwargs, where=f"the chat template ({source})")
     if tokenizer.pad_token is None:
         # Batches need a pad id; the eos never appears inside a supervised span's middle.
         tokenizer.pad_token = tokenizer.eos_token
@@ -92,6 +128,7 @@ def prepare(model_dir: str | Path, out_dir: str | Path, chat_template: str | Non
         "added_tokens": added,
         "end_of_turn": end_of_turn,
         "end_of_turn_id": tokenizer.convert_tokens_to_ids(end_of_turn) if end_of_turn else None,
+        "template_kwargs": template_kwargs,
     }
     (out_dir / CHAT_FILE).write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n")
     return info
@@ -104,13 +141,28 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--chat-template", default=None,
                    help=f"{SETTING}: empty or 'tokenizer' = the tokenizer's own; a built-in name "
                         f"({', '.join(BUILTIN_TEMPLATES)}); or a path to a .jinja file")
+    p.add_argument("--template-kwargs", default="{}", type=_json_mapping,
+                   help="data.chat_template_kwargs as JSON: the template's own variables, e.g. "
+                        "'{\"enable_thinking\": false}'")
     p.add_argument("--out", required=True, type=Path)
     return p
 
 
+def _json_mapping(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    info = prepare(args.model, args.out, args.chat_template or None)
+    info = prepare(args.model, args.out, args.chat_template or None, args.template_kwargs)
     added = ", ".join(f"{t} ({i})" for t, i in info["added_tokens"].items()) or "none"
-    print(f"tokenizer -> {args.out}: template {info['template']}, special tokens added: {added}")
+    defaults = ", ".join(f"{k}={v!r}" for k, v in info["template_kwargs"].items())
+    print(f"tokenizer -> {args.out}: template {info['template']}{f' (defaults: {defaults})' if defaults else ''}, "
+          f"special tokens added: {added}")
     return 0

@@ -19,7 +19,10 @@ families:
   writes. One exception, documented: an empty think block
   (``<think>\\n\\n</think>\\n\\n``) that a template writes before a turn
   without reasoning stays prompt, although Qwen3's shipped generation prompt
-  does not contain it: training it would teach the model never to think.
+  does not contain it: training it would teach the model never to think. So
+  does the close of an empty block the generation prompt opened (Qwen3.5's and
+  Nemotron 3's prompts end in ``<think>\\n``, their turns without reasoning
+  go on ``</think>``).
 - **End.** `TurnRule.stops` are the tokens generation stops on: the
   tokenizer's eos, the template's end-of-turn marker (`TurnRule.end_of_turn`,
   which the pipeline adds to generation's stop tokens), the model's own
@@ -57,6 +60,7 @@ from pipeline.data.run_tokenizer import GENERATION_CONFIG, eos_ids
 OPEN, CLOSE = "\ue000", "\ue001"
 SENTINEL = re.compile(f"{OPEN}([ARC])(\\d+){CLOSE}")  # reasoning, answer, a tool call's name
 _EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
+_THINK_CLOSE = re.compile(r"\s*</think>\s*")  # the rest of an empty think block that the prompt opened
 _PROBE_USER, _PROBE_NEXT = "Probe of the assistant header.", "Probe of the next turn."
 # Where a template reads reasoning from, in the order tried (`reasoning_field`).
 REASONING_FIELDS = ("reasoning_content", "thinking")
@@ -95,6 +99,11 @@ class TurnRule:
         return re.compile("|".join(map(re.escape, self.markers))) if self.markers else None
 
     @cached_property
+    def _opens_think(self) -> bool:
+        """The generation prompt ends inside a think block it opened (Qwen3.5's, Nemotron 3's)."""
+        return self.header.rfind("<think>") > self.header.rfind("</think>")
+
+    @cached_property
     def _header_tokens(self) -> list[tuple[int, str]]:
         return special_tokens(self.header, self.markers)
 
@@ -109,6 +118,8 @@ class TurnRule:
         block right after it; `first` itself where the header cannot be placed."""
         start = self._after_header(text, lo, first)
         empty = _EMPTY_THINK.match(text, start, first)
+        if empty is None and self._opens_think and text.rfind("<think>", lo, start) >= 0:
+            empty = _THINK_CLOSE.match(text, start, first)
         return empty.end() if empty else start
 
     def _after_header(self, text: str, lo: int, first: int) -> int:

@@ -121,6 +121,12 @@ def _strip_reasoning(messages):
     return out
 
 
+# How a family's template writes the reasoning of a turn after the last user message, the part before it being
+# its generation prompt (None: as Qwen3, `<think>\n{reasoning}\n</think>\n\n` all trained)
+_AFTER_PROMPT = {"qwen3.5": "{thought}\n</think>\n\n", "nemotron": "{thought}\n</think>\n",
+                 "lfm2.5": "<think>{thought}</think>"}
+
+
 def _expected(family, messages, reasoning):
     """(trained text per assistant turn, has reasoning, reasoning not trained, dropped by template, every
     turn's close trained)."""
@@ -141,6 +147,8 @@ def _expected(family, messages, reasoning):
         if reasoning == "drop":
             texts.append(fam.lead + answer + close)
             not_trained = True
+        elif fam.reasoning in _AFTER_PROMPT and k > last_user:
+            texts.append(_AFTER_PROMPT[fam.reasoning].format(thought=thought) + answer + close)
         elif fam.reasoning == "qwen3" and k > last_user:
             texts.append(f"{THINK_OPEN}\n{thought}\n{THINK_CLOSE}\n\n{answer}{close}")
         elif fam.reasoning == "gpt-oss" and last:  # the analysis channel, then the final one

@@ -45,9 +45,9 @@ def _shell_commands(text: str) -> dict[str, str]:
     return found
 
 
-def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
+def test_data_rules_pass_the_policy_the_template_switches_and_a_failed_report_dir(tmp_path):
     workdir = copy_workflow(tmp_path / "wf")
-    (workdir / "extra.yaml").write_text("data:\n  duplicates: drop\n")
+    (workdir / "extra.yaml").write_text("data:\n  duplicates: drop\n  chat_template_kwargs: {enable_thinking: false}\n")
     # Targets before --configfile, which takes several values.
     proc = snakemake(workdir, "results/demo/data/stats.json", "-n", "-p", "--cores", "1",
                      "--configfile", "extra.yaml", timeout=120)
@@ -55,6 +55,8 @@ def test_data_rules_pass_the_policy_and_a_failed_report_dir(tmp_path):
     commands = _shell_commands(proc.stdout + proc.stderr)
     validate, tokenize = (commands[name].split(" --") for name in ("validate", "tokenize"))  # "option value"
     assert "duplicates drop" in validate and "duplicates drop" in tokenize
+    # the template's switches reach the run tokenizer, as one shell word of JSON
+    assert "--template-kwargs '{\"enable_thinking\": false}'" in commands["prepare-tokenizer"]
     # undeclared, so it outlives a failed job (whose declared outputs Snakemake deletes)
     assert "failed-report-dir results/demo/data/train/train/validation_failed" in validate
 

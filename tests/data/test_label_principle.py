@@ -7,7 +7,8 @@ assistant turn k of each conversation: P = the render of the messages before tur
 generate is F after the end of P (where F does not write all of P, DeepSeek-R1's ``<think>\\n``: after
 their common token prefix), through the first token generation stops on: the model's eos ids as its
 ``generation_config.json`` lists them (`chatkit.Family.stops`, data). One documented exception: an empty
-think block right after the prompt stays prompt. Where F holds no stop token after the turn (GLM-4.5's
+think block right after the prompt stays prompt, and so does the close of an empty one the prompt opened
+(Qwen3.5's and Nemotron 3's prompts end in ``<think>\n``). Where F holds no stop token after the turn (GLM-4.5's
 template writes nothing after a last turn), the model still generates one: the labeller appends the eos
 to F and trains it. The labeller's supervised tokens of the record F after
 the last non-assistant message's content must be exactly that span; the earlier turns are the last turn
@@ -32,6 +33,7 @@ from pipeline.data.formats import Record
 from pipeline.data.tokenize import encode_records
 
 EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")
+THINK_CLOSE = re.compile(r"\s*</think>\s*")
 
 
 def _user(text):
@@ -69,11 +71,14 @@ REASONING_TEMPLATES = ([f for f in SHIPPED if chatkit.FAMILIES[f].reasoning]
 # Where a template reads an assistant turn's reasoning (the model makers' documented field; absent: inline,
 # <think>...</think> before the answer, which Qwen3's templates also parse). The labeller finds it by a probe.
 READS = {"qwen3": "reasoning_content", "qwen3-2025-04": "reasoning_content", "gpt-oss": "thinking",
+         "qwen3.5": "reasoning_content", "qwen3.5-small": "reasoning_content", "qwen3.6": "reasoning_content",
+         "nemotron-3-nano": "reasoning_content", "lfm2.5": "thinking",
          "builtin:qwen3": "reasoning_content", "builtin:qwen3-thinking": "reasoning_content",
          "builtin:gpt-oss": "reasoning_content"}
 # The templates that render tool calls and results (the others are refused: tests/data/test_data_text_and_tools).
 TOOL_TEMPLATES = ["qwen2.5", "qwen3", "qwen3-2025-04", "llama-3.1", "llama-3.2", "mistral-nemo", "gpt-oss",
-                  "glm-4.5", "builtin:qwen2.5"]
+                  "glm-4.5", "builtin:qwen2.5", "qwen3-instruct-2507", "qwen3.5", "qwen3.5-small", "qwen3.6",
+                  "nemotron-3-nano", "lfm2.5"]
 
 
 def _cases():
@@ -118,6 +123,9 @@ def derived_span(name, messages, tools=None) -> tuple[int, int]:
     ids = trained_ids(name, messages, tools)
     start = prompt_end(name, prompt, ids)
     empty = EMPTY_THINK.match(_decode(name, ids[start:]))
+    opened = _decode(name, prompt)
+    if empty is None and opened.rfind("<think>") > opened.rfind("</think>"):  # the prompt opened a think block
+        empty = THINK_CLOSE.match(_decode(name, ids[start:]))
     if empty:
         start += len(chatkit.char_ids(name, empty.group()))
     stops = {chatkit.vocabulary(name)[s] for s in chatkit.family_of(name).stops}
@@ -139,13 +147,18 @@ def trained_ids(name, messages, tools=None) -> list[int]:
 
 def prompt_end(name, prompt, ids) -> int:
     """Where the generation prompt ends in `ids`: after the last prompt token that `ids` writes in order (a
-    diff; whitespace alone does not place it). All of the prompt where it is a prefix; Mistral-Nemo's
-    prompt holds a system prompt that its training render leaves out, DeepSeek-R1's a ``<think>\n``."""
+    diff; whitespace alone does not place it), or earlier, at the first token `ids` writes that the prompt
+    does not hold: text the render puts inside the prompt's own tail is model output (Qwen3.5's reasoning
+    inside the empty think block its thinking-off prompt holds). All of the prompt where it is a prefix;
+    Mistral-Nemo's prompt holds a system prompt that its training render leaves out, DeepSeek-R1's a
+    ``<think>\n``."""
     if ids[:len(prompt)] == prompt:
         return len(prompt)
     space = {chatkit.vocabulary(name)[c] for c in " \n"}
-    blocks = difflib.SequenceMatcher(lambda t: t in space, prompt, ids, autojunk=False).get_matching_blocks()
-    return max(b.b + b.size for b in blocks if b.size)
+    matcher = difflib.SequenceMatcher(lambda t: t in space, prompt, ids, autojunk=False)
+    end = max(b.b + b.size for b in matcher.get_matching_blocks() if b.size)
+    written = [j1 for tag, _, _, j1, j2 in matcher.get_opcodes() if tag in ("insert", "replace") and j1 < end]
+    return min([end, *written])
 
 
 def _decode(name, ids) -> str:

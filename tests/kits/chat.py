@@ -70,6 +70,13 @@ _GLM = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|sy
         "<|observation|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
         "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
+_QWEN3_5 = _QWEN3 + ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+_NEMOTRON3 = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+              "<tool_response>", "</tool_response>")
+_LFM2 = ("<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
+         "<|tool_call_start|>", "<|tool_call_end|>", "<|tool_response_start|>", "<|tool_response_end|>")
+_LFM2_5 = _LFM2 + ("<think>", "</think>", "<image>")
+
 _L31_STOPS = ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
 _QWEN_STOPS = ("<|im_end|>", "<|endoftext|>")
 _R1_STOPS = ("<｜end▁of▁sentence｜>",)
@@ -121,6 +128,27 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            stops=("<|END_OF_TURN_TOKEN|>",)),
     Family("cohere2", "cohere2.jinja", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", _COHERE2,
            bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", stops=("<|END_OF_TURN_TOKEN|>",)),
+    # Qwen3-Instruct-2507: Qwen3's vocabulary, no thinking mode
+    Family("qwen3-instruct-2507", "qwen3-instruct-2507.jinja", "<|im_end|>", _QWEN3,
+           eos="<|im_end|>", pad="<|endoftext|>", stops=_QWEN_STOPS),
+    # Qwen3.5 (4B and up) and Qwen3.6: the generation prompt ends in <think>\n (thinking on): the reasoning where
+    # given is model output, the close of an empty block stays prompt; earlier turns render no reasoning
+    Family("qwen3.5", "qwen3.5.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
+           reasoning="qwen3.5", stops=_QWEN_STOPS),
+    Family("qwen3.6", "qwen3.6.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
+           reasoning="qwen3.5", stops=_QWEN_STOPS),
+    # Qwen3.5 up to 2B: thinking off, the generation prompt holds the empty think block
+    Family("qwen3.5-small", "qwen3.5-small.jinja", "<|im_end|>", _QWEN3_5, eos="<|im_end|>", pad="<|endoftext|>",
+           reasoning="qwen3.5", stops=_QWEN_STOPS),
+    # Nemotron 3 Nano: the generation prompt ends in <think>\n; a turn without reasoning renders <think></think>,
+    # whose close stays prompt
+    Family("nemotron-3-nano", "nemotron-3-nano.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
+           pad="<unk>", unk="<unk>", reasoning="nemotron", stops=("</s>", "<|im_end|>")),
+    Family("lfm2", "lfm2.jinja", "<|im_end|>", _LFM2, bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
+           stops=("<|im_end|>",)),
+    # LFM2.5: reads reasoning from `thinking`, written <think>...</think> with no newlines, last turns only
+    Family("lfm2.5", "lfm2.5.jinja", "<|im_end|>", _LFM2_5, bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
+           reasoning="lfm2.5", stops=("<|im_end|>",)),
 ]}
 
 

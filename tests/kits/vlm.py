@@ -80,11 +80,17 @@ _TEXT = {"qwen3_vl": dict(head_dim=16), "qwen3_5": _QWEN3_5_TEXT,
          "qwen3_5_moe": dict(_QWEN3_5_TEXT, moe_intermediate_size=16, shared_expert_intermediate_size=16,
                              num_experts=4, num_experts_per_tok=2)}
 _INTERLEAVED = {"qwen3_vl", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
+# Qwen3.5's and Qwen3.6's shipped templates (the test corpus: tests/data/chat_templates/README.md), with the
+# ChatML and think tokens of their tokenizer; the others take QWEN_TEMPLATE
+_SHIPPED = {"qwen3_5": "qwen3.5.jinja", "qwen3_5_moe": "qwen3.6.jinja"}
+_CHATML_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+                  "<tool_response>", "</tool_response>")
 
 
 def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
     """A tiny random Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 (dense or MoE) (2 vision blocks, 2 decoder
-    layers), the demo tokenizer with Qwen's vision tokens, Qwen2-VL's image processor, and the template."""
+    layers), the demo tokenizer with Qwen's vision tokens, Qwen2-VL's image processor, and the template (Qwen3.5's
+    own, and its eos <|im_end|>, for Qwen3.5)."""
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -92,8 +98,14 @@ def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
 
     config_cls, model_cls, processor_cls, vision = _QWEN_VL[family]
     tokenizer = demo.build_tokenizer()
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS)})
-    tokenizer.chat_template = QWEN_TEMPLATE
+    template = QWEN_TEMPLATE
+    if family in _SHIPPED:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS + _CHATML_TOKENS),
+                                      "eos_token": "<|im_end|>"})
+        template = (Path(__file__).resolve().parents[1] / "data" / "chat_templates" / _SHIPPED[family]).read_text()
+    else:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_TOKENS)})
+    tokenizer.chat_template = template
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
             **({"mrope_interleaved": True} if family in _INTERLEAVED else {})}
@@ -114,7 +126,7 @@ def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
     Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
                              temporal_patch_size=2).save_pretrained(path)
     (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": processor_cls}) + "\n")
-    (Path(path) / "chat_template.jinja").write_text(QWEN_TEMPLATE)
+    (Path(path) / "chat_template.jinja").write_text(template)
     return path
 
 

@@ -7,6 +7,7 @@
 import json
 import os
 import re
+import shlex
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError

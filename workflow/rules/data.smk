@@ -56,10 +56,13 @@ rule prepare_tokenizer:
     params:
         model=base_model,
         chat_template=optional("--chat-template", config["data"]["chat_template"]),
+        template_kwargs=optional("--template-kwargs", shlex.quote(json.dumps(config["data"]["chat_template_kwargs"]))
+                                 if config["data"]["chat_template_kwargs"] else None),
     resources:
         **job_resources("cpu"),
     shell:
-        launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} --out {output}"
+        launch() + "python -m pipeline prepare-tokenizer --model {params.model} {params.chat_template} "
+        "{params.template_kwargs} --out {output}"
 
 
 # Every training dataset, one file (a mix of one) or each of a list, by the same rules (wildcard `dataset`,
