@@ -10,6 +10,8 @@ model's own `AutoProcessor`:
   rendered to text; each image token the template writes is then expanded to
   the processor's own replacement for that image (`replace_image_token`: 576
   ``<image>`` for LLaVA-1.5, ``<|image_pad|>`` x (grid / merge^2) for Qwen2-VL).
+  A render that does not open with the bos gets the one the processor's own
+  tokenization would add (LLaVA's templates write none; their tokenizers add it).
   Tokenization caches the expanded tokens, so a training step never re-renders
   anything.
 * pixels: `pixels(paths)` decodes a batch's images and runs the processor's image
@@ -99,6 +101,9 @@ class ImageText:
     token_types: str | None
     # what the processor passes its image processor and `replace_image_token` on every call (`_images_kwargs`)
     image_kwargs: dict = field(default_factory=dict)
+    # the bos the processor's tokenization puts before a render that does not open with it ('' where none:
+    # `_added_bos`); LLaVA's templates write none, their tokenizers add it
+    bos: str = ""
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- text -----------------------------------------------------------------------------
@@ -128,11 +133,15 @@ class ImageText:
         return self._expansions[path]
 
     def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
-        """`text` with its k-th image token replaced by the expansion of `paths[k]`.
+        """`text` with its k-th image token replaced by the expansion of `paths[k]`, and opened with the
+        `bos` the processor's tokenization would add to it: the text the model reads, to be tokenized
+        without special tokens.
 
         `complete`: the text must hold one image token per path (a whole
         conversation); otherwise it may hold fewer (a prefix of one).
         """
+        if self.bos and not text.startswith(self.bos):
+            text = self.bos + text
         pieces = text.split(self.image_token)
         found = len(pieces) - 1
         if found > len(paths) or (complete and found != len(paths)):
@@ -177,7 +186,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
                      token_id, processor.replace_image_token,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
-                     _token_types(type(processor), names), _images_kwargs(processor))
+                     _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor))
 
 
 def _token_types(cls, names) -> str | None:
@@ -188,14 +197,34 @@ def _token_types(cls, names) -> str | None:
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 
 
+def _call_kwargs(processor, modality: str) -> dict:
+    """What the processor passes its `modality` part ("images_kwargs", "text_kwargs") on every call: its
+    class's defaults merged with its settings, by the processor's own merge (a private method, called the
+    same way in 5.17 and 5.2x)."""
+    return processor._merge_kwargs(processor.valid_processor_kwargs,
+                                   tokenizer_init_kwargs=processor.tokenizer.init_kwargs)[modality]
+
+
 def _images_kwargs(processor) -> dict:
-    """What the processor passes its image processor on every call: its class's image defaults (SmolVLM's
-    `return_row_col_info`, InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`) merged with its settings, by
-    the processor's own merge (a private method, called the same way in 5.17 and 5.2x); without the tensor
-    type, which each call chooses."""
-    merged = processor._merge_kwargs(processor.valid_processor_kwargs,
-                                     tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["images_kwargs"]
-    return {k: v for k, v in merged.items() if k != "return_tensors"}
+    """What the processor passes its image processor on every call (SmolVLM's `return_row_col_info`,
+    InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`), without the tensor type, which each call chooses."""
+    return {k: v for k, v in _call_kwargs(processor, "images_kwargs").items() if k != "return_tensors"}
+
+
+def _added_bos(processor) -> str:
+    """The bos that tokenizing a rendered conversation as the processor does puts before it, or ''.
+
+    A processor tokenizes a render with the tokenizer's special tokens (its text default `add_special_tokens`,
+    True unless it says otherwise), leaving them out only where the render opens with the bos
+    (`apply_chat_template(tokenize=True)`, 5.17 and 5.2x alike); a tokenizer whose post-processor adds a bos
+    (Llama's, Mistral's) then opens every sequence with it, so LLaVA's models, whose templates write none,
+    always read one."""
+    tokenizer = processor.tokenizer
+    if not _call_kwargs(processor, "text_kwargs").get("add_special_tokens", True) or tokenizer.bos_token is None:
+        return ""
+    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
+    added = with_special[:1] == [tokenizer.bos_token_id] != tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+    return tokenizer.bos_token if added else ""
 
 
 def _processor(model, trust_remote_code: bool):

@@ -180,15 +180,21 @@ def make_vlm_data(root: Path, model_dir: Path, *, n_train=32, n_val=8, n_test=8,
             "test": paths["test"], "data": root / "data"}
 
 
-def _family_tokenizer(specials: list[str], *, bos: str, eos: str, template: str, named: dict | None = None):
+def _family_tokenizer(specials: list[str], *, bos: str | None, eos: str, template: str, named: dict | None = None,
+                      adds_bos: bool = False):
     """The demo's character tokenizer with a family's special tokens, its bos / eos and chat template;
-    `named`: extra special tokens the family's processor reads by attribute (`tokenizer.image_token`, ...)."""
+    `named`: extra special tokens the family's processor reads by attribute (`tokenizer.image_token`, ...);
+    `adds_bos`: encoding with special tokens opens with the bos, as Llama's and Mistral's tokenizers do."""
+    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     from pipeline.demo import text as demo
 
     base = demo.build_tokenizer()
     base.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in base.get_vocab()]})
+    if adds_bos:
+        base.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, base.convert_tokens_to_ids(bos))])
     return PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=bos, eos_token=eos,
                                    pad_token="<pad>", unk_token="<unk>", chat_template=template, model_max_length=512,
                                    **({"extra_special_tokens": named} if named else {}))
@@ -322,8 +328,9 @@ def save_llava_next(path: Path, *, seed: int = 0) -> Path:
     from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
     from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
+    # Mistral's tokenizer opens a sequence with <s>, which the template does not write: the processor adds it
     tokenizer = _family_tokenizer(["<image>", "[INST]", "[/INST]", "</s>"], bos="<s>", eos="</s>",
-                                  template=LLAVA_NEXT_TEMPLATE)
+                                  template=LLAVA_NEXT_TEMPLATE, adds_bos=True)
     config = LlavaNextConfig(
         text_config=_text_config(tokenizer, model_type="llama"),
         vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
