@@ -10,6 +10,8 @@ model's own `AutoProcessor`:
   rendered to text; each image token the template writes is then expanded to
   the processor's own replacement for that image (`replace_image_token`: 576
   ``<image>`` for LLaVA-1.5, ``<|image_pad|>`` x (grid / merge^2) for Qwen2-VL).
+  A render that does not open with the bos gets the one the processor's own
+  tokenization would add (LLaVA's templates write none; their tokenizers add it).
   Tokenization caches the expanded tokens, so a training step never re-renders
   anything.
 * pixels: `pixels(paths)` decodes a batch's images and runs the processor's image
@@ -18,14 +20,22 @@ model's own `AutoProcessor`:
   derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
   Gemma 3's ``token_type_ids`` for its attention within an image).
   The expansion and the pixels come from the same image processor with the same
-  settings, so the image tokens of the cache always match the features.
+  settings (the processor's own image kwargs too: SmolVLM's row/col layout,
+  InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
+  tokens of the cache always match the features.
 
-One case builds the processor from its parts: in Transformers 5 the Qwen2-VL
-processor also holds a video processor that needs torchvision, which an
-image-only run does not. Without torchvision, `load_image_text` takes the
-tokenizer and image processor on their own and calls the processor class's own
-image step (`_process_images`, `replace_image_token`) on an instance holding just
-its image half (see `_image_half`).
+One case builds the processor without `AutoProcessor`: a processor whose video
+processor needs torchvision (Qwen2-VL, Qwen3-VL, SmolVLM2, InternVL, GLM-4.1V in
+Transformers 5), which an image-only run does not. Without torchvision,
+`load_image_text` builds the same processor class from its tokenizer, image
+processor and saved settings, with a stand-in for the video processor that
+refuses any use (`_image_only`); a processor class that transformers hides
+without torchvision although it needs it only for a helper (Pixtral's) is
+imported all the same (`processor_class`). A processor that cannot be built even
+so (an image processor that exists only for torchvision, as LFM2-VL's) is one
+`UserError` naming the model and what is missing. Either way the processor's own
+image step runs (`_process_images`: Pixtral's adds its patch x merge size), so
+the image tokens and the pixels are what the processor gives.
 """
 
 from __future__ import annotations
@@ -74,10 +84,10 @@ def config_is_vision_language(config) -> bool:
 class ImageText:
     """The processor of a vision-language model, reduced to what training and evaluation need.
 
-    `process(images)` is the processor's image step: the image processor's
-    output, and per image the text that stands for it (its `replace_image_token`).
-    Expansions are cached per image path (an image shared by many records is
-    processed once).
+    `process(images, **kwargs)` is the processor's image step (`_process_images`):
+    the image processor's output, and per image the text that stands for it
+    (`replace_image_token`). Expansions are cached per image path (an image shared
+    by many records is processed once).
     `image_token` is what the chat template writes for an image, the processor's
     `image_token`: the token the features replace (`image_token_id`, the config's)
     for most families, Gemma 3's `<start_of_image>`, which the expansion turns into
@@ -89,14 +99,16 @@ class ImageText:
     chat_template: str
     image_token: str
     image_token_id: int
-    # the processor's `_process_images`: images -> (image-processor output, each image's text); it passes the
-    # image processor what the processor adds (Pixtral's patch: the tower's x the merge), then calls
-    # `replace_image_token` per image
     process: Callable[..., tuple[dict, list[str]]]
     pixel_names: tuple[str, ...]  # image-processor outputs the model takes
     # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
     # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
     token_types: str | None
+    # what the processor passes its image processor and `replace_image_token` on every call (`_images_kwargs`)
+    image_kwargs: dict = field(default_factory=dict)
+    # the bos the processor's tokenization puts before a render that does not open with it ('' where none:
+    # `_added_bos`); LLaVA's templates write none, their tokenizers add it
+    bos: str = ""
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
 
     # --- text -----------------------------------------------------------------------------
@@ -119,18 +131,22 @@ class ImageText:
         """The processor's text for the image at `path` (its image tokens)."""
         if path not in self._expansions:
             try:
-                _, texts = self.process([open_rgb(path)], return_tensors="np")
+                _, texts = self.process([open_rgb(path)], **self.image_kwargs, return_tensors="np")
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot process image {path}: {err}") from None
             self._expansions[path] = str(texts[0])
         return self._expansions[path]
 
     def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
-        """`text` with its k-th image token replaced by the expansion of `paths[k]`.
+        """`text` with its k-th image token replaced by the expansion of `paths[k]`, and opened with the
+        `bos` the processor's tokenization would add to it: the text the model reads, to be tokenized
+        without special tokens.
 
         `complete`: the text must hold one image token per path (a whole
         conversation); otherwise it may hold fewer (a prefix of one).
         """
+        if self.bos and not text.startswith(self.bos):
+            text = self.bos + text
         pieces = text.split(self.image_token)
         found = len(pieces) - 1
         if found > len(paths) or (complete and found != len(paths)):
@@ -145,7 +161,7 @@ class ImageText:
 
     def pixels(self, paths: list[str]) -> dict:
         """The model's image inputs for these images, in order (decoded here: run it in a loader worker)."""
-        processed, _ = self.process([open_rgb(p) for p in paths], return_tensors="pt")
+        processed, _ = self.process([open_rgb(p) for p in paths], **self.image_kwargs, return_tensors="pt")
         return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def text_inputs(self, input_ids) -> dict:
@@ -157,112 +173,127 @@ class ImageText:
 
 def load_image_text(model: str | Path, trust_remote_code: bool = False) -> ImageText:
     """The `ImageText` of a vision-language model dir or hub id; `UserError` if it has no usable processor."""
-    from transformers import AutoProcessor
-
     config = model_config(model, trust_remote_code)
     if not config_is_vision_language(config):
         raise UserError(f"{model} is not an image-text-to-text model (no vision part in its config)")
-    try:
-        processor = AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except ImportError as err:
-        if "torchvision" not in str(err).lower():
-            raise
-        return _from_parts(model, config, trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot load the processor of {model}: {err}") from None
+    processor = _processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
-    names = set(processor.model_input_names)
-    return _image_text(model, config, tokenizer, processor.image_processor, template, processor._process_images,
-                       pixel_names=tuple(n for n in processor.image_processor.model_input_names if n in names),
-                       token_types=_token_types(type(processor), names), written=getattr(processor, "image_token", None))
-
-
-def _token_types(cls, names) -> str | None:
-    """The name a processor class gives the modality ids it returns (`names`: its instance's input names,
-    None where there is no instance), or None when it returns none."""
-    if not getattr(cls, "return_mm_token_type_ids", False):
-        return None
-    return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in (names or ())), MM_TOKEN_TYPE_IDS)
-
-
-def _image_text(model, config, tokenizer, image_processor, template, process, *, pixel_names, token_types,
-                written: str | None = None) -> ImageText:
-    """`written`: the processor's image token, what its chat template writes for an image (default: the
-    config's image token)."""
     if not template:
         raise UserError(f"the processor of {model} has no chat template")
     token_id = config.image_token_id
     token = tokenizer.convert_ids_to_tokens(token_id)
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
-    return ImageText(tokenizer, image_processor, template, written or token, token_id, process, pixel_names,
-                     token_types)
+    names = set(processor.model_input_names)
+    return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
+                     token_id, processor._process_images,
+                     tuple(n for n in processor.image_processor.model_input_names if n in names),
+                     _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor))
 
 
-class _TokenizerAttributes:
-    """Attributes a processor sets from its tokenizer in its constructor (Gemma 4's `boi_token`, `eoi_token`:
-    the tokenizer's named special tokens), read from the tokenizer where nothing else has them. Pickled
-    by the processor class's name (loader workers may be started fresh), rebuilt by `_half_of`."""
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") or name == "tokenizer":
-            raise AttributeError(name)
-        return getattr(self.tokenizer, name)
-
-    def __reduce__(self):
-        return _half_of, (self._processor_class, dict(self.__dict__))
+def _token_types(cls, names) -> str | None:
+    """The name a processor class gives the modality ids it returns (`names`: its instance's input names),
+    or None when it returns none."""
+    if not getattr(cls, "return_mm_token_type_ids", False):
+        return None
+    return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 
 
-def _half_of(name: str, state: dict):
-    """An instance of processor class `name` (`processor_class`) with `state` as its attributes, its
-    constructor not run."""
-    cls = processor_class(name)
-    half = object.__new__(type(f"{name}ImageHalf", (_TokenizerAttributes, cls), {}))
-    half.__dict__.update(state)
-    return half
+def _call_kwargs(processor, modality: str) -> dict:
+    """What the processor passes its `modality` part ("images_kwargs", "text_kwargs") on every call: its
+    class's defaults merged with its settings, by the processor's own merge (a private method, called the
+    same way in 5.17 and 5.2x)."""
+    return processor._merge_kwargs(processor.valid_processor_kwargs,
+                                   tokenizer_init_kwargs=processor.tokenizer.init_kwargs)[modality]
 
 
-def _image_half(cls, image_processor, tokenizer, settings: dict):
-    """An instance of processor class `cls` holding only its image half: the image processor, the tokenizer
-    and the processor's saved settings (patch size, image token, ...), its constructor not run (it would
-    build the video half). Its own `_process_images` and `replace_image_token` then run as they are."""
-    return _half_of(cls.__name__, {**settings, "image_processor": image_processor, "tokenizer": tokenizer,
-                                   "_processor_class": cls.__name__})
+def _images_kwargs(processor) -> dict:
+    """What the processor passes its image processor on every call (SmolVLM's `return_row_col_info`,
+    InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`), without the tensor type, which each call chooses."""
+    return {k: v for k, v in _call_kwargs(processor, "images_kwargs").items() if k != "return_tensors"}
 
 
-def _from_parts(model, config, trust_remote_code: bool) -> ImageText:
-    """The processor's image half, when its video half cannot be built (no torchvision)."""
-    from transformers import AutoImageProcessor, AutoTokenizer
+def _added_bos(processor) -> str:
+    """The bos that tokenizing a rendered conversation as the processor does puts before it, or ''.
+
+    A processor tokenizes a render with the tokenizer's special tokens (its text default `add_special_tokens`,
+    True unless it says otherwise), leaving them out only where the render opens with the bos
+    (`apply_chat_template(tokenize=True)`, 5.17 and 5.2x alike); a tokenizer whose post-processor adds a bos
+    (Llama's, Mistral's) then opens every sequence with it, so LLaVA's models, whose templates write none,
+    always read one."""
+    tokenizer = processor.tokenizer
+    if not _call_kwargs(processor, "text_kwargs").get("add_special_tokens", True) or tokenizer.bos_token is None:
+        return ""
+    with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
+    added = with_special[:1] == [tokenizer.bos_token_id] != tokenizer("a", add_special_tokens=False)["input_ids"][:1]
+    return tokenizer.bos_token if added else ""
+
+
+def _processor(model, trust_remote_code: bool):
+    """The model's `AutoProcessor`; where one of its parts cannot be built here (a video processor that needs
+    torchvision), the same processor class with that part standing in (`_image_only`)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except ImportError as err:  # a part's class needs a package not installed here
+        missing = err
+    except ValueError as err:
+        if "torchvision" not in str(err):  # the auto video processor's way to say it needs torchvision
+            raise UserError(f"cannot load the processor of {model}: {err}") from None
+        missing = ImportError(str(err))
+    except OSError as err:
+        raise UserError(f"cannot load the processor of {model}: {err}") from None
+    try:
+        return _image_only(model, trust_remote_code, missing)
+    except (ImportError, ValueError) as err:  # a part an image-only run needs: its image processor, the class itself
+        raise UserError(f"cannot build the processor of {model}: {_first_line(err)}") from None
+
+
+def _first_line(err: Exception) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _image_only(model, trust_remote_code: bool, missing: ImportError):
+    """The model's processor class built from its tokenizer, its image processor and its saved settings, with
+    an `_Absent` for each video part (an audio one, Gemma 4's, built as it is): the class's own `__init__` runs, so its `replace_image_token` reads
+    what it always reads. Only the type check of the parts is relaxed, for the stand-ins (5.2x checks a video
+    processor against a class it does not export without torchvision)."""
+    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     settings = _processor_settings(model)
-    name = str(settings.get("processor_class"))
-    cls = processor_class(name)
+    cls = processor_class(str(settings.pop("processor_class", None)))
     if cls is None or not hasattr(cls, "replace_image_token"):
-        raise UserError(f"cannot load the processor of {model}: it needs torchvision (not installed), and its "
-                        f"class {name!r} cannot be used without it")
-    tokenizer = AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    image_processor = AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    settings = {k: v for k, v in settings.items() if not isinstance(v, dict)}
-    # what processors take for their image token: the saved one, else the tokenizer's named one, else the config's
-    settings.setdefault("image_token", getattr(tokenizer, "image_token", None)
-                        or tokenizer.convert_ids_to_tokens(config.image_token_id))
-    half = _image_half(cls, image_processor, tokenizer, settings)
-    log.warning("%s: torchvision is not installed, so its %s cannot be built; using its image half only",
-                model, cls.__name__)
-    return _image_text(model, config, tokenizer, image_processor, settings.get("chat_template") or tokenizer.chat_template,
-                       half._process_images,
-                       pixel_names=tuple(n for n in image_processor.model_input_names if n not in _unused(cls, half)),
-                       token_types=_token_types(cls, None), written=half.image_token)
+        raise missing
+    reason = _first_line(missing)
+    parts = {"tokenizer": AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code),
+             "image_processor": AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)}
+    args = []
+    for name in cls.get_attributes():
+        if name == "feature_extractor":  # an audio half (Gemma 4's): built as it is, if it can be
+            parts[name] = AutoFeatureExtractor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+        elif name not in parts and "video" not in name:
+            raise missing
+        args.append(parts.get(name) or _Absent(name, reason))
 
+    class ImageOnly(cls):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if isinstance(argument, _Absent):
+                return _Absent
+            return super().check_argument_for_proper_class(argument_name, argument)
 
-def _unused(cls, half) -> set[str]:
-    """The image-processor outputs a processor class keeps from the model (its `unused_input_names`: Gemma 4's
-    `num_soft_tokens_per_image`, which only its `replace_image_token` reads)."""
-    names = getattr(cls, "unused_input_names", ())
-    return set(names.fget(half) if isinstance(names, property) else names or ())
+        def to_dict(self):  # its settings, as saved: the stand-ins were never saved
+            return {k: v for k, v in super().to_dict().items() if not isinstance(v, _Absent)}
+
+        def __reduce__(self):  # a class made here pickles as the call that makes it
+            return _image_only, (model, trust_remote_code, ImportError(reason))
+
+    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
+    log.warning("%s: %s; its %s is built for images only", model, reason, cls.__name__)
+    return ImageOnly.from_args_and_dict(args, settings)
 
 
 def processor_class(name: str):
@@ -306,14 +337,29 @@ def processor_class(name: str):
     return None if isinstance(found, DummyObject) else found
 
 
+class _Absent:
+    """Stands in for a processor part that cannot be built here (a video processor without torchvision):
+    it contributes no model inputs and refuses any use, saying why."""
+
+    model_input_names: tuple = ()
+
+    def __init__(self, name: str, reason: str):
+        self.name, self.reason = name, reason
+
+    def __call__(self, *args, **kwargs):
+        raise UserError(f"the processor's {self.name} cannot be used here: {self.reason}")
+
+
 def _processor_settings(model) -> dict:
-    """processor_config.json of a local dir, with the processor class from the tokenizer config as a fallback."""
+    """processor_config.json of a local dir (its sub-processors' own sections left out), with the processor
+    class from the tokenizer config as a fallback and the chat template of chat_template.jinja."""
     root = Path(model)
     settings: dict = {}
     for name in ("tokenizer_config.json", "processor_config.json"):
         if (root / name).is_file():
             data = json.loads((root / name).read_text())
-            settings.update({k: v for k, v in data.items() if name == "processor_config.json" or k == "processor_class"})
+            settings.update({k: v for k, v in data.items() if not isinstance(v, dict)
+                             and (name == "processor_config.json" or k == "processor_class")})
     if (root / "chat_template.jinja").is_file():
         settings["chat_template"] = (root / "chat_template.jinja").read_text()
     return settings

@@ -10,8 +10,12 @@ take the same tokenizer and image processor with their own model classes
 writes `<start_of_image>` for an image, expanded to 4 `<image_soft_token>`s
 between it and `<end_of_image>`; Gemma 4 (`save_gemma4`, dense or with experts), Mistral Small 3
 (`save_mistral3`, Pixtral's processor settings) and Llama 4 (`save_llama4`, fused experts) are saved
-as their processors save them (their processors cannot all be built without torchvision). Nothing
-is downloaded.
+as their processors save them (their processors cannot all be built without torchvision).
+SmolVLM2 / Idefics3 (`save_smolvlm`), InternVL3 (`save_internvl`),
+LLaVA-NeXT (`save_llava_next`), GLM-4.1V (`save_glm4v`) and LFM2-VL (`save_lfm2_vl`) take the demo
+tokenizer with their special tokens, their own image processors (PIL backends) and, where known, their
+shipped chat templates (sources named); those whose processor holds a torchvision-only video processor
+are written as parts, as a hub checkpoint holds them. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -312,3 +316,238 @@ def save_llama4(path: Path, *, seed: int = 0) -> Path:
         indent=2) + "\n")
     (Path(path) / "chat_template.jinja").write_text(LLAMA4_TEMPLATE)
     return path
+def _family_tokenizer(specials: list[str], *, bos: str | None, eos: str, template: str, named: dict | None = None,
+                      adds_bos: bool = False):
+    """The demo's character tokenizer with a family's special tokens, its bos / eos and chat template;
+    `named`: extra special tokens the family's processor reads by attribute (`tokenizer.image_token`, ...);
+    `adds_bos`: encoding with special tokens opens with the bos, as Llama's and Mistral's tokenizers do."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    from pipeline.demo import text as demo
+
+    base = demo.build_tokenizer()
+    base.add_special_tokens({"additional_special_tokens": [t for t in specials if t not in base.get_vocab()]})
+    if adds_bos:
+        base.backend_tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, base.convert_tokens_to_ids(bos))])
+    return PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, bos_token=bos, eos_token=eos,
+                                   pad_token="<pad>", unk_token="<unk>", chat_template=template, model_max_length=512,
+                                   **({"extra_special_tokens": named} if named else {}))
+
+
+def _text_config(tokenizer, **extra) -> dict:
+    """A 2-layer, 32-wide decoder's settings for `tokenizer`, as a composite config's `text_config`."""
+    return dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id, **extra)
+
+
+def _save_parts(path: Path, model, tokenizer, image_processor, template: str, processor_class: str, **settings):
+    """A model dir whose processor is written as its parts (tokenizer, image processor, processor_config.json,
+    chat_template.jinja), as a hub checkpoint holds it: for processors that cannot be built here (a video
+    half that needs torchvision)."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    image_processor.save_pretrained(path)
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": processor_class, **settings}) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(template)
+    return path
+
+
+# SmolVLM2's chat template, verbatim: transformers' SmolVLMProcessor DEFAULT_CHAT_TEMPLATE
+# (models/smolvlm/processing_smolvlm.py, 5.24), the template of HuggingFaceTB/SmolVLM2-*-Instruct.
+SMOLVLM_TEMPLATE = "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}{% if message['content'] is string %}{{': ' + message['content']}}{% else %}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"  # noqa: E501
+# Idefics3's, verbatim: TRL's trl/chat_templates/idefics3.jinja (content only as a list of parts)
+IDEFICS3_TEMPLATE = "<|begin_of_text|>{% for message in messages %}{{message['role'].capitalize()}}{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}"  # noqa: E501
+_IDEFICS_TOKENS = ["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>", "<video>",
+                   *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+
+
+def save_smolvlm(path: Path, *, family: str = "smolvlm", seed: int = 0) -> Path:
+    """A tiny random SmolVLM2 (`SmolVLMForConditionalGeneration`) or Idefics3 (`family="idefics3"`): a 1-layer
+    SigLIP-style tower on 32x32 tiles (8x8 patches, pixel shuffle 2: 4 `<image>` tokens a tile), 2 Llama layers.
+
+    SmolVLM2 splits an image: a 32x32 image is resized to 64x64 and cut into 2x2 tiles plus the whole image,
+    each written as `<fake_token_around_image>`, `<row_r_col_c>` (or `<global-img>`) and its 4 `<image>`
+    tokens. Idefics3 keeps an image whole (`do_image_splitting=False`). Its processor is written as parts:
+    SmolVLM's video processor needs torchvision."""
+    import transformers
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    smol = family == "smolvlm"
+    template = SMOLVLM_TEMPLATE if smol else IDEFICS3_TEMPLATE
+    bos = "<|im_start|>" if smol else "<|begin_of_text|>"
+    tokenizer = _family_tokenizer([bos, *_IDEFICS_TOKENS], bos=bos, eos="<end_of_utterance>", template=template)
+    config = getattr(transformers, "SmolVLMConfig" if smol else "Idefics3Config")(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = getattr(transformers, "SmolVLMForConditionalGeneration" if smol else "Idefics3ForConditionalGeneration")(
+        config)
+    # the PIL backend by name: the same pixels with or without torchvision installed here
+    images = SmolVLMImageProcessorPil(size={"longest_edge": 64 if smol else 32}, max_image_size={"longest_edge": 32},
+                                      do_image_splitting=smol)
+    return _save_parts(path, model, tokenizer, images, template, "SmolVLMProcessor" if smol else "Idefics3Processor",
+                       image_seq_len=4)
+
+
+# InternVL3's -hf chat template, verbatim: the `chat_template` transformers' converter writes into the -hf
+# checkpoints (models/internvl/convert_internvl_weights_to_hf.py); it writes the processor's <IMG_CONTEXT>
+INTERNVL_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{'<|im_start|>' + message['role'] + '\n'}}"
+    "{% if message['content'] is string %}"
+    "{{ message['content'] }}"
+    "{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}"
+    "{{ '<IMG_CONTEXT>\n' }}"
+    "{% elif content['type'] == 'video' %}"
+    "{{ '<video>\n' }}"
+    "{% elif content['type'] == 'text' %}"
+    "{{ content['text'] }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% endif %}"
+    "{{'<|im_end|>\n'}}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}"
+    "{{'<|im_start|>assistant\n' }}"
+    "{% endif %}"
+)
+INTERNVL_TOKENS = {"start_image_token": "<img>", "end_image_token": "</img>", "context_image_token": "<IMG_CONTEXT>",
+                   "video_token": "<video>"}
+
+
+def save_internvl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random InternVL3 (`InternVLForConditionalGeneration`: a 1-layer InternViT on 32x32 images, 8x8
+    patches, pixel shuffle 0.5: `<img>`, 4 `<IMG_CONTEXT>`, `</img>` an image; 2 Qwen2 layers), GOT-OCR2's
+    image processor (one 32x32 tile). Its processor is written as parts: the video processor needs torchvision."""
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|im_start|>", "<|im_end|>", *INTERNVL_TOKENS.values()], bos=None,
+                                  eos="<|im_end|>", template=INTERNVL_TEMPLATE, named=INTERNVL_TOKENS)
+    config = InternVLConfig(
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=[32, 32], patch_size=[8, 8]),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"), downsample_ratio=0.5,
+        vision_feature_layer=-1, vision_feature_select_strategy="default")
+    torch.manual_seed(seed)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
+    return _save_parts(path, InternVLForConditionalGeneration(config), tokenizer, images, INTERNVL_TEMPLATE,
+                       "InternVLProcessor", image_seq_length=4)
+
+
+# LLaVA-NeXT's (llava-v1.6-mistral), verbatim: TRL's trl/chat_templates/llava_next.jinja (content only as parts)
+LLAVA_NEXT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'][0]['text'] + "
+    "'\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ '[INST] ' }}{# Render all images first #}{% for content "
+    "in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>\n' }}{% endfor %}{# Render all text "
+    "next #}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] }}"
+    "{% endfor %}{{' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'][0]['text'] + "
+    "'</s> '}}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+# anyres: a 32x32 image takes the 32x32 grid, 2x2 tiles of 16x16 plus the whole image resized
+LLAVA_NEXT_PINPOINTS = [[16, 32], [32, 16], [32, 32]]
+
+
+def save_llava_next(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LLaVA-NeXT (`LlavaNextForConditionalGeneration`: a 1-layer CLIP tower on 16x16 tiles,
+    8x8 patches, 2 Llama layers) with its own processor: anyres, so a 32x32 image is the whole image
+    (4 features) plus a 2x2 grid of tiles, unpadded with a newline per row (4 x 4 + 4): 24 `<image>`."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    # Mistral's tokenizer opens a sequence with <s>, which the template does not write: the processor adds it
+    tokenizer = _family_tokenizer(["<image>", "[INST]", "[/INST]", "</s>"], bos="<s>", eos="</s>",
+                                  template=LLAVA_NEXT_TEMPLATE, adds_bos=True)
+    config = LlavaNextConfig(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=16, patch_size=8, projection_dim=16),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,
+        vision_feature_select_strategy="default", vision_feature_layer=-1, image_seq_length=4)
+    torch.manual_seed(seed)
+    LlavaNextForConditionalGeneration(config).save_pretrained(path)
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16},
+                                        image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+    LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, vision_feature_select_strategy="default",
+                       num_additional_image_tokens=1, chat_template=LLAVA_NEXT_TEMPLATE).save_pretrained(path)
+    return path
+
+
+LFM2_VL_TOKENS = ["<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>", "<|im_start|>", "<|im_end|>"]
+
+
+def save_lfm2_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LFM2-VL (`Lfm2VlForConditionalGeneration`: a 1-layer SigLIP2 tower, 2 LFM2 layers, one
+    convolution and one attention) whose processor is written as parts. Its image processor exists only for
+    torchvision (no PIL backend in transformers), so without torchvision the pipeline refuses it by name."""
+    from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+    tokenizer = _family_tokenizer(LFM2_VL_TOKENS, bos="<s>", eos="<|im_end|>", template=INTERNVL_TEMPLATE.replace(
+        "<IMG_CONTEXT>", "<image>"))
+    config = Lfm2VlConfig(
+        text_config=_text_config(tokenizer, model_type="lfm2", layer_types=["conv", "full_attention"]),
+        vision_config=dict(model_type="siglip2_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, patch_size=8, num_patches=16),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), projector_hidden_size=32)
+    torch.manual_seed(seed)
+    Lfm2VlForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    # what Lfm2VlImageProcessor.save_pretrained writes, by hand: the class cannot be built without torchvision
+    (Path(path) / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "Lfm2VlImageProcessor", "do_image_splitting": False, "encoder_patch_size": 8,
+         "min_image_tokens": 4, "max_image_tokens": 16, "downsample_factor": 2}) + "\n")
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": "Lfm2VlProcessor"}) + "\n")
+    return path
+
+
+# GLM-4.1V's turn format (role markers, `[gMASK]<sop>`, an image as `<|begin_of_image|><|image|><|end_of_image|>`,
+# a turn ended by the next one's marker), as vLLM's GLM-4.1V example prompt writes it. Not the shipped template:
+# no verbatim copy of it is at hand here.
+GLM4V_TEMPLATE = (
+    "[gMASK]<sop>"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|begin_of_image|><|image|><|end_of_image|>' }}"
+    "{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+)
+GLM4V_TOKENS = ["[gMASK]", "<sop>", "<|endoftext|>", "<|begin_of_image|>", "<|image|>", "<|end_of_image|>",
+                "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
+
+
+def save_glm4v(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random GLM-4.1V (`Glm4vForConditionalGeneration`: 2 vision blocks, 8x8 patches, 2x2 merge: a
+    32x32 image is 4 `<|image|>` tokens with `image_grid_thw`; 2 decoder layers with 3-D RoPE), GLM-4.1V's
+    image processor; the processor is written as parts (its video processor needs torchvision)."""
+    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+    from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
+
+    tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
+    config = Glm4vConfig(
+        text_config=_text_config(tokenizer, rope_parameters=rope),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    torch.manual_seed(seed)
+    # its pixel bounds count the 2 frames an image is repeated into
+    images = Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
+                                    merge_size=2, temporal_patch_size=2)
+    return _save_parts(path, Glm4vForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
+                       "Glm4vProcessor")

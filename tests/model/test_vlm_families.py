@@ -1,6 +1,7 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
 mixture of experts: its checkpoints are all this composite class), Gemma 3, Gemma 4 (dense and with experts),
-Mistral Small 3 (Pixtral's processor).
+Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V (LFM2-VL: refused
+without torchvision).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -16,8 +17,8 @@ Mistral Small 3, whose Pixtral processor rows the `[IMG]`s with `[IMG_BREAK]`s a
 pads each image to whole tokens of the tower's patch x the merge.
 
 Without torchvision (here and in CI) the processors of Gemma 4 (a video half) and
-Pixtral cannot be built by `AutoProcessor`; their image halves are
-(`pipeline.data.vision._from_parts`). Llama 4 is refused at plan time (its composite
+Pixtral cannot be built by `AutoProcessor`; their classes are built for images only
+(`pipeline.data.vision._image_only`, `processor_class`). Llama 4 is refused at plan time (its composite
 has no decoder body the loss can run apart from the head) and, without torchvision,
 at tokenize time (its image processor exists only for torchvision); its adapter on the
 fused experts is merged and stock-loaded.
@@ -25,6 +26,7 @@ fused experts is merged and stock-loaded.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import pickle
@@ -33,7 +35,8 @@ import sys
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import make_vlm_data, save_gemma3, save_gemma4, save_llama4, save_mistral3, save_qwen_vl
+from kits.vlm import (make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl, save_llama4,
+                      save_llava_next, save_mistral3, save_qwen_vl, save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -44,6 +47,11 @@ SAVERS = {
     "gemma4": save_gemma4,
     "gemma4_moe": lambda path: save_gemma4(path, moe=True),
     "mistral3": save_mistral3,
+    "smolvlm": save_smolvlm,
+    "idefics3": lambda path: save_smolvlm(path, family="idefics3"),
+    "internvl": save_internvl,
+    "llava_next": save_llava_next,
+    "glm4v": save_glm4v,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -264,3 +272,89 @@ def test_a_processor_whose_module_imports_a_torchvision_helper_is_the_real_class
     name = "transformers.models.pixtral.image_processing_pixtral"
     assert sys.modules.get(name) is before.get(name) or sys.modules[name].__name__ == name
     assert processor_class("NoSuchProcessor") is None
+
+
+def _processor_batch(data, images, processor) -> tuple[dict, dict]:
+    """(what `processor` gives for the first validation record's conversation, our collated batch of it)."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    record = load_records(data["data"] / "val.jsonl")[0]
+    text = processor.tokenizer.apply_chat_template(images.conversation(record.messages), tokenize=False,
+                                                   chat_template=images.chat_template)
+    # as the processor's apply_chat_template(tokenize=True) calls it: its tokenizer's special tokens too,
+    # unless the render opens with the bos
+    bos = processor.tokenizer.bos_token
+    theirs = processor(text=[text], images=[[open_rgb(p) for p in record.images]], return_tensors="pt",
+                       **({"add_special_tokens": False} if bos is not None and text.startswith(bos) else {}))
+    ours = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0]).inputs
+    assert bool(theirs.pop("attention_mask").all())  # one record, no padding: ours leaves the mask out
+    assert set(theirs) == set(ours), (sorted(theirs), sorted(ours))
+    return dict(theirs), ours
+
+
+# image tokens an image of the demo (32x32) expands to, in families whose batches are checked against their processor
+IMAGE_TOKENS = {
+    "smolvlm": 5 * 4,  # split: 2x2 tiles and the whole image, 4 each, with <fake_token_around_image> and row/col tokens
+    "idefics3": 4,  # whole
+    "internvl": 4,  # one tile, between <img> and </img>
+    "llava_next": 4 + 2 * 2 * 4 + 4,  # anyres: the whole image, a 2x2 grid of tiles unpadded, a newline per row
+    "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
+}
+
+
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v"}  # their processors hold a video processor needing torchvision
+
+
+@pytest.mark.parametrize("family", list(IMAGE_TOKENS))
+def test_batches_are_what_the_processor_gives(family, vlms):
+    """Our batch of a record == what the family's processor class gives for the same conversation: tokens
+    (each image expanded as its size and settings say), pixels and every other image input (SmolVLM's
+    `pixel_attention_mask`, LLaVA-NeXT's `image_sizes`, GLM-4.1V's `image_grid_thw` and modality ids).
+    LLaVA-NeXT's processor is stock `AutoProcessor`; the others' are their own class built for images only
+    (their video processors need torchvision). Pickled first, as a loader worker started by spawn gets it."""
+    from pipeline.data.tokenize import load_chat
+    from pipeline.data.vision import _processor
+    from pipeline.errors import UserError
+
+    data = vlms[family]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))
+    processor = _processor(data["model"], False)
+    if family in TORCHVISION_VIDEO and importlib.util.find_spec("torchvision") is None:  # the stand-in for its video processor refuses any use, saying why
+        with pytest.raises(UserError, match="(?i)torchvision"):
+            processor.video_processor([])
+    theirs, ours = _processor_batch(data, images, processor)
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == IMAGE_TOKENS[family]
+    if family == "smolvlm":
+        assert images.tokenizer.convert_tokens_to_ids("<row_2_col_2>") in theirs["input_ids"]
+    if family == "llava_next":  # its template writes no bos; its processor's tokenization adds Mistral's <s>
+        assert int(theirs["input_ids"][0, 0]) == images.tokenizer.bos_token_id
+    if family == "glm4v":  # its template ends no turn: the labeller appends the eos, trained, to the last one
+        assert int(ours["input_ids"][0, -1]) == images.tokenizer.eos_token_id
+        ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+
+def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
+    """LFM2-VL's image processor exists only for torchvision (transformers has no PIL backend for it): without
+    torchvision, tokenizing for it stops with one line naming the model and the missing package."""
+    from kits.vlm import save_lfm2_vl
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    try:
+        import torchvision  # noqa: F401
+        pytest.skip("torchvision is installed: this is the refusal without it")
+    except ImportError:
+        pass
+    model = save_lfm2_vl(tmp_path / "lfm2_vl")
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "torchvision" in message and "\n" not in message, message
