@@ -124,8 +124,8 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
 
     config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
     assert schema_problems(config, SCHEMA, command_line) == [
-        "data.max_lenght: unknown key (known here: chat_template, columns, duplicates, max_length, reasoning, roles, shard_mb, "
-        "test, too_long, train, val) (from --config)",
+        "data.max_lenght: unknown key (known here: chat_template, chat_template_kwargs, columns, duplicates, max_length, "
+        "reasoning, roles, shard_mb, test, too_long, train, val) (from --config)",
         "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
     assert sources([], command_line) == "config/config.yaml, --config data schedule"
     config = _config()
