@@ -259,9 +259,10 @@ def _first_line(err: Exception) -> str:
 
 def _image_only(model, trust_remote_code: bool, missing: ImportError):
     """The model's processor class built from its tokenizer, its image processor and its saved settings, with
-    an `_Absent` for each video part (an audio one, Gemma 4's, built as it is): the class's own `__init__` runs, so its `replace_image_token` reads
-    what it always reads. Only the type check of the parts is relaxed, for the stand-ins (5.2x checks a video
-    processor against a class it does not export without torchvision)."""
+    an `_Absent` for each video part (an audio one, Gemma 4's, built as it is): the class's own `__init__`
+    runs, so its `replace_image_token` reads what it always reads. Only the type check of the parts is
+    relaxed, for the stand-ins (5.2x checks a video processor against a class it does not export without
+    torchvision)."""
     from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
 
     settings = _processor_settings(model)
