@@ -46,15 +46,79 @@ def _literal(value, key: str) -> str:
 
 
 def read_variables(template: str) -> set[str]:
-    """The variables `template` reads from its caller (messages, tools, add_generation_prompt, its switches)."""
+    """The variables `template` reads from its caller (messages, tools, add_generation_prompt, its switches).
+
+    Jinja's own analysis also reports the names a template sets itself wherever it cannot prove the set
+    comes first (a ``content`` set in both branches of an ``if``, then read). Here a name is the caller's
+    where some read of it is not preceded by a set on every path (``set messages = messages[1:]``; a
+    ``developer_preamble`` set only if there is a system message), or where the template asks whether it
+    is defined (a switch with a default).
+    """
     import jinja2
-    from jinja2 import meta
+    from jinja2 import meta, nodes
 
     env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     try:
-        return set(meta.find_undeclared_variables(env.parse(_GENERATION_TAGS.sub("", template))))
+        tree = env.parse(_GENERATION_TAGS.sub("", template))
     except jinja2.TemplateSyntaxError as err:
         raise UserError(f"{SETTING}: the chat template does not parse ({err})") from None
+    callers: set[str] = set()
+
+    def names(target) -> set[str]:
+        return {n.name for n in target.find_all(nodes.Name)} | ({target.name} if isinstance(target, nodes.Name) else set())
+
+    def reads(node, bound: set[str]) -> None:  # an expression: what it reads that is not yet set
+        for n in [node, *node.find_all(nodes.Name)] if isinstance(node, nodes.Node) else []:
+            if isinstance(n, nodes.Name) and n.ctx == "load" and n.name not in bound:
+                callers.add(n.name)
+            if isinstance(n, nodes.Test) and n.name == "defined" and isinstance(n.node, nodes.Name):
+                callers.add(n.node.name)
+
+    def block(body: list, bound: set[str]) -> set[str]:
+        """Walks the statements `body` with `bound` set on entry; the names set on every path through it."""
+        bound = set(bound)
+        for node in body:
+            if isinstance(node, nodes.Assign):
+                reads(node.node, bound)
+                bound |= names(node.target)
+            elif isinstance(node, nodes.AssignBlock):
+                block(node.body, bound)
+                bound |= names(node.target)
+            elif isinstance(node, nodes.If):
+                reads(node.test, bound)
+                paths = [block(node.body, bound)]
+                for elif_ in node.elif_:
+                    reads(elif_.test, bound)
+                    paths.append(block(elif_.body, bound))
+                paths.append(block(node.else_, bound))
+                bound = set.intersection(*paths)
+            elif isinstance(node, nodes.For):
+                reads(node.iter, bound)
+                inner = bound | names(node.target) | {"loop"}
+                if node.test is not None:
+                    reads(node.test, inner)
+                block(node.body, inner)
+                block(node.else_, bound)
+            elif isinstance(node, (nodes.Macro, nodes.CallBlock)):
+                own = {a.name for a in node.args} | {"caller", "varargs", "kwargs"}
+                if isinstance(node, nodes.CallBlock):
+                    reads(node.call, bound)
+                block(node.body, bound | own)
+                if isinstance(node, nodes.Macro):
+                    bound.add(node.name)
+            elif isinstance(node, nodes.Stmt) and hasattr(node, "body"):  # with, filter blocks, scopes
+                for field in node.fields:
+                    if field != "body":
+                        value = getattr(node, field)
+                        for child in value if isinstance(value, list) else [value]:
+                            reads(child, bound)
+                block(node.body, bound | {n for t in getattr(node, "targets", []) for n in names(t)})
+            else:
+                reads(node, bound)
+        return bound
+
+    block(tree.body, set())
+    return set(meta.find_undeclared_variables(tree)) & callers
 
 
 def with_defaults(template: str, kwargs: dict, *, where: str) -> str:

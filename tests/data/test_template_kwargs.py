@@ -91,6 +91,29 @@ def test_a_switch_the_template_never_reads_is_refused_naming_the_ones_it_does(tm
         _run_tokenizer("qwen3.5", tmp_path / "tok2", {"enable thinking": False})
 
 
+# shipped template -> (switches it reads from its caller, names it only sets itself before reading them)
+READS = {
+    "qwen3.jinja": ({"enable_thinking", "tools"}, {"content", "reasoning_content"}),
+    "gpt-oss.jinja": ({"reasoning_effort", "model_identity", "builtin_tools", "tools"},
+                      {"developer_message", "loop_messages", "tool_call"}),
+    "command-r7b-12-2024-tool_use.jinja": ({"developer_preamble", "documents", "enable_citations", "tools"}, set()),
+    "lfm2.5.jinja": ({"preserve_thinking", "tools"}, {"content", "_ns"}),
+    "gemma-3-it.jinja": (set(), {"first_user_prefix", "loop_messages", "role"}),
+    "nemotron-3-nano.jinja": ({"enable_thinking", "truncate_history_thinking"}, {"content", "include_content", "c"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_the_variables_a_shipped_template_reads_are_its_callers_not_its_own(name):
+    """What a refused name's message lists: a switch read before any set, or asked `is defined`; not a name
+    the template sets on every path before reading it (Jinja's analysis alone reports both)."""
+    from pipeline.data.template_vars import read_variables
+
+    switches, own = READS[name]
+    read = read_variables((chatkit.TEMPLATES_DIR / name).read_text())
+    assert switches | {"messages"} <= read and not own & read, (sorted(read), own & read)
+
+
 def test_values_of_every_json_kind_survive_as_the_templates_defaults():
     from pipeline.data.template_vars import with_defaults
 
