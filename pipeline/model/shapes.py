@@ -56,7 +56,7 @@ class Shapes:
     @classmethod
     def from_config(cls, config: dict) -> Shapes:
         """From a Hugging Face config dict (a vision-language model's `text_config`)."""
-        c = config.get("text_config") or config
+        c = {k: _widest(v) for k, v in (config.get("text_config") or config).items()}
         hidden, heads = c["hidden_size"], c["num_attention_heads"]
         experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
         intermediate = c.get("intermediate_size") or c.get("moe_intermediate_size") or 4 * hidden
@@ -123,6 +123,14 @@ class Shapes:
             return self.params
         idle = 3 * self.hidden * self.expert_intermediate * (self.experts - self.top_k)
         return self.params - self.layers * idle
+
+
+def _widest(value):
+    """A size that may be given per layer (Gemma 3n's intermediate_size is a list): the largest, which
+    bounds the memory; anything else as it is."""
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return max(value)
+    return value
 
 
 def counts_of(model, lora_params: int, fused_adapted: bool) -> Counts:

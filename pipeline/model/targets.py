@@ -8,12 +8,18 @@ allocated), so a run whose targets peft would refuse fails at plan, naming the
 setting. It gives peft two lists:
 
 * `modules` (peft `target_modules`): name suffixes of Linear / GPT-2 Conv1D
-  layers (or any layer named explicitly), never the output head;
+  layers (or any layer named explicitly), never the output head; a Linear in a
+  ModuleList goes by its list's name and index (Gemma 3n's `altup_projections.0`:
+  "0" alone would name every first layer of every list, decoder layers included);
 * `parameters` (peft `target_parameters`, adapted by peft's `ParamWrapper`):
   fused expert weights, the 3-D parameters transformers 5 keeps a layer's
   experts in (`mlp.experts.gate_up_proj` (E, 2I, H), `mlp.experts.down_proj`),
   as `<module>.<parameter>` suffixes; with `moe.train_router` also each router's
-  weight (a 2-D parameter of a router module that is not a Linear).
+  weight (a 2-D parameter of a router module that is not a Linear). A Linear
+  subclass with a forward of its own (DeepSeek V4's grouped output projection,
+  Llama 4's and PhiMoE's routers, which return tuples) is adapted here too,
+  through its weight: peft's LoRA layer would add `B(A(x))` to what that forward
+  returns, which is not `x @ W.T`.
 
 `[all-linear]` (the default) means every Linear / Conv1D layer and, on a
 mixture-of-experts model, every expert's projections (each fused expert
@@ -128,6 +134,17 @@ def _leaf(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
+def _own_forward(module: torch.nn.Module) -> bool:
+    """A Linear subclass with a forward of its own (DeepSeek V4's grouped output projection, Llama 4's and
+    PhiMoE's routers, which return tuples): peft's LoRA layer would add `B(A(x))` to whatever it returns, so
+    LoRA adapts its weight instead (peft's ParamWrapper), which is exact whatever the forward does with it.
+    Only a model's own classes (transformers' or remote code's): a quantized Linear (bitsandbytes' Linear4bit)
+    has a forward of its own too, and is what peft's LoRA layers wrap."""
+    cls = type(module)
+    return (isinstance(module, torch.nn.Linear) and cls.forward is not torch.nn.Linear.forward
+            and cls.__module__.startswith(("transformers.models.", "transformers_modules.")))
+
+
 def _holds_experts(name: str, module: torch.nn.Module) -> bool:
     """Is this the module of a layer's experts (whose 3-D parameters are their fused weights)?"""
     return _leaf(name) == _EXPERTS_NAME or type(module).__name__.endswith("Experts")
@@ -194,8 +211,12 @@ def _candidates(model, scope: list[tuple[str, torch.nn.Module]]) -> tuple[list[_
         own = [(p_name, p) for p_name, p in module.named_parameters(recurse=False)]
         if isinstance(module, _linear_kinds()) and module is not head:
             weight = module.weight
-            found.append(_Candidate(leaf, leaf, _kind(name, by_name), True, sum(p.numel() for _, p in own),
-                                    sum(weight.shape)))
+            key, named = leaf, leaf
+            if leaf.isdigit():  # a Linear in a ModuleList (Gemma 3n's altup_projections.0): "0" alone is any layer's
+                named = _leaf(name.rpartition(".")[0])
+                key = f"{named}.{leaf}"
+            found.append(_Candidate(key, named, _kind(name, by_name), True, sum(p.numel() for _, p in own),
+                                    sum(weight.shape), via_weight=_own_forward(module)))
             continue
         if leaf == _EXPERTS_NAME and isinstance(module, torch.nn.ModuleList):  # experts kept as Linear layers
             experts = max(experts, len(module))

@@ -3,7 +3,7 @@
 `save_family(family, path)` writes a real Hugging Face dir (weights as
 `save_pretrained` stores them: per-expert tensors for Qwen3-MoE, Mixtral, OLMoE,
 Qwen3-Next, Qwen3.5-MoE, DeepSeek-V3, GLM-4.5 and Nemotron-H, fused for GPT-OSS and
-Llama 4) with the demo's char-level
+Llama 4, under DeepSeek's own names for DeepSeek V4) with the demo's char-level
 tokenizer and chat template, so the token caches of the `tiny` fixture serve
 every family. Two layers (four for Nemotron-H: one of each block kind), 32 wide,
 4 experts with 2 per token.
@@ -38,6 +38,11 @@ FAMILIES = {
     # Llama 4's text model: experts + a shared expert in every layer, stored fused (as GPT-OSS stores them)
     "llama4_text": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"},
                     {"experts.gate_up_proj", "experts.down_proj"}),
+    # DeepSeek V4: one shared K=V head, a grouped output projection (o_a_proj: a Linear subclass whose forward
+    # is a block-diagonal bmm, so adapted through its weight), compressed attention (its gate_proj), a first
+    # layer routed by token hash, then a routed layer; experts + a shared expert (its layers: shared_experts.*)
+    "deepseek_v4": ({"q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj", "gate_proj"},
+                    {"experts.gate_up_proj", "experts.down_proj"}),
     # Mamba-2 + attention + MoE (relu^2 experts: up_proj and down_proj) + MLP; peft refuses Mamba's out_proj
     "nemotron_h": ({"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"},
                    {"experts.up_proj", "experts.down_proj"}),
@@ -59,9 +64,12 @@ EXPERT_KEYS = {
     "deepseek_v3": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.0.gate_proj.weight"),
     "glm4_moe": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.0.up_proj.weight"),
     "llama4_text": ("model.layers.0.feed_forward.experts", "model.layers.0.feed_forward.experts.gate_up_proj"),
+    "deepseek_v4": ("model.layers.1.mlp.experts", "model.layers.1.ffn.experts.0.w1.weight"),
 }
 # families whose model defines a load-balancing loss (`pipeline.model.router`)
-ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe"}
+ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe", "deepseek_v4"}
+# families with no SDPA kernel in transformers: `model.attention=auto` picks eager
+EAGER = {"gpt_oss", "deepseek_v4"}
 
 
 def config(family: str, tokenizer):
@@ -112,6 +120,13 @@ def config(family: str, tokenizer):
         return tf.Llama4TextConfig(**common, **attention, head_dim=HEAD_DIM, num_hidden_layers=2,
                                    intermediate_size=EXPERT_WIDTH, intermediate_size_mlp=64, num_local_experts=EXPERTS,
                                    num_experts_per_tok=1, interleave_moe_layer_step=1)
+    if family == "deepseek_v4":
+        return tf.DeepseekV4Config(**common, hidden_size=HIDDEN, num_attention_heads=HEADS, num_key_value_heads=1,
+                                   head_dim=HEAD_DIM, qk_rope_head_dim=4, q_lora_rank=16, o_groups=2, o_lora_rank=16,
+                                   index_n_heads=2, index_head_dim=HEAD_DIM, index_topk=8, sliding_window=8,
+                                   num_hidden_layers=2, mlp_layer_types=["hash_moe", "moe"],
+                                   moe_intermediate_size=EXPERT_WIDTH, n_routed_experts=EXPERTS, n_shared_experts=1,
+                                   **experts)
     if family == "nemotron_h":
         return tf.NemotronHConfig(**common, **attention, **experts, head_dim=HEAD_DIM,
                                   layers_block_type=["mamba", "moe", "attention", "mlp"], intermediate_size=64,

@@ -13,7 +13,9 @@ with stock `AutoModelForCausalLM.from_pretrained`.
 What each family brings: Qwen2 tied embeddings (and q/k/v biases), Qwen3 q/k
 norms, Gemma tied embeddings scaled by sqrt(hidden) and its (1 + w) RMSNorm,
 Mistral sliding-window attention, Phi-3 fused qkv_proj / gate_up_proj, GPT-2
-Conv1D layers (weights stored transposed: [in, out]) and a tied head.
+Conv1D layers (weights stored transposed: [in, out]) and a tied head, Gemma 3n's text
+model an intermediate size per layer (a list in its config), layers that reuse
+earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections).
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ def _config(family: str, tokenizer):
         return tf.MistralConfig(**_decoder(sliding_window=16), tie_word_embeddings=False, **common)
     if family == "phi3":
         return tf.Phi3Config(**_decoder(), tie_word_embeddings=False, **common)
+    if family == "gemma3n":  # four layers: the last two read the first two's K/V; layer 0's MLP is sparse
+        return tf.Gemma3nTextConfig(**{**_decoder(head_dim=HIDDEN // HEADS), "num_hidden_layers": 4,
+                                       "intermediate_size": [64, 64, 48, 48]}, **common, num_kv_shared_layers=2,
+                                    layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=16,
+                                    activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0], altup_num_inputs=2,
+                                    laurel_rank=4, hidden_size_per_layer_input=8,
+                                    vocab_size_per_layer_input=len(tokenizer), tie_word_embeddings=True)
     if family == "gpt2":
         return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
                              **common)
@@ -72,6 +81,12 @@ FAMILIES = {
     "mistral": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
     "phi3": ({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, False),
     "gpt2": ({"c_attn", "c_proj", "c_fc"}, True),
+    # every Linear, as peft's all-linear: AltUp's (correction_coefs, prediction_coefs, modality_router and the
+    # ModuleLists altup_projections / altup_unembed_projections, whose layers are named "0"), LAuReL's
+    # (linear_left, linear_right) and the per-layer inputs'
+    "gemma3n": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "0",
+                 "correction_coefs", "prediction_coefs", "modality_router", "linear_left", "linear_right",
+                 "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection"}, True),
 }
 
 
@@ -84,6 +99,10 @@ def save_family(family: str, path) -> None:
     tokenizer = build_tokenizer()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(_config(family, tokenizer))
+    with torch.no_grad():  # Gemma 3n starts AltUp's output scale at 0, which would cut the per-layer inputs off
+        for name, param in model.named_parameters():
+            if name.endswith("correct_output_scale"):
+                param.uniform_(0.5, 1.5)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
 
@@ -140,7 +159,9 @@ def test_family_trains_merges_and_verifies(family, tiny, tmp_path):
     merged_t, base_t = _tensors(export / "merged"), _tensors(base)
     assert set(merged_t) == set(base_t)  # same tensors: a tied head stays tied, not duplicated
     changed = {k.rsplit(".", 2)[-2] for k in merged_t if not torch.equal(merged_t[k], base_t[k])}
-    assert changed == targets
+    # Gemma 3n reads correction_coefs' weight itself in training (clamped), past the layer's forward and so
+    # past its LoRA pair, which then gets no gradient: adapted (peft's all-linear), never moved
+    assert changed == targets - ({"correction_coefs"} if family == "gemma3n" else set())
 
     report = verify(base, adapter, export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report  # fp32 merge: rounding only

@@ -20,7 +20,7 @@ import math
 
 import pytest
 import torch
-from kits.moe import EXPERT_KEYS, FAMILIES, ROUTER_LOSS, save_family
+from kits.moe import EAGER, EXPERT_KEYS, FAMILIES, ROUTER_LOSS, save_family
 from kits.train import make_run
 
 from pipeline.errors import UserError
@@ -67,7 +67,7 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
     run = make_run(tmp_path / "run", data, total=UPDATES, fraction=0.5, chunks=1, single_stage=True,
                    overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", *MOE_OVERRIDES])
     plan = capsys.readouterr().out
-    assert f"attention: {'eager' if family == 'gpt_oss' else 'sdpa'} (auto:" in plan, plan
+    assert f"attention: {'eager' if family in EAGER else 'sdpa'} (auto:" in plan, plan
     if fused:  # the plan's table names the experts' fused weights as adapted, and the routers as frozen
         experts_line = next(line for line in plan.splitlines() if line.strip().startswith("experts "))
         assert "adapted by" in experts_line and all(name in experts_line for name in fused), plan
@@ -185,6 +185,35 @@ def test_a_named_list_adapts_the_fused_weights_it_names_and_the_router_on_reques
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert "[experts.down_proj]" in lines["experts"] and "[q_proj]" in lines["attention"], out
     assert "[gate.weight]" in lines["router"] and "adapted by" in lines["router"], out
+
+
+def test_a_router_that_is_a_linear_with_its_own_forward_trains_through_its_weight(bases, tiny, tmp_path, capsys):
+    """Llama 4's router is a Linear subclass whose forward returns (scores, logits): peft's LoRA layer would
+    add its output to that tuple. With moe.train_router it is adapted through its weight (a ParamWrapper),
+    trains, and merges exactly."""
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import verify
+    from pipeline.train import stage
+
+    base = bases["llama4_text"]
+    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=UPDATES,
+                   fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", *MOE_OVERRIDES,
+                              "moe.train_router=true"])
+    router = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("router "))
+    assert "adapted by" in router and "[router.weight]" in router, router
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
+    assert "router.weight" in json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
+    merge_dirs(base, export / "adapter", export / "merged")
+    key = "model.layers.0.feed_forward.router.weight"
+    assert not torch.equal(_tensors(export / "merged")[key], _tensors(base)[key])  # the router itself moved
+    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu")
+    assert report["passed"] and report["max_abs_diff"] < 1e-4, report
 
 
 def test_a_shared_experts_layers_are_adapted_whatever_peft_does_with_their_names(bases):
