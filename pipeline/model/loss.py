@@ -50,7 +50,9 @@ CHUNK_LOGITS = 2**25
 # causal kernel (flash or memory-efficient on a GPU) and does not repeat grouped K/V heads.
 # Not in the list: vision-language models (Qwen2-VL derives its 3-D positions from the mask),
 # and any family not checked (`tests/model/test_mask_free.py` compares masked and mask-free).
-MASK_FREE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"})
+MASK_FREE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "olmo2", "olmo3",
+                                "smollm3", "gemma3_text", "gemma4_text", "granite", "exaone4", "ernie4_5", "seed_oss",
+                                "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "arcee", "cohere2"})
 
 
 def hf_model(lm) -> torch.nn.Module:

@@ -70,7 +70,9 @@ from pipeline.planning.order import padding_fraction
 # mask does not hide, and packed rows pass no mask: a row's padding would count), and any family not
 # checked.
 PACKABLE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
-                               "olmo2"})
+                               "olmo2", "olmo3", "smollm3", "gemma4_text", "granite", "exaone4", "ernie4_5",
+                               "seed_oss", "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "glm4",
+                               "arcee", "cohere2"})
 
 # attention implementation -> (layout, what keeps packed records apart)
 PATHS = {

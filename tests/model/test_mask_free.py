@@ -10,32 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kits import dense
 
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss, can_drop_mask, collate
 
-VOCAB, PAD = 48, 0
+VOCAB, PAD = dense.VOCAB, 0
 
 
 def _model(family: str):
-    import transformers as tf
-
-    shapes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=PAD)
-    config = {"llama": lambda: tf.LlamaConfig(**shapes),
-              # a window shorter than the sequences: the sliding mask is still built without the padding mask
-              "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=4),
-              "qwen2": lambda: tf.Qwen2Config(**shapes, tie_word_embeddings=True),
-              "qwen3": lambda: tf.Qwen3Config(**shapes, head_dim=8),
-              "gemma": lambda: tf.GemmaConfig(**shapes, head_dim=8),
-              "phi3": lambda: tf.Phi3Config(**shapes),
-              # no dropout (GPT-2's default is 0.1): two forwards are compared
-              "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                            pad_token_id=PAD)}[family]()
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(config).float()
+    return dense.model(family, "sdpa", pad=PAD)  # a window shorter than the sequences where the family has one
 
 
 def _cache():

@@ -14,6 +14,7 @@ import random
 import numpy as np
 import pytest
 import torch
+from kits import dense
 from kits.train import make_run, step_losses
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
@@ -133,38 +134,17 @@ def test_packed_rows_restart_positions_per_record_and_for_the_padding(tiny_mixed
     assert records.inputs[RECORD_BOUNDS] == tuple(flat.inputs["cu_seq_lens_q"].tolist())
 
 
-VOCAB = 48
-
-
 def _family(family: str, implementation: str, window: int = 4):
-    """A tiny random `family` model; `window`: its sliding window, if it has one (4: shorter than the records,
-    so a sliding mask is packed too)."""
-    import transformers as tf
-
-    shapes = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
-    small = dict(head_dim=8, sliding_window=window)
-    config = {"llama": lambda: tf.LlamaConfig(**shapes),
-              "mistral": lambda: tf.MistralConfig(**shapes, sliding_window=window),
-              "qwen2": lambda: tf.Qwen2Config(**shapes),
-              "qwen3": lambda: tf.Qwen3Config(**shapes, head_dim=8),
-              "gemma": lambda: tf.GemmaConfig(**shapes, head_dim=8),
-              "gemma2": lambda: tf.Gemma2Config(**shapes, **small),
-              "gemma3_text": lambda: tf.Gemma3TextConfig(**shapes, **small),
-              "phi3": lambda: tf.Phi3Config(**shapes),
-              "olmo2": lambda: tf.Olmo2Config(**shapes),
-              "gpt2": lambda: tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0)}[family]()
-    config._attn_implementation = implementation
-    torch.manual_seed(0)
-    return tf.AutoModelForCausalLM.from_config(config).float()
+    """A tiny random `family` model (tests/kits/dense.py); `window`: its sliding window, if it has one (4: shorter
+    than the records, so a sliding mask is packed too)."""
+    return dense.model(family, implementation, window=window)
 
 
 def _records(lengths=(11, 7, 4, 9, 13, 3)):
     g = torch.Generator().manual_seed(1)
     records = []
     for n in lengths:
-        ids = torch.randint(1, VOCAB, (n,), generator=g)
+        ids = torch.randint(1, dense.VOCAB, (n,), generator=g)
         labels = ids.clone()
         labels[:2] = IGNORE_INDEX  # a prompt
         records.append((ids, labels))
@@ -221,7 +201,9 @@ def test_a_sliding_window_shorter_than_the_records_keeps_its_mask():
     config = tf.MistralConfig(sliding_window=16)
     assert packed_attention.runs_per_record(config, 16) and not packed_attention.runs_per_record(config, 17)
     assert packed_attention.runs_per_record(tf.Qwen2Config(sliding_window=4, use_sliding_window=False), 64)
-    assert not packed_attention.runs_per_record(tf.Gemma3TextConfig(), 8)  # not a mask-free family
+    assert packed_attention.runs_per_record(tf.Gemma3TextConfig(sliding_window=8), 8)
+    assert not packed_attention.runs_per_record(tf.Gemma3TextConfig(sliding_window=8), 9)
+    assert not packed_attention.runs_per_record(tf.Glm4Config(), 8)  # not a mask-free family
 
 
 def test_packed_loss_and_gradients_equal_the_padded_ones_in_fp32():

@@ -1,0 +1,46 @@
+"""Tiny random dense text decoders of the families the packing and mask-free lists name
+(`pipeline.planning.packing.PACKABLE_FAMILIES`, `pipeline.model.loss.MASK_FREE_FAMILIES`), built from the
+stock transformers config classes: 2 layers, 32 wide, 4 heads over 2 K/V heads of 8, a 48-token vocabulary.
+
+Each family's own config class, at its defaults but for those sizes; where the class has them, a head size of 8,
+a sliding window of `window` tokens (4: shorter than the records the tests use, so a sliding mask is exercised)
+and no dropout (a test compares two forwards). GPT-2 names its sizes otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VOCAB = 48
+# family -> settings of its own beyond the common ones
+_OWN = {"qwen2": {"tie_word_embeddings": True}}  # a tied head
+
+
+def config(family: str, *, window: int = 4, pad: int = 0):
+    """The config of a tiny `family` model (its `model_type`)."""
+    import transformers as tf
+
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
+                             embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=pad)
+    cls = tf.CONFIG_MAPPING[family]
+    defaults = cls().to_dict()
+    settings = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, max_position_embeddings=64, pad_token_id=pad, bos_token_id=1,
+                    eos_token_id=2)
+    settings.update({k: 0.0 for k in defaults if k.endswith("dropout")})
+    if "head_dim" in defaults:
+        settings["head_dim"] = 8
+    if "sliding_window" in defaults:
+        settings["sliding_window"] = window
+    return cls(**settings, **_OWN.get(family, {}))
+
+
+def model(family: str, implementation: str, *, window: int = 4, pad: int = 0):
+    """A tiny random `family` model in fp32 with the attention `implementation` (seeded: the same weights each call)."""
+    import transformers as tf
+
+    cfg = config(family, window=window, pad=pad)
+    cfg._attn_implementation = implementation
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).float()
