@@ -67,6 +67,10 @@ _QWEN_VL = {
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
                  dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                       num_position_embeddings=16, deepstack_visual_indexes=[0])),
+    # Qwen3-VL-30B-A3B / 235B-A22B: Qwen3-VL's composite with a mixture of experts stored fused
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
+                     dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                          num_position_embeddings=16, deepstack_visual_indexes=[0])),
     # Qwen3.5's checkpoints are this composite class (Gated DeltaNet + attention layers, a vision tower),
     # dense and mixture of experts alike, with Qwen3-VL's processor
     "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
@@ -80,9 +84,10 @@ _QWEN_VL = {
 _QWEN3_5_TEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=2,
                      linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
 _TEXT = {"qwen3_vl": dict(head_dim=16), "qwen3_5": _QWEN3_5_TEXT,
+         "qwen3_vl_moe": dict(head_dim=16, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2),
          "qwen3_5_moe": dict(_QWEN3_5_TEXT, moe_intermediate_size=16, shared_expert_intermediate_size=16,
                              num_experts=4, num_experts_per_tok=2)}
-_INTERLEAVED = {"qwen3_vl", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
+_INTERLEAVED = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
 # Qwen3.5's and Qwen3.6's shipped templates (the test corpus: tests/data/chat_templates/README.md), with the
 # ChatML and think tokens of their tokenizer; the others take QWEN_TEMPLATE
 _SHIPPED = {"qwen3_5": "qwen3.5.jinja", "qwen3_5_moe": "qwen3.6.jinja"}
@@ -528,18 +533,22 @@ GLM4V_TOKENS = ["[gMASK]", "<sop>", "<|endoftext|>", "<|begin_of_image|>", "<|im
                 "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
 
 
-def save_glm4v(path: Path, *, seed: int = 0) -> Path:
+def save_glm4v(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     """A tiny random GLM-4.1V (`Glm4vForConditionalGeneration`: 2 vision blocks, 8x8 patches, 2x2 merge: a
     32x32 image is 4 `<|image|>` tokens with `image_grid_thw`; 2 decoder layers with 3-D RoPE), GLM-4.1V's
-    image processor; the processor is written as parts (its video processor needs torchvision)."""
-    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+    image processor; the processor is written as parts (its video processor needs torchvision). `moe`: GLM-4.5V
+    (`Glm4vMoeForConditionalGeneration`, GLM-4.1V's composite and processor): the second decoder layer a mixture
+    of 4 routed experts stored fused and a shared expert, GLM-4.5's layout."""
+    import transformers
     from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
     tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
-    config = Glm4vConfig(
-        text_config=_text_config(tokenizer, rope_parameters=rope),
+    moe_text = dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                    first_k_dense_replace=1, n_group=1, topk_group=1)
+    config = getattr(transformers, "Glm4vMoeConfig" if moe else "Glm4vConfig")(
+        text_config=_text_config(tokenizer, rope_parameters=rope, **(moe_text if moe else {})),
         vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                            image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
         image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
@@ -549,5 +558,5 @@ def save_glm4v(path: Path, *, seed: int = 0) -> Path:
     # its pixel bounds count the 2 frames an image is repeated into
     images = Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
                                     merge_size=2, temporal_patch_size=2)
-    return _save_parts(path, Glm4vForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
-                       "Glm4vProcessor")
+    model = getattr(transformers, "Glm4vMoeForConditionalGeneration" if moe else "Glm4vForConditionalGeneration")
+    return _save_parts(path, model(config), tokenizer, images, GLM4V_TEMPLATE, "Glm4vProcessor")

@@ -1,6 +1,6 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
-mixture of experts: its checkpoints are all this composite class), Gemma 3, Gemma 4 (dense and with experts),
-Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V (LFM2-VL: refused
+mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and with experts),
+Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V, GLM-4.5V (LFM2-VL: refused
 without torchvision).
 
 Each family's tiny random model, built from its stock transformers class with
@@ -41,6 +41,7 @@ from kits.vlm import (make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
     "qwen3_vl": lambda path: save_qwen_vl(path, "qwen3_vl"),
+    "qwen3_vl_moe": lambda path: save_qwen_vl(path, "qwen3_vl_moe"),
     "qwen3_5": lambda path: save_qwen_vl(path, "qwen3_5"),
     "qwen3_5_moe": lambda path: save_qwen_vl(path, "qwen3_5_moe"),
     "gemma3": save_gemma3,
@@ -52,6 +53,7 @@ SAVERS = {
     "internvl": save_internvl,
     "llava_next": save_llava_next,
     "glm4v": save_glm4v,
+    "glm4v_moe": lambda path: save_glm4v(path, moe=True),
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -67,6 +69,17 @@ def vlms(tmp_path_factory) -> dict:
             for family, save in SAVERS.items()}
 
 
+def vlms_parts(model_dir):
+    """The language model, tower and projector names of the model at `model_dir` (built on the meta device)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from pipeline.model.vision import find_parts
+
+    with init_empty_weights():
+        return find_parts(AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir)))
+
+
 @pytest.mark.parametrize("family", list(SAVERS))
 def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     from transformers import AutoModelForImageTextToText
@@ -74,6 +87,8 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import verify
+    from safetensors.torch import load_file
+
     from pipeline.train import stage
 
     data = vlms[family]
@@ -89,6 +104,11 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
 
     export = tmp_path / "export"
     consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    # LoRA only inside the language model: never the tower (without vision.train_tower) nor the projector
+    parts = vlms_parts(data["model"])
+    adapted = {k.removeprefix("base_model.model.") for k in load_file(export / "adapter" / "adapter_model.safetensors")}
+    outside = sorted(k for k in adapted if not k.startswith(parts.language + "."))
+    assert adapted and not outside, outside[:6]
     if family.endswith("_moe"):  # the experts are trained, not only attention
         adapted = json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
         assert {"experts.gate_up_proj", "experts.down_proj"} <= set(adapted), adapted
@@ -358,3 +378,35 @@ def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
         load_chat(model)
     message = str(refused.value)
     assert str(model) in message and "torchvision" in message and "\n" not in message, message
+
+
+def test_glm4v_moe_lora_reaches_neither_the_projector_nor_an_untrained_tower(vlms):
+    """peft's conversion of GLM-4.5V's fused experts would reduce the scoped target regex to bare names (the
+    tower's `proj` then names the projector's too) and match `gate_proj.weight` (the dense MLP, adapted through
+    its weight) in the tower's MLP and the projector: LoRA stays in the language model, and the tower with
+    vision.train_tower, never in the projector."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.vision import find_parts
+
+    base = vlms["glm4v_moe"]["model"]
+    for tower in (False, True):
+        cfg = TrainConfig()
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                                  lora=dataclasses.replace(cfg.lora, dropout=0.0),
+                                  vision=dataclasses.replace(cfg.vision, train_tower=tower))
+        model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+        parts = find_parts(model)
+        peft = attach_lora(model, cfg)
+        adapted = {n.removeprefix("base_model.model.").split(".lora_")[0] for n, _ in peft.named_parameters()
+                   if ".lora_" in n}
+        scopes = (parts.language, parts.tower) if tower else (parts.language,)
+        outside = sorted(n for n in adapted if n.startswith(parts.projector + ".")
+                         or not n.startswith(tuple(s + "." for s in scopes)))
+        assert not outside, (tower, outside)
+        assert any(n.startswith(parts.language + ".") for n in adapted)
+        assert tower == any(n.startswith(parts.tower + ".") for n in adapted), tower
