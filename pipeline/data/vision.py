@@ -33,13 +33,16 @@ refuses any use (`_image_only`); a processor class that transformers hides
 without torchvision although it needs it only for a helper (Pixtral's) is
 imported all the same (`processor_class`). A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
-`UserError` naming the model and what is missing. Either way the processor's own
+`UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
+its processor takes the answer as a `suffix`, the prompt attended both ways).
+Either way the processor's own
 image step runs (`_process_images`: Pixtral's adds its patch x merge size), so
 the image tokens and the pixels are what the processor gives.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from dataclasses import dataclass, field
@@ -179,6 +182,10 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     processor = _processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
+    if "suffix" in inspect.signature(type(processor).__call__).parameters:
+        raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor takes the answer apart from the "
+                        "prompt, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
+                        "ways): the pipeline's chat records and causal attention do not train it as it was trained")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
     if not template:

@@ -560,3 +560,26 @@ def save_glm4v(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
                                     merge_size=2, temporal_patch_size=2)
     model = getattr(transformers, "Glm4vMoeForConditionalGeneration" if moe else "Glm4vForConditionalGeneration")
     return _save_parts(path, model(config), tokenizer, images, GLM4V_TEMPLATE, "Glm4vProcessor")
+
+
+def save_paligemma(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random PaliGemma 2 (`PaliGemmaForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 images,
+    16x16 patches: 4 `<image>` tokens an image; 2 Gemma 2 layers) with its own processor, which adds `<image>`
+    and its location / segmentation tokens to the tokenizer and, as the shipped checkpoints, has no chat
+    template: a prompt is `<image>`s, the bos, the prompt and a newline; the answer its `suffix`."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tokenizer = _family_tokenizer([], bos="<s>", eos="<|end|>", template=None)
+    images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    images.image_seq_length = 4
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
+    config = PaliGemmaConfig(
+        text_config=_text_config(tokenizer, model_type="gemma2", head_dim=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16, projection_dim=32),
+        image_token_index=processor.image_token_id, projection_dim=32)
+    torch.manual_seed(seed)
+    PaliGemmaForConditionalGeneration(config).save_pretrained(path)
+    processor.save_pretrained(path)
+    return path

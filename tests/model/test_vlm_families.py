@@ -1,7 +1,7 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
-mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and with experts),
-Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V, GLM-4.5V (LFM2-VL: refused
-without torchvision).
+mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
+with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V, GLM-4.5V
+(LFM2-VL: refused without torchvision; PaliGemma, a prefix-LM, refused).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -35,8 +35,8 @@ import sys
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import (make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl, save_llama4,
-                      save_llava_next, save_mistral3, save_qwen_vl, save_smolvlm)
+from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl,
+                      save_llama4, save_llava_next, save_mistral3, save_qwen_vl, save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -410,3 +410,20 @@ def test_glm4v_moe_lora_reaches_neither_the_projector_nor_an_untrained_tower(vlm
         assert not outside, (tower, outside)
         assert any(n.startswith(parts.language + ".") for n in adapted)
         assert tower == any(n.startswith(parts.tower + ".") for n in adapted), tower
+
+
+def test_paligemma_a_prefix_lm_is_refused_at_tokenize_time_in_one_line(tmp_path):
+    """PaliGemma (2) attends its prompt (image and text, token_type_ids 0) both ways and its answer (the
+    processor's `suffix`) causally; chat records trained causally are not that, with a chat template or
+    without: tokenizing for it stops with one line naming the model and why."""
+    from kits.vlm import save_paligemma
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    model = save_paligemma(tmp_path / "paligemma")
+    (model / "chat_template.jinja").write_text(GEMMA3_TEMPLATE.replace("<start_of_image>", "<image>"))  # a fine-tune's
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "prefix-LM" in message and "\n" not in message, message
