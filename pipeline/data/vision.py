@@ -34,7 +34,9 @@ without torchvision although it needs it only for a helper (Pixtral's) is
 imported all the same (`processor_class`). A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
 `UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
-its processor takes the answer as a `suffix`, the prompt attended both ways).
+its processor takes the answer as a `suffix`, the prompt attended both ways) and
+a model that reads its images through cross-attention (Llama 3.2 Vision's
+`cross_attention_mask`).
 Either way the processor's own
 image step runs (`_process_images`: Pixtral's adds its patch x merge size), so
 the image tokens and the pixels are what the processor gives.
@@ -186,6 +188,10 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
         raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor takes the answer apart from the "
                         "prompt, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
                         "ways): the pipeline's chat records and causal attention do not train it as it was trained")
+    if "cross_attention_mask" in processor.model_input_names:
+        raise UserError(f"{model}: {config.model_type} reads its images through cross-attention layers (an image "
+                        "stays one token; the processor's cross_attention_mask and per-record image batches say which "
+                        "text attends which image), which the pipeline's batches do not give")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
     if not template:

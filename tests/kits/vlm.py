@@ -583,3 +583,29 @@ def save_paligemma(path: Path, *, seed: int = 0) -> Path:
     PaliGemmaForConditionalGeneration(config).save_pretrained(path)
     processor.save_pretrained(path)
     return path
+
+
+MLLAMA_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+
+
+def save_mllama(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Llama 3.2 Vision (`MllamaForConditionalGeneration`: a 1+1-layer tower on up to 2 tiles of
+    16x16, 8x8 patches; 2 decoder layers, the second a cross-attention layer over the image features) with its
+    own processor: an image stays one `<|image|>` in the text, and the text attends the image through
+    cross-attention (`cross_attention_mask`, `aspect_ratio_ids`)."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaProcessor
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|image|>"], bos="<s>", eos="<|end|>", template=MLLAMA_TEMPLATE)
+    config = MllamaConfig(
+        text_config=_text_config(tokenizer, cross_attention_layers=[1]),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_global_layers=1,
+                           attention_heads=2, image_size=16, patch_size=8, max_num_tiles=2,
+                           intermediate_layers_indices=[0], vision_output_dim=32,
+                           supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]]),
+        image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"))
+    torch.manual_seed(seed)
+    MllamaForConditionalGeneration(config).save_pretrained(path)
+    images = MllamaImageProcessorPil(size={"height": 16, "width": 16}, max_image_tiles=2)
+    MllamaProcessor(image_processor=images, tokenizer=tokenizer, chat_template=MLLAMA_TEMPLATE).save_pretrained(path)
+    return path

@@ -1,7 +1,7 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
 mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V, GLM-4.5V
-(LFM2-VL: refused without torchvision; PaliGemma, a prefix-LM, refused).
+(LFM2-VL: refused without torchvision; PaliGemma, a prefix-LM, and Llama 3.2 Vision, cross-attention, refused).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -427,3 +427,19 @@ def test_paligemma_a_prefix_lm_is_refused_at_tokenize_time_in_one_line(tmp_path)
         load_chat(model)
     message = str(refused.value)
     assert str(model) in message and "prefix-LM" in message and "\n" not in message, message
+
+
+def test_mllama_cross_attention_to_images_is_refused_at_tokenize_time_in_one_line(tmp_path):
+    """Llama 3.2 Vision keeps an image as one `<|image|>` and attends it from cross-attention layers, under the
+    processor's `cross_attention_mask`, with pixels batched per record (records x images x tiles); batches of
+    token features alone would train it on the wrong inputs: tokenizing for it stops with one line."""
+    from kits.vlm import save_mllama
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    model = save_mllama(tmp_path / "mllama")
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "cross_attention_mask" in message and "\n" not in message, message
