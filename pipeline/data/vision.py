@@ -184,6 +184,9 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     processor = _processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
+    if not _expands_each_image(type(processor)):
+        raise UserError(f"{model}: its processor ({type(processor).__name__}) expands the image tokens inside its own "
+                        "call, not per image (replace_image_token), which is how the pipeline writes them")
     if "suffix" in inspect.signature(type(processor).__call__).parameters:
         raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor takes the answer apart from the "
                         "prompt, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
@@ -205,6 +208,14 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor))
+
+
+def _expands_each_image(cls) -> bool:
+    """Whether a processor class writes each image's tokens by its own `replace_image_token` (the base class's
+    raises NotImplementedError: Idefics2's processor expands them in its `__call__`, over the whole text)."""
+    from transformers.processing_utils import ProcessorMixin
+
+    return getattr(cls, "replace_image_token", None) is not ProcessorMixin.replace_image_token
 
 
 def _token_types(cls, names) -> str | None:

@@ -609,3 +609,59 @@ def save_mllama(path: Path, *, seed: int = 0) -> Path:
     images = MllamaImageProcessorPil(size={"height": 16, "width": 16}, max_image_tiles=2)
     MllamaProcessor(image_processor=images, tokenizer=tokenizer, chat_template=MLLAMA_TEMPLATE).save_pretrained(path)
     return path
+
+
+# LLaVA-OneVision's turns (Qwen2's ChatML, an image as `<image>` and a newline before the text): not the shipped
+# template, no verbatim copy of which is at hand here
+LLAVA_ONEVISION_TEMPLATE = INTERNVL_TEMPLATE.replace("<IMG_CONTEXT>", "<image>")
+
+
+def save_llava_onevision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`: a 1-layer SigLIP tower on 16x16
+    tiles, 8x8 patches; 2 Qwen2 layers) with its processor's settings: anyres, a 32x32 image is the whole image
+    (4 features) and a 2x2 grid of tiles with a newline per row (4 x 4 + 2), 22 `<image>`s. Its processor is
+    written as parts (its video processor needs torchvision)."""
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    tokenizer = _family_tokenizer(["<|im_start|>", "<|im_end|>", "<image>", "<video>"], bos=None, eos="<|im_end|>",
+                                  template=LLAVA_ONEVISION_TEMPLATE)
+    config = LlavaOnevisionConfig(
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_index=tokenizer.convert_tokens_to_ids("<video>"), image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,
+        vision_feature_select_strategy="full", vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    images = LlavaOnevisionImageProcessorPil(size={"height": 16, "width": 16}, image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+    return _save_parts(path, LlavaOnevisionForConditionalGeneration(config), tokenizer, images,
+                       LLAVA_ONEVISION_TEMPLATE, "LlavaOnevisionProcessor", num_image_tokens=4,
+                       vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
+
+
+def save_idefics2(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Idefics2 (`Idefics2ForConditionalGeneration`: a 1-layer SigLIP-style tower on 32x32 images,
+    8x8 patches, a 1-layer perceiver to 4 latents; 2 Mistral layers) with its own processor (images kept whole:
+    `<fake_token_around_image>`, 4 `<image>`, `<fake_token_around_image>`), which expands the image tokens inside
+    its own call."""
+    from transformers import Idefics2Config, Idefics2ForConditionalGeneration, Idefics2Processor
+    from transformers.models.idefics2.image_processing_pil_idefics2 import Idefics2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|begin_of_text|>", *_IDEFICS_TOKENS], bos="<|begin_of_text|>",
+                                  eos="<end_of_utterance>", template=IDEFICS3_TEMPLATE)
+    config = Idefics2Config(
+        text_config=_text_config(tokenizer, model_type="mistral"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        perceiver_config=dict(hidden_size=32, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=2,
+                              resampler_head_dim=8, num_key_value_heads=1),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(seed)
+    Idefics2ForConditionalGeneration(config).save_pretrained(path)
+    images = Idefics2ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 32, "shortest_edge": 32})
+    Idefics2Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+                      chat_template=IDEFICS3_TEMPLATE).save_pretrained(path)
+    return path

@@ -36,7 +36,8 @@ import pytest
 import torch
 from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl,
-                      save_llama4, save_llava_next, save_mistral3, save_qwen_vl, save_smolvlm)
+                      save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_qwen_vl,
+                      save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -52,6 +53,7 @@ SAVERS = {
     "idefics3": lambda path: save_smolvlm(path, family="idefics3"),
     "internvl": save_internvl,
     "llava_next": save_llava_next,
+    "llava_onevision": save_llava_onevision,
     "glm4v": save_glm4v,
     "glm4v_moe": lambda path: save_glm4v(path, moe=True),
 }
@@ -322,11 +324,12 @@ IMAGE_TOKENS = {
     "idefics3": 4,  # whole
     "internvl": 4,  # one tile, between <img> and </img>
     "llava_next": 4 + 2 * 2 * 4 + 4,  # anyres: the whole image, a 2x2 grid of tiles unpadded, a newline per row
+    "llava_onevision": 4 + 4 * 4 + 4,  # anyres (max 9 tiles): the whole image, a 2x2 grid of tiles, a newline a row
     "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
 }
 
 
-TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v"}  # their processors hold a video processor needing torchvision
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}  # their processors hold a video processor needing torchvision
 
 
 @pytest.mark.parametrize("family", list(IMAGE_TOKENS))
@@ -443,3 +446,19 @@ def test_mllama_cross_attention_to_images_is_refused_at_tokenize_time_in_one_lin
         load_chat(model)
     message = str(refused.value)
     assert str(model) in message and "cross_attention_mask" in message and "\n" not in message, message
+
+
+def test_idefics2_processor_expanding_in_its_own_call_is_refused_in_one_line(tmp_path):
+    """Idefics2's processor has no `replace_image_token` of its own (the base class's raises): it expands the
+    image tokens over the whole text in its `__call__` (merging the fake tokens of adjacent images); tokenizing
+    for it stops with one line naming the model, not a bare NotImplementedError mid-file."""
+    from kits.vlm import save_idefics2
+
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    model = save_idefics2(tmp_path / "idefics2")
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "replace_image_token" in message and "\n" not in message, message
