@@ -665,3 +665,46 @@ def save_idefics2(path: Path, *, seed: int = 0) -> Path:
     Idefics2Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
                       chat_template=IDEFICS3_TEMPLATE).save_pretrained(path)
     return path
+
+
+# Aya Vision's turns (Command R's turn tokens, an image as the processor's `<image>`): not the shipped template,
+# no verbatim copy of which is at hand here
+AYA_VISION_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|START_OF_TURN_TOKEN|>' + ('<|USER_TOKEN|>' if message['role'] == 'user' else '<|CHATBOT_TOKEN|>') }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|END_OF_TURN_TOKEN|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"
+)
+AYA_VISION_TOKENS = ["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+                     "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>",
+                     "TILE_GLOBAL", *(f"TILE_{k}" for k in range(1, 5))]
+
+
+def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Aya Vision (`AyaVisionForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 tiles, 8x8
+    patches, pixel shuffle 2; 2 Cohere 2 layers) with its own processor and GOT-OCR2's image processor (one
+    tile): an image is `<|START_OF_IMG|>`, `TILE_GLOBAL`, 4 `<|IMG_PATCH|>` and `<|END_OF_IMG|>`."""
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
+                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE)
+    config = AyaVisionConfig(
+        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
+                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
+        downsample_factor=2, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    AyaVisionForConditionalGeneration(config).save_pretrained(path)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
+    AyaVisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, img_size=32, downsample_factor=2,
+                       chat_template=AYA_VISION_TEMPLATE).save_pretrained(path)
+    return path

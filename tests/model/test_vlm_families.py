@@ -1,7 +1,9 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
 mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
-with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V, GLM-4.5V
-(LFM2-VL: refused without torchvision; PaliGemma, a prefix-LM, and Llama 3.2 Vision, cross-attention, refused).
+with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
+GLM-4.1V, GLM-4.5V, Aya Vision (its composite takes no logit scale of its Cohere 2 text model). Refused at tokenize
+time, each in one line: LFM2-VL without torchvision; PaliGemma, a prefix-LM; Llama 3.2 Vision, which attends
+images by cross-attention; Idefics2, whose processor expands image tokens in its own call.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -35,8 +37,8 @@ import sys
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl,
-                      save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_qwen_vl,
+from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
+                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_qwen_vl,
                       save_smolvlm)
 
 SAVERS = {
@@ -56,6 +58,7 @@ SAVERS = {
     "llava_onevision": save_llava_onevision,
     "glm4v": save_glm4v,
     "glm4v_moe": lambda path: save_glm4v(path, moe=True),
+    "aya_vision": save_aya_vision,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -326,10 +329,12 @@ IMAGE_TOKENS = {
     "llava_next": 4 + 2 * 2 * 4 + 4,  # anyres: the whole image, a 2x2 grid of tiles unpadded, a newline per row
     "llava_onevision": 4 + 4 * 4 + 4,  # anyres (max 9 tiles): the whole image, a 2x2 grid of tiles, a newline a row
     "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
+    "aya_vision": 4,  # one tile: <|START_OF_IMG|>, TILE_GLOBAL, 4 <|IMG_PATCH|>, <|END_OF_IMG|>
 }
 
 
-TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}  # their processors hold a video processor needing torchvision
+# their processors hold a video processor needing torchvision
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}
 
 
 @pytest.mark.parametrize("family", list(IMAGE_TOKENS))
