@@ -34,9 +34,10 @@ without torchvision although it needs it only for a helper (Pixtral's) is
 imported all the same (`processor_class`). A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
 `UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
-its processor takes the answer as a `suffix`, the prompt attended both ways) and
-a model that reads its images through cross-attention (Llama 3.2 Vision's
-`cross_attention_mask`).
+its processor makes the labels from the answer, its `suffix`, the prompt attended
+both ways), a model that reads its images through cross-attention (Llama 3.2
+Vision's `cross_attention_mask`) and a processor that expands image tokens only
+in its own call (Idefics2's: no `replace_image_token` of its own).
 Either way the processor's own
 image step runs (`_process_images`: Pixtral's adds its patch x merge size), so
 the image tokens and the pixels are what the processor gives.
@@ -44,7 +45,6 @@ the image tokens and the pixels are what the processor gives.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 from dataclasses import dataclass, field
@@ -187,9 +187,9 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     if not _expands_each_image(type(processor)):
         raise UserError(f"{model}: its processor ({type(processor).__name__}) expands the image tokens inside its own "
                         "call, not per image (replace_image_token), which is how the pipeline writes them")
-    if "suffix" in inspect.signature(type(processor).__call__).parameters:
-        raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor takes the answer apart from the "
-                        "prompt, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
+    if "labels" in processor.model_input_names:  # 5.17 and 5.2x alike (its `suffix` is a text kwarg in 5.17)
+        raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor makes the labels itself from the "
+                        "answer, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
                         "ways): the pipeline's chat records and causal attention do not train it as it was trained")
     if "cross_attention_mask" in processor.model_input_names:
         raise UserError(f"{model}: {config.model_type} reads its images through cross-attention layers (an image "
