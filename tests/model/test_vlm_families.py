@@ -467,3 +467,45 @@ def test_idefics2_processor_expanding_in_its_own_call_is_refused_in_one_line(tmp
         load_chat(model)
     message = str(refused.value)
     assert str(model) in message and "replace_image_token" in message and "\n" not in message, message
+
+
+def test_llava_onevision_record_of_two_images_is_what_its_processor_gives(vlms, tmp_path):
+    """LLaVA-OneVision lays out an image of a record of several without its anyres tiles (the whole image's
+    features and a newline: 5 tokens here, not 24) and tells the model how many images each record holds
+    (`batch_num_images`): a micro-batch of a two-image record and a one-image record, tokenized and collated,
+    is what its processor gives for the two conversations."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
+    from pipeline.data.vision import _processor
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    data = vlms["llava_onevision"]
+    tokenizer, images = load_chat(data["model"])
+    first, second = load_records(data["data"] / "val.jsonl")[:2]
+    pair = [first.images[0], second.images[0]]
+    rows = [{"messages": [{"role": "user", "content": "<image><image>\nsame colour?"},
+                          {"role": "assistant", "content": "no"}], "images": pair},
+            {"messages": [{"role": "user", "content": "<image>\ncolour?"}, {"role": "assistant", "content": "red"}],
+             "images": pair[:1]}]
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenize_file(tmp_path / "two.jsonl", tokenizer, out_path=tmp_path / "two.safetensors", max_length=96,
+                  too_long="error", fingerprint=tokenizer_fingerprint(data["model"]), split="train", images=images)
+    cache = TokenCache(tmp_path / "two.safetensors")
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    ours = Collator(cache, loading.pad_token_id(data["model"]), images=again)([0, 1]).inputs
+    processor = _processor(data["model"], False)
+    for k, row in enumerate(rows):
+        text = processor.tokenizer.apply_chat_template(images.conversation(row["messages"]), tokenize=False,
+                                                       chat_template=images.chat_template)
+        theirs = processor(text=[text], images=[[open_rgb(p) for p in row["images"]]], return_tensors="pt")
+        length = theirs["input_ids"].shape[1]
+        assert torch.equal(ours["input_ids"][k, :length], theirs["input_ids"][0]), k
+        assert int((theirs["input_ids"] == images.image_token_id).sum()) == (2 * 5 if k == 0 else 24)
+    both = processor(text=["<image><image>", "<image>"], images=[[open_rgb(p) for p in pair], [open_rgb(pair[0])]],
+                     return_tensors="pt", padding=True)
+    assert ours["batch_num_images"].tolist() == both["batch_num_images"].tolist() == [2, 1]
+    for key in ("pixel_values", "image_sizes"):
+        assert torch.equal(ours[key], both[key]), key
