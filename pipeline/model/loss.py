@@ -194,7 +194,8 @@ class TokenLoss(torch.nn.Module):
         else:
             loss = linear_cross_entropy_sum(picked, head, batch.targets, self.chunk, logits=self.logits)
         if balance:  # + coef * load-balancing loss * supervised tokens (`pipeline.model.router`)
-            added, weighted = self.router.term(out.router_logits, inputs.get("attention_mask"), batch.supervised)
+            # over the real tokens: a padded batch's mask, a packed row's `real` (the padding that fills it)
+            added, weighted = self.router.term(out.router_logits, batch.real_tokens(), batch.supervised)
             loss = loss + added
             self.router_sum = weighted if self.router_sum is None else self.router_sum + weighted
         return loss
