@@ -34,7 +34,7 @@ from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import config_is_vision_language
 from pipeline.errors import UserError
-from pipeline.model import kernels, router
+from pipeline.model import kernels, router, row_masks
 # Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
 from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 
@@ -180,6 +180,8 @@ class TokenLoss(torch.nn.Module):
         mask_free = self.mask_free and "position_ids" not in inputs
         if mask_free:
             inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        else:
+            inputs = row_masks.with_row_masks(hf, inputs)
         # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache. A
         # mask-free forward skips transformers' mask builder, which would read the position ids back
         # to the host (a device sync per forward) to look for packed sequences there are none of.

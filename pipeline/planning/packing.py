@@ -67,14 +67,15 @@ from pipeline.planning.order import padding_fraction
 # `create_sliding_window_causal_mask` with the position ids, and whose positions are the given
 # ones: per-record losses of packed rows equal the records' own (tests/train/test_packing.py).
 # Mixture-of-experts families route each token on its own; their load-balancing loss is given the
-# real tokens of a packed row (`Batch.real_tokens`), as a padded batch's mask gives them. Not listed:
-# GPT-OSS (its sink attention over packed rows is not its padded attention: 1.6e-2 apart),
+# real tokens of a packed row (`Batch.real_tokens`), as a padded batch's mask gives them. GPT-OSS builds
+# its masks without the position ids: `pipeline.model.row_masks` builds them for it. Not listed:
 # linear-attention and Mamba hybrids (their recurrences run across the records of a row), DeepSeek V4
 # (its compressed attention pools across positions), and any family not checked.
 PACKABLE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
                                "olmo2", "olmo3", "smollm3", "gemma4_text", "granite", "exaone4", "ernie4_5",
                                "seed_oss", "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "glm4",
-                               "arcee", "cohere2", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe"})
+                               "arcee", "cohere2", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe",
+                               "gpt_oss"})
 
 # attention implementation -> (layout, what keeps packed records apart)
 PATHS = {

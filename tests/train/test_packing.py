@@ -23,7 +23,7 @@ from pipeline.errors import UserError
 from pipeline.model.batch import RECORD_BOUNDS, collate, collate_rows
 from pipeline.model import packed_attention
 from pipeline.config import MoeConfig
-from pipeline.model import router
+from pipeline.model import router, row_masks
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
 from pipeline.planning import packing
 from pipeline.planning.order import RunSampler
@@ -155,16 +155,18 @@ def _records(lengths=(11, 7, 4, 9, 13, 3)):
 
 
 def _per_record_losses(model, batch, counts) -> torch.Tensor:
-    """Mean next-token loss of each record of `batch` (its supervised tokens `counts`, in batch order)."""
-    hidden = model.base_model(**batch.inputs, use_cache=False).last_hidden_state
+    """Mean next-token loss of each record of `batch` (its supervised tokens `counts`, in batch order); the
+    inputs as `TokenLoss` gives them (GPT-OSS's packed rows with their masks, `pipeline.model.row_masks`)."""
+    hidden = model.base_model(**row_masks.with_row_masks(model, batch.inputs), use_cache=False).last_hidden_state
     logits = model.get_output_embeddings()(hidden.flatten(0, 1)[batch.loss_index]).float()
     losses = torch.nn.functional.cross_entropy(logits, batch.targets, reduction="none")
     return torch.stack([part.mean() for part in losses.split(counts)])
 
 
 # every family the list names, with both mask-building implementations a CPU runs (transformers runs
-# Gemma-2 with eager attention only)
-CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager") if (f, i) != ("gemma2", "sdpa")]
+# Gemma-2 and GPT-OSS with eager attention only)
+CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager")
+         if i == "eager" or f not in ("gemma2", "gpt_oss")]
 
 
 @pytest.mark.parametrize("family,implementation", CASES)
@@ -201,19 +203,21 @@ def test_each_record_attended_on_its_own_has_its_padded_loss(family):
 @pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & set(ROUTER_LOSS)))
 def test_a_mixture_of_experts_balances_the_real_tokens_of_packed_rows(family):
     """The load-balancing loss of a packed micro-batch is its padded batch's: both count the real tokens
-    only (a packed row's padding, which no attention mask marks, left out by `Batch.real`)."""
-    model = _family(family, "sdpa")  # training mode: the loss adds the router's term
+    only (a packed row's padding, which no attention mask marks, left out by `Batch.real`); and so is the
+    whole training loss of the micro-batch, through `TokenLoss` (GPT-OSS: with the masks it is given)."""
+    model = _family(family, "eager" if family == "gpt_oss" else "sdpa")  # training: the loss adds the router's term
     router.enable_router_loss(model, MoeConfig())
     loss_model = TokenLoss(model)
     cache = _records()
     rows = [[0, 2], [4], [1, 3, 5]]  # rows of 15, 13 and 19 tokens: the first two padded to 19
     packed, padded = collate_rows(cache, rows, 0, "rows"), collate(cache, [i for row in rows for i in row], 0)
     assert packed.real is not None and int(packed.real.sum()) == packed.tokens < packed.real.numel()
-    sums = []
+    losses, sums = [], []
     for batch in (packed, padded):
-        loss_model(batch)
+        losses.append(loss_model(batch).detach())  # cross-entropy sum + coef x balancing loss x supervised
         sums.append(loss_model.take_router_sum())
     assert sums[0] > 0 and torch.allclose(sums[0], sums[1], rtol=1e-6, atol=0), sums
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0), losses
 
 
 def test_a_sliding_window_shorter_than_the_records_keeps_its_mask():
