@@ -68,8 +68,8 @@ def _config(family: str, tokenizer):
                                     laurel_rank=4, hidden_size_per_layer_input=8,
                                     vocab_size_per_layer_input=len(tokenizer), tie_word_embeddings=True)
     if family == "zamba2":  # a Mamba-2 layer, then a hybrid one: the shared attention + MLP block, LoRA-like adapters
-        return tf.Zamba2Config(**{**_decoder(), "num_hidden_layers": 2}, **common, layer_types=["mamba", "hybrid"],
-                               hybrid_layer_ids=[1], mamba_headdim=16, mamba_d_state=8, n_mamba_heads=4, chunk_size=16,
+        return tf.Zamba2Config(**{**_decoder(), "num_hidden_layers": 2}, **common, layers_block_type=["mamba", "hybrid"],
+                               mamba_headdim=16, mamba_d_state=8, n_mamba_heads=4, chunk_size=16,
                                num_mem_blocks=1, attention_head_dim=16, adapter_rank=4, tie_word_embeddings=True)
     if family == "gpt2":
         return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
