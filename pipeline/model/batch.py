@@ -56,13 +56,21 @@ class Batch:
     packed, and the sequence boundaries when flat). `loss_index`: flat
     positions (into rows x width) whose next token carries a loss, and
     `targets` that next token. `tokens` (non-padding tokens) and `supervised`
-    are plain ints, known without looking at a device.
+    are plain ints, known without looking at a device. `real`: 1 on the real
+    tokens, 0 on the padding, for packed rows that have padding (which no
+    attention mask marks); not a model input: a mixture of experts' load-balancing
+    loss leaves that padding out with it (`real_tokens`).
     """
 
     inputs: dict[str, torch.Tensor | int]
     loss_index: torch.Tensor
     targets: torch.Tensor
     tokens: int
+    real: torch.Tensor | None = None
+
+    def real_tokens(self) -> torch.Tensor | None:
+        """Which positions hold real tokens (rows x width, 1 or 0); None where every position does."""
+        return self.real if self.real is not None else self.inputs.get("attention_mask")
 
     @property
     def supervised(self) -> int:
@@ -80,7 +88,8 @@ class Batch:
             return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
 
         return replace(self, inputs={k: move(v) for k, v in self.inputs.items()},
-                       loss_index=move(self.loss_index), targets=move(self.targets))
+                       loss_index=move(self.loss_index), targets=move(self.targets),
+                       real=None if self.real is None else move(self.real))
 
 
 def collate(cache, indices: list[int], pad_id: int, *, packed: bool = False) -> Batch:
@@ -122,6 +131,7 @@ def _rows(rows, pad_id: int) -> Batch:
     width = max(sum(len(ids) for ids, _ in row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     position_ids = torch.empty((len(rows), width), dtype=torch.long)
+    real = torch.zeros((len(rows), width), dtype=torch.long)
     index, targets, tokens = [], [], 0
     for r, row in enumerate(rows):
         offset = 0
@@ -136,9 +146,10 @@ def _rows(rows, pad_id: int) -> Batch:
         # The padding restarts its positions too: one more record to the mask builder, after the real
         # ones (so none of them attends to it), and never a loss position.
         position_ids[r, offset:] = torch.arange(width - offset)
+        real[r, :offset] = 1
         tokens += offset
     return Batch({"input_ids": input_ids, "position_ids": position_ids}, torch.cat(index), torch.cat(targets),
-                 tokens=tokens)
+                 tokens=tokens, real=real if tokens < real.numel() else None)
 
 
 def _flat(items, *, bounds_as_ints: bool = False) -> Batch:

@@ -34,7 +34,7 @@ from pipeline import compat
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.data.vision import config_is_vision_language
 from pipeline.errors import UserError
-from pipeline.model import kernels, router
+from pipeline.model import kernels, router, row_masks
 # Batches moved to pipeline.model.batch; the names stay importable from here, where callers found them.
 from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 
@@ -188,6 +188,8 @@ class TokenLoss(torch.nn.Module):
         mask_free = self.mask_free and "position_ids" not in inputs
         if mask_free:
             inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+        else:
+            inputs = row_masks.with_row_masks(hf, inputs)
         # The decoder alone (LoRA layers are inside it): hidden states, no logits, no KV cache. A
         # mask-free forward skips transformers' mask builder, which would read the position ids back
         # to the host (a device sync per forward) to look for packed sequences there are none of.
@@ -202,7 +204,8 @@ class TokenLoss(torch.nn.Module):
         else:
             loss = linear_cross_entropy_sum(picked, head, batch.targets, self.chunk, logits=self.logits)
         if balance:  # + coef * load-balancing loss * supervised tokens (`pipeline.model.router`)
-            added, weighted = self.router.term(out.router_logits, inputs.get("attention_mask"), batch.supervised)
+            # over the real tokens: a padded batch's mask, a packed row's `real` (the padding that fills it)
+            added, weighted = self.router.term(out.router_logits, batch.real_tokens(), batch.supervised)
             loss = loss + added
             self.router_sum = weighted if self.router_sum is None else self.router_sum + weighted
         return loss

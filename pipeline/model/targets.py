@@ -213,8 +213,9 @@ def _candidates(model, scope: list[tuple[str, torch.nn.Module]]) -> tuple[list[_
             weight = module.weight
             key, named = leaf, leaf
             if leaf.isdigit():  # a Linear in a ModuleList (Gemma 3n's altup_projections.0): "0" alone is any layer's
-                named = _leaf(name.rpartition(".")[0])
-                key = f"{named}.{leaf}"
+                parts = name.split(".")
+                at = max(i for i, part in enumerate(parts) if not part.isdigit())  # Zamba2's adapter_list.0.1 too
+                named, key = parts[at], ".".join(parts[at:])
             found.append(_Candidate(key, named, _kind(name, by_name), True, sum(p.numel() for _, p in own),
                                     sum(weight.shape), via_weight=_own_forward(module)))
             continue

@@ -66,13 +66,16 @@ from pipeline.planning.order import padding_fraction
 # Decoder families (`config.model_type`) whose masks come from `create_causal_mask` /
 # `create_sliding_window_causal_mask` with the position ids, and whose positions are the given
 # ones: per-record losses of packed rows equal the records' own (tests/train/test_packing.py).
-# Not listed: mixture-of-experts families (their router's load-balancing loss counts every token the
-# mask does not hide, and packed rows pass no mask: a row's padding would count), and any family not
-# checked.
+# Mixture-of-experts families route each token on its own; their load-balancing loss is given the
+# real tokens of a packed row (`Batch.real_tokens`), as a padded batch's mask gives them. GPT-OSS builds
+# its masks without the position ids: `pipeline.model.row_masks` builds them for it. Not listed:
+# linear-attention and Mamba hybrids (their recurrences run across the records of a row), DeepSeek V4
+# (its compressed attention pools across positions), and any family not checked.
 PACKABLE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "gpt2",
                                "olmo2", "olmo3", "smollm3", "gemma4_text", "granite", "exaone4", "ernie4_5",
                                "seed_oss", "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "glm4",
-                               "arcee", "cohere2"})
+                               "arcee", "cohere2", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe",
+                               "gpt_oss"})
 
 # attention implementation -> (layout, what keeps packed records apart)
 PATHS = {

@@ -124,7 +124,7 @@ def _strip_reasoning(messages):
 # How a family's template writes the reasoning of a turn after the last user message, the part before it being
 # its generation prompt (None: as Qwen3, `<think>\n{reasoning}\n</think>\n\n` all trained)
 _AFTER_PROMPT = {"qwen3.5": "{thought}\n</think>\n\n", "nemotron": "{thought}\n</think>\n",
-                 "lfm2.5": "<think>{thought}</think>"}
+                 "nemotron-ultra": "{thought}</think>", "lfm2.5": "<think>{thought}</think>"}
 
 
 def _expected(family, messages, reasoning):

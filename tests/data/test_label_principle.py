@@ -72,13 +72,14 @@ REASONING_TEMPLATES = ([f for f in SHIPPED if chatkit.FAMILIES[f].reasoning]
 # <think>...</think> before the answer, which Qwen3's templates also parse). The labeller finds it by a probe.
 READS = {"qwen3": "reasoning_content", "qwen3-2025-04": "reasoning_content", "gpt-oss": "thinking",
          "qwen3.5": "reasoning_content", "qwen3.5-small": "reasoning_content", "qwen3.6": "reasoning_content",
-         "nemotron-3-nano": "reasoning_content", "lfm2.5": "thinking",
+         "nemotron-3-nano": "reasoning_content", "nemotron-3-super": "reasoning_content",
+         "nemotron-3-ultra": "reasoning_content", "lfm2.5": "thinking",
          "builtin:qwen3": "reasoning_content", "builtin:qwen3-thinking": "reasoning_content",
          "builtin:gpt-oss": "reasoning_content"}
 # The templates that render tool calls and results (the others are refused: tests/data/test_data_text_and_tools).
 TOOL_TEMPLATES = ["qwen2.5", "qwen3", "qwen3-2025-04", "llama-3.1", "llama-3.2", "mistral-nemo", "gpt-oss",
                   "glm-4.5", "builtin:qwen2.5", "qwen3-instruct-2507", "qwen3.5", "qwen3.5-small", "qwen3.6",
-                  "nemotron-3-nano", "lfm2.5"]
+                  "nemotron-3-nano", "nemotron-3-super", "nemotron-3-ultra", "lfm2.5"]
 
 
 def _cases():

@@ -38,7 +38,7 @@ class Family:
     unk: str | None = None
     system: str = "ok"  # "ok" | "raises" (the template rejects a system message)
     reasoning: str | None = None  # None | "qwen3" (rendered after the last user turn) | "r1" (never rendered)
-    # | "gpt-oss" (the analysis channel of a last assistant turn only)
+    # | "gpt-oss" (the analysis channel of a last assistant turn only) | one of test_chat_templates' _AFTER_PROMPT
     # The tokens generation stops on: the eos ids of the model's generation_config.json (data, not derived).
     stops: tuple[str, ...] = ()
     lead: str = ""  # what the model writes before the content: template text after the generation prompt
@@ -144,6 +144,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     # whose close stays prompt
     Family("nemotron-3-nano", "nemotron-3-nano.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
            pad="<unk>", unk="<unk>", reasoning="nemotron", stops=("</s>", "<|im_end|>")),
+    Family("nemotron-3-super", "nemotron-3-super.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
+           pad="<unk>", unk="<unk>", reasoning="nemotron", stops=("</s>", "<|im_end|>")),
+    Family("nemotron-3-ultra", "nemotron-3-ultra.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
+           pad="<unk>", unk="<unk>", reasoning="nemotron-ultra", stops=("</s>", "<|im_end|>")),
     Family("lfm2", "lfm2.jinja", "<|im_end|>", _LFM2, bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
            stops=("<|im_end|>",)),
     # LFM2.5: reads reasoning from `thinking`, written <think>...</think> with no newlines, last turns only

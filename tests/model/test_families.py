@@ -15,7 +15,8 @@ norms, Gemma tied embeddings scaled by sqrt(hidden) and its (1 + w) RMSNorm,
 Mistral sliding-window attention, Phi-3 fused qkv_proj / gate_up_proj, GPT-2
 Conv1D layers (weights stored transposed: [in, out]) and a tied head, Gemma 3n's text
 model an intermediate size per layer (a list in its config), layers that reuse
-earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections).
+earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections); Zamba2 Mamba-2 layers
+and a shared attention block with per-layer adapters, Linear layers in Sequentials in ModuleLists.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def _config(family: str, tokenizer):
                                     activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0], altup_num_inputs=2,
                                     laurel_rank=4, hidden_size_per_layer_input=8,
                                     vocab_size_per_layer_input=len(tokenizer), tie_word_embeddings=True)
+    if family == "zamba2":  # a Mamba-2 layer, then a hybrid one: the shared attention + MLP block, LoRA-like adapters
+        return tf.Zamba2Config(**{**_decoder(), "num_hidden_layers": 2}, **common, layers_block_type=["mamba", "hybrid"],
+                               mamba_headdim=16, mamba_d_state=8, n_mamba_heads=4, chunk_size=16,
+                               num_mem_blocks=1, attention_head_dim=16, adapter_rank=4, tie_word_embeddings=True)
     if family == "gpt2":
         return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
                              **common)
@@ -87,6 +92,10 @@ FAMILIES = {
     "gemma3n": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "0",
                  "correction_coefs", "prediction_coefs", "modality_router", "linear_left", "linear_right",
                  "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection"}, True),
+    # Mamba-2 and the shared block's attention and MLP, whose per-layer adapters are Linear layers in Sequentials
+    # in ModuleLists (gate_up_proj_adapter_list.0.1: "1" or "0.1" alone would name other layers too)
+    "zamba2": ({"in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj", "linear",
+                "0", "1"}, True),
 }
 
 
@@ -178,3 +187,19 @@ def test_family_trains_merges_and_verifies(family, tiny, tmp_path):
         moved = (merged(ids, attention_mask=torch.ones_like(ids)).logits
                  - original(ids, attention_mask=torch.ones_like(ids)).logits).abs().max().item()
     assert moved > 100 * max(report["max_abs_diff"], 1e-7), (moved, report["max_abs_diff"])
+
+
+def test_a_named_list_takes_a_list_of_linear_layers_by_its_name(tmp_path):
+    """Linear layers kept in lists go by their list's name in a named list too: Zamba2's shared-block adapters
+    (`gate_up_proj_adapter_list.0.0`, `.0.1`: Sequentials in a ModuleList), and nothing of another list."""
+    from kits.train import REPO
+
+    from pipeline import config as train_config
+    from pipeline.model import targets
+    from pipeline.model.base import meta_model
+
+    save_family("zamba2", tmp_path / "base")
+    cfg = train_config.resolve(REPO / "config/train", "config", [
+        f"model.path={tmp_path / 'base'}", "tokens.train_cache=/t", "lora.target_modules=[gate_up_proj_adapter_list]"])
+    chosen = targets.resolve(meta_model(cfg.model), cfg.lora, cfg.moe)
+    assert chosen.modules == ["gate_up_proj_adapter_list.0.0", "gate_up_proj_adapter_list.0.1"], chosen.modules

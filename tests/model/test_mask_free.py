@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kits import dense
+from kits import lm
 
 from pipeline.data.cache import IGNORE_INDEX
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss, can_drop_mask, collate
 
-VOCAB, PAD = dense.VOCAB, 0
+VOCAB, PAD = lm.VOCAB, 0
 
 
 def _model(family: str):
-    return dense.model(family, "sdpa", pad=PAD)  # a window shorter than the sequences where the family has one
+    return lm.model(family, "sdpa", pad=PAD)  # a window shorter than the sequences where the family has one
 
 
 def _cache():

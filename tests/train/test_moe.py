@@ -1,5 +1,5 @@
 """A mixture of experts trains with the guarantees of a dense model: chunked == one run bitwise, with
-the router's load-balancing loss on, in one process (a stage that crashes resumes from its in-stage
+the router's load-balancing loss on and packed micro-batches, in one process (a stage that crashes resumes from its in-stage
 checkpoint) and on 2 DDP ranks; the EMA shadows and the checkpoints hold the experts' adapters."""
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ MOE = ["lora.dropout=0"]  # peft's ParamWrapper (the experts' fused weights) tak
 
 
 @pytest.fixture(scope="module")
-def qwen3_moe(tiny, tmp_path_factory) -> dict:
+def qwen3_moe(tiny_mixed, tmp_path_factory) -> dict:
+    """A tiny Qwen3-MoE on records of mixed lengths, which pack several to a row (packing is on for it)."""
     root = tmp_path_factory.mktemp("qwen3_moe")
     save_family("qwen3_moe", root / "model")
-    return {**tiny, "model": root / "model"}
+    return {**tiny_mixed, "model": root / "model"}
 
 
 def _router_losses(run, stages: list[str]) -> list[tuple[int, float]]:
@@ -31,6 +32,8 @@ def _chunked_equals_one(tmp_path, data, *, nproc: int | None = None, crash: bool
     chunked = make_run(tmp_path / "chunked", data, total=total, fraction=0.34, chunks=1, overrides=MOE)
     names = stage_names(chunked)
     assert names == ["pilot", "chunk01"]  # updates 1-2, 3-6
+    packing = json.loads(chunked.plan.read_text())["packing"]
+    assert packing["layout"] == {"cpu": "rows", "gpu": "rows"}, packing  # several records a row, then padding
     for i, name in enumerate(names):
         init = names[i - 1] if i else None
         if crash and name == "chunk01":  # dies after its in-stage checkpoint of update 4; the retry resumes there

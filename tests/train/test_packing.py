@@ -14,13 +14,16 @@ import random
 import numpy as np
 import pytest
 import torch
-from kits import dense
+from kits import lm
+from kits.moe import ROUTER_LOSS
 from kits.train import make_run, step_losses
 
 from pipeline.data.cache import IGNORE_INDEX, TokenCache
 from pipeline.errors import UserError
 from pipeline.model.batch import RECORD_BOUNDS, collate, collate_rows
 from pipeline.model import packed_attention
+from pipeline.config import MoeConfig
+from pipeline.model import router, row_masks
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
 from pipeline.planning import packing
 from pipeline.planning.order import RunSampler
@@ -86,9 +89,9 @@ def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
     assert decide("auto", implementation="flash_attention_2", model_type="qwen3", vision_language=False).layout == "flat"
     vlm = decide("auto", implementation="sdpa", model_type="qwen2_vl", vision_language=True)
     assert not vlm.on and "vision-language" in vlm.why
-    unchecked = decide("auto", implementation="sdpa", model_type="qwen3_moe", vision_language=False)
+    unchecked = decide("auto", implementation="sdpa", model_type="qwen3_next", vision_language=False)
     assert not unchecked.on and "not checked" in unchecked.why
-    assert decide("on", implementation="sdpa", model_type="qwen3_moe", vision_language=False).on  # the user's call
+    assert decide("on", implementation="sdpa", model_type="qwen3_next", vision_language=False).on  # the user's call
     assert not decide("off", implementation="sdpa", model_type="llama", vision_language=False).on
     with pytest.raises(UserError, match="tokens.packing=on: models/vl is a vision-language model"):
         decide("on", implementation="sdpa", model_type="llava", vision_language=True, where="models/vl")
@@ -135,16 +138,16 @@ def test_packed_rows_restart_positions_per_record_and_for_the_padding(tiny_mixed
 
 
 def _family(family: str, implementation: str, window: int = 4):
-    """A tiny random `family` model (tests/kits/dense.py); `window`: its sliding window, if it has one (4: shorter
+    """A tiny random `family` model (tests/kits/lm.py); `window`: its sliding window, if it has one (4: shorter
     than the records, so a sliding mask is packed too)."""
-    return dense.model(family, implementation, window=window)
+    return lm.model(family, implementation, window=window)
 
 
 def _records(lengths=(11, 7, 4, 9, 13, 3)):
     g = torch.Generator().manual_seed(1)
     records = []
     for n in lengths:
-        ids = torch.randint(1, dense.VOCAB, (n,), generator=g)
+        ids = torch.randint(1, lm.VOCAB, (n,), generator=g)
         labels = ids.clone()
         labels[:2] = IGNORE_INDEX  # a prompt
         records.append((ids, labels))
@@ -152,16 +155,18 @@ def _records(lengths=(11, 7, 4, 9, 13, 3)):
 
 
 def _per_record_losses(model, batch, counts) -> torch.Tensor:
-    """Mean next-token loss of each record of `batch` (its supervised tokens `counts`, in batch order)."""
-    hidden = model.base_model(**batch.inputs, use_cache=False).last_hidden_state
+    """Mean next-token loss of each record of `batch` (its supervised tokens `counts`, in batch order); the
+    inputs as `TokenLoss` gives them (GPT-OSS's packed rows with their masks, `pipeline.model.row_masks`)."""
+    hidden = model.base_model(**row_masks.with_row_masks(model, batch.inputs), use_cache=False).last_hidden_state
     logits = model.get_output_embeddings()(hidden.flatten(0, 1)[batch.loss_index]).float()
     losses = torch.nn.functional.cross_entropy(logits, batch.targets, reduction="none")
     return torch.stack([part.mean() for part in losses.split(counts)])
 
 
 # every family the list names, with both mask-building implementations a CPU runs (transformers runs
-# Gemma-2 with eager attention only)
-CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager") if (f, i) != ("gemma2", "sdpa")]
+# Gemma-2 and GPT-OSS with eager attention only)
+CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager")
+         if i == "eager" or f not in ("gemma2", "gpt_oss")]
 
 
 @pytest.mark.parametrize("family,implementation", CASES)
@@ -193,6 +198,26 @@ def test_each_record_attended_on_its_own_has_its_padded_loss(family):
         without_mask = _per_record_losses(model, collate(cache, order, 0), counts)  # validation's padded batches
     assert (flat - padded).abs().max() < 1e-6, (flat - padded).abs().max()
     assert (without_mask - padded).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & set(ROUTER_LOSS)))
+def test_a_mixture_of_experts_balances_the_real_tokens_of_packed_rows(family):
+    """The load-balancing loss of a packed micro-batch is its padded batch's: both count the real tokens
+    only (a packed row's padding, which no attention mask marks, left out by `Batch.real`); and so is the
+    whole training loss of the micro-batch, through `TokenLoss` (GPT-OSS: with the masks it is given)."""
+    model = _family(family, "eager" if family == "gpt_oss" else "sdpa")  # training: the loss adds the router's term
+    router.enable_router_loss(model, MoeConfig())
+    loss_model = TokenLoss(model)
+    cache = _records()
+    rows = [[0, 2], [4], [1, 3, 5]]  # rows of 15, 13 and 19 tokens: the first two padded to 19
+    packed, padded = collate_rows(cache, rows, 0, "rows"), collate(cache, [i for row in rows for i in row], 0)
+    assert packed.real is not None and int(packed.real.sum()) == packed.tokens < packed.real.numel()
+    losses, sums = [], []
+    for batch in (packed, padded):
+        losses.append(loss_model(batch).detach())  # cross-entropy sum + coef x balancing loss x supervised
+        sums.append(loss_model.take_router_sum())
+    assert sums[0] > 0 and torch.allclose(sums[0], sums[1], rtol=1e-6, atol=0), sums
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0), losses
 
 
 def test_a_sliding_window_shorter_than_the_records_keeps_its_mask():

@@ -1,10 +1,11 @@
-"""Tiny random dense text decoders of the families the packing and mask-free lists name
+"""Tiny random text decoders of the families the packing and mask-free lists name
 (`pipeline.planning.packing.PACKABLE_FAMILIES`, `pipeline.model.loss.MASK_FREE_FAMILIES`), built from the
 stock transformers config classes: 2 layers, 32 wide, 4 heads over 2 K/V heads of 8, a 48-token vocabulary.
 
 Each family's own config class, at its defaults but for those sizes; where the class has them, a head size of 8,
 a sliding window of `window` tokens (4: shorter than the records the tests use, so a sliding mask is exercised)
-and no dropout (a test compares two forwards). GPT-2 names its sizes otherwise.
+and no dropout (a test compares two forwards). GPT-2 names its sizes otherwise; a mixture-of-experts family is
+`kits.moe`'s config (4 experts, 2 per token) at this vocabulary.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ def config(family: str, *, window: int = 4, pad: int = 0):
     """The config of a tiny `family` model (its `model_type`)."""
     import transformers as tf
 
+    from kits import moe
+
+    if family in moe.FAMILIES:
+        return moe.config(family, _Vocabulary(pad))
     if family == "gpt2":
         return tf.GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, resid_pdrop=0.0,
                              embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=pad)
@@ -34,6 +39,18 @@ def config(family: str, *, window: int = 4, pad: int = 0):
     if "sliding_window" in defaults:
         settings["sliding_window"] = window
     return cls(**settings, **_OWN.get(family, {}))
+
+
+class _Vocabulary:
+    """What `kits.moe.config` reads of a tokenizer."""
+
+    bos_token_id, eos_token_id = 1, 2
+
+    def __init__(self, pad: int):
+        self.pad_token_id = pad
+
+    def __len__(self) -> int:
+        return VOCAB
 
 
 def model(family: str, implementation: str, *, window: int = 4, pad: int = 0):
