@@ -246,3 +246,26 @@ def peft_remapped_targets(model, names: list[str]) -> set[str]:
         if name not in set(config.target_modules or ()):
             moved.add(name)
     return moved
+
+
+def peft_unscopes_regex(model, regex: str) -> bool:
+    """Whether peft would adapt a regex `target_modules` of `model` as bare leaf names.
+
+    For the mixture-of-experts families whose experts transformers 5 fused
+    (Mixtral's and Qwen2-MoE's patterns, GLM-4.5V's `glm4v_moe` among them, peft
+    0.19+), `convert_peft_config_for_transformers` resolves a regex to the leaf
+    names it matches (`q_proj`, ...) before remapping them; those then match the
+    same names anywhere in the model, outside the regex's scope (a vision-language
+    model's tower). Asks peft's own conversion; without it (older peft,
+    transformers 4) a regex stays a regex.
+    """
+    try:
+        from peft import LoraConfig
+        from peft.utils.transformers_weight_conversion import (
+            convert_peft_config_for_transformers, get_model_conversion_mapping,
+        )
+    except ImportError:
+        return False
+    config = LoraConfig(target_modules=regex)
+    convert_peft_config_for_transformers(config, model=model, conversions=get_model_conversion_mapping(model))
+    return not isinstance(config.target_modules, str)

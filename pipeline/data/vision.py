@@ -22,7 +22,9 @@ model's own `AutoProcessor`:
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
   InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
-  tokens of the cache always match the features.
+  tokens of the cache always match the features. Where the model takes
+  ``batch_num_images`` (LLaVA-OneVision: a record of several images has no
+  tiles), a record's images are processed together for both (`per_record`).
 
 One case builds the processor without `AutoProcessor`: a processor whose video
 processor needs torchvision (Qwen2-VL, Qwen3-VL, SmolVLM2, InternVL, GLM-4.1V in
@@ -33,9 +35,13 @@ refuses any use (`_image_only`); a processor class that transformers hides
 without torchvision although it needs it only for a helper (Pixtral's) is
 imported all the same (`processor_class`). A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
-`UserError` naming the model and what is missing. Either way the processor's own
-image step runs (`_process_images`: Pixtral's adds its patch x merge size), so
-the image tokens and the pixels are what the processor gives.
+`UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
+its processor makes the labels from the answer, its `suffix`, the prompt attended
+both ways), a model that reads its images through cross-attention (Llama 3.2
+Vision's `cross_attention_mask`) and a processor that expands image tokens only
+in its own call (Idefics2's: no `replace_image_token` of its own). Either way
+the processor's own image step runs (`_process_images`: Pixtral's adds its patch
+x merge size), so the image tokens and the pixels are what the processor gives.
 """
 
 from __future__ import annotations
@@ -110,6 +116,7 @@ class ImageText:
     # `_added_bos`); LLaVA's templates write none, their tokenizers add it
     bos: str = ""
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
+    _records: dict[tuple[str, ...], list[str]] = field(default_factory=dict, repr=False)  # `per_record` layouts
 
     # --- text -----------------------------------------------------------------------------
 
@@ -130,12 +137,31 @@ class ImageText:
     def expansion(self, path: str) -> str:
         """The processor's text for the image at `path` (its image tokens)."""
         if path not in self._expansions:
-            try:
-                _, texts = self.process([open_rgb(path)], **self.image_kwargs, return_tensors="np")
-            except (OSError, ValueError) as err:
-                raise DataError(f"cannot process image {path}: {err}") from None
-            self._expansions[path] = str(texts[0])
+            self._expansions[path] = self._texts([open_rgb(path)], path)[0]
         return self._expansions[path]
+
+    @property
+    def per_record(self) -> bool:
+        """Whether an image's tokens and features depend on how many images its record holds: the model takes
+        `batch_num_images` (LLaVA-OneVision lays out each image of a record of several without its tiles)."""
+        return "batch_num_images" in self.pixel_names
+
+    def expansions(self, paths: list[str]) -> list[str]:
+        """The processor's text for each image of one record, in order: each image's own `expansion`, or, where
+        the layout is `per_record`, what the processor writes for the record's images together."""
+        if not self.per_record or len(paths) < 2:
+            return [self.expansion(p) for p in paths]
+        key = tuple(paths)
+        if key not in self._records:
+            self._records[key] = self._texts([[open_rgb(p) for p in paths]], ", ".join(paths))
+        return self._records[key]
+
+    def _texts(self, images: list, named: str) -> list[str]:
+        try:
+            _, texts = self.process(images, **self.image_kwargs, return_tensors="np")
+        except (OSError, ValueError) as err:
+            raise DataError(f"cannot process image {named}: {err}") from None
+        return [str(t) for t in texts]
 
     def expand(self, text: str, paths: list[str], *, complete: bool = True) -> str:
         """`text` with its k-th image token replaced by the expansion of `paths[k]`, and opened with the
@@ -153,15 +179,20 @@ class ImageText:
             raise DataError(f"the chat template wrote {found} image token(s) {self.image_token!r} "
                             f"for {len(paths)} image(s)")
         out = [pieces[0]]
-        for path, piece in zip(paths, pieces[1:]):
-            out += [self.expansion(path), piece]
+        for expanded, piece in zip(self.expansions(paths) if found else [], pieces[1:]):
+            out += [expanded, piece]
         return "".join(out)
 
     # --- batch time -------------------------------------------------------------------------
 
-    def pixels(self, paths: list[str]) -> dict:
-        """The model's image inputs for these images, in order (decoded here: run it in a loader worker)."""
-        processed, _ = self.process([open_rgb(p) for p in paths], **self.image_kwargs, return_tensors="pt")
+    def pixels(self, paths: list[str], counts: list[int] | None = None) -> dict:
+        """The model's image inputs for these images, in order (decoded here: run it in a loader worker).
+        `counts`: how many of them each record holds, in order (a `per_record` layout needs them)."""
+        images = [open_rgb(p) for p in paths]
+        if counts is not None and self.per_record:
+            taken = iter(images)
+            images = [[next(taken) for _ in range(n)] for n in counts if n]
+        processed, _ = self.process(images, **self.image_kwargs, return_tensors="pt")
         return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def text_inputs(self, input_ids) -> dict:
@@ -179,6 +210,17 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     processor = _processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
+    if not _expands_each_image(type(processor)):
+        raise UserError(f"{model}: its processor ({type(processor).__name__}) expands the image tokens inside its own "
+                        "call, not per image (replace_image_token), which is how the pipeline writes them")
+    if "labels" in processor.model_input_names:  # 5.17 and 5.2x alike (its `suffix` is a text kwarg in 5.17)
+        raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor makes the labels itself from the "
+                        "answer, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
+                        "ways): the pipeline's chat records and causal attention do not train it as it was trained")
+    if "cross_attention_mask" in processor.model_input_names:
+        raise UserError(f"{model}: {config.model_type} reads its images through cross-attention layers (an image "
+                        "stays one token; the processor's cross_attention_mask and per-record image batches say which "
+                        "text attends which image), which the pipeline's batches do not give")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
     if not template:
@@ -192,6 +234,14 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor))
+
+
+def _expands_each_image(cls) -> bool:
+    """Whether a processor class writes each image's tokens by its own `replace_image_token` (the base class's
+    raises NotImplementedError: Idefics2's processor expands them in its `__call__`, over the whole text)."""
+    from transformers.processing_utils import ProcessorMixin
+
+    return getattr(cls, "replace_image_token", None) is not ProcessorMixin.replace_image_token
 
 
 def _token_types(cls, names) -> str | None:

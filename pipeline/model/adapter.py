@@ -3,13 +3,17 @@
 On a vision-language model the adapters go on the language model only (and the
 tower with `vision.train_tower`); `vision.train_projector` trains the projector
 in full as PEFT `modules_to_save`. Fused expert weights of a mixture-of-experts
-model are adapted through peft's `target_parameters` (`ParamWrapper`).
+model are adapted through peft's `target_parameters` (`ParamWrapper`); on a
+vision-language model those names, and the regex of its target modules where
+peft's conversion of a fused-expert family would reduce it to bare names, are
+given in full where they would reach outside the language model (GLM-4.5V).
 """
 
 from __future__ import annotations
 
 import logging
 
+from pipeline.compat import peft_unscopes_regex
 from pipeline.config import LORA_INITS, TrainConfig
 from pipeline.errors import UserError
 from pipeline.model import kernels, targets as lora_targets, vision
@@ -38,12 +42,16 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
             raise UserError(f"lora.target_modules adapts the output head, and the run's tokenizer added tokens whose "
                             f"head rows must train; leave {module_name(model, head)} out of lora.target_modules")
         extra["trainable_token_indices"] = rows
+    parameters = resolved.parameters
     if is_vision_language(model):
         parts = vision.find_parts(model)
         targets = vision.lora_targets(parts, targets, tower=cfg.vision.train_tower) if targets else None
+        if targets and parameters and peft_unscopes_regex(model, targets):  # kept in scope as a list of names
+            targets = vision.matching_modules(model, targets)
+        parameters = vision.scoped_parameters(model, parts, parameters, tower=cfg.vision.train_tower)
         extra["modules_to_save"] = [parts.projector] if cfg.vision.train_projector else None
-    if resolved.parameters:
-        extra["target_parameters"] = resolved.parameters
+    if parameters:
+        extra["target_parameters"] = parameters
     lora = LoraConfig(
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,

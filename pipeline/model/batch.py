@@ -206,9 +206,10 @@ class Collator:
         if self.images is None:
             return batch
         extra = dict(self.images.text_inputs(batch.inputs["input_ids"]))
-        paths = [p for i in micro_batch for p in self.cache.images(i)]
+        own = [self.cache.images(i) for i in micro_batch]
+        paths = [p for record in own for p in record]
         if paths:
-            extra.update(self.images.pixels(paths))
+            extra.update(self.images.pixels(paths, [len(record) for record in own]))
         return replace(batch, inputs={**batch.inputs, **extra})
 
 

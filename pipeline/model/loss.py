@@ -112,9 +112,17 @@ _LOGIT_MAPS = {
 }
 
 
+# Composite (vision-language) model types whose forward gives the head's output as it is, without their text
+# model's step (Aya Vision's: `logits = self.lm_head(...)`, its Cohere 2 `logit_scale` unused; 5.17 and 5.24)
+_HEAD_ONLY_COMPOSITES = frozenset({"aya_vision"})
+
+
 def logit_map(config) -> LogitMap:
     """The step `config`'s model takes after its LM head (`LogitMap`; none for most families). A
-    vision-language model's is its text model's."""
+    vision-language model's is its text model's, but for those whose forward takes none
+    (`_HEAD_ONLY_COMPOSITES`)."""
+    if getattr(config, "model_type", None) in _HEAD_ONLY_COMPOSITES:
+        return LogitMap()
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     found = _LOGIT_MAPS.get(getattr(text, "model_type", None))
     return found(text) if found else LogitMap()

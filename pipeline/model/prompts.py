@@ -59,7 +59,7 @@ class Prompts:
             batch.update(self.images.text_inputs(batch["input_ids"]))
             paths = [p for own in images for p in own]
             if paths:
-                batch.update(self.images.pixels(paths))
+                batch.update(self.images.pixels(paths, [len(own) for own in images]))
         return batch
 
     def decode(self, ids: torch.Tensor) -> str:

@@ -70,6 +70,30 @@ def lora_targets(parts: VisionParts, target_modules: list[str], *, tower: bool) 
             rf"(?:{'|'.join(map(re.escape, target_modules))})")
 
 
+def matching_modules(model, regex: str) -> list[str]:
+    """The names of `model`'s modules that `regex` (a `lora_targets` pattern) matches as peft matches it (in
+    full): the same targets as a list, which peft's conversion of fused-expert families leaves as they are."""
+    pattern = re.compile(regex)
+    return [n for n, _ in model.named_modules() if pattern.fullmatch(n)]
+
+
+def scoped_parameters(model, parts: VisionParts, names: list[str], *, tower: bool) -> list[str]:
+    """peft `target_parameters` that adapt nothing outside the LoRA scope (`in_lora_scope`).
+
+    peft adapts every parameter whose name ends with one of `names`. A name
+    that also ends parameters outside the scope (GLM-4.5V's dense MLP adapted
+    through `gate_proj.weight`, which its tower's MLP and its projector also
+    have) is replaced by the full names of its parameters in scope.
+    """
+    params = [n for n, _ in model.named_parameters()]
+    out = []
+    for name in names:
+        matched = [n for n in params if n == name or n.endswith("." + name)]
+        inside = [n for n in matched if in_lora_scope(parts, n.rsplit(".", 1)[0], tower=tower)]
+        out += [name] if inside == matched else inside
+    return out
+
+
 def freeze_for_full_finetuning(model, parts: VisionParts, *, train_projector: bool, train_tower: bool) -> None:
     """Full fine-tuning: everything trains but the tower and projector, unless asked (tower first:
     a projector may live inside it, Qwen2-VL's merger does)."""

@@ -67,6 +67,10 @@ _QWEN_VL = {
     "qwen3_vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "Qwen3VLProcessor",
                  dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                       num_position_embeddings=16, deepstack_visual_indexes=[0])),
+    # Qwen3-VL-30B-A3B / 235B-A22B: Qwen3-VL's composite with a mixture of experts stored fused
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", "Qwen3VLProcessor",
+                     dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                          num_position_embeddings=16, deepstack_visual_indexes=[0])),
     # Qwen3.5's checkpoints are this composite class (Gated DeltaNet + attention layers, a vision tower),
     # dense and mixture of experts alike, with Qwen3-VL's processor
     "qwen3_5": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "Qwen3VLProcessor",
@@ -80,9 +84,10 @@ _QWEN_VL = {
 _QWEN3_5_TEXT = dict(head_dim=16, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=2,
                      linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
 _TEXT = {"qwen3_vl": dict(head_dim=16), "qwen3_5": _QWEN3_5_TEXT,
+         "qwen3_vl_moe": dict(head_dim=16, moe_intermediate_size=16, num_experts=4, num_experts_per_tok=2),
          "qwen3_5_moe": dict(_QWEN3_5_TEXT, moe_intermediate_size=16, shared_expert_intermediate_size=16,
                              num_experts=4, num_experts_per_tok=2)}
-_INTERLEAVED = {"qwen3_vl", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
+_INTERLEAVED = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
 # Qwen3.5's and Qwen3.6's shipped templates (the test corpus: tests/data/chat_templates/README.md), with the
 # ChatML and think tokens of their tokenizer; the others take QWEN_TEMPLATE
 _SHIPPED = {"qwen3_5": "qwen3.5.jinja", "qwen3_5_moe": "qwen3.6.jinja"}
@@ -528,18 +533,22 @@ GLM4V_TOKENS = ["[gMASK]", "<sop>", "<|endoftext|>", "<|begin_of_image|>", "<|im
                 "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
 
 
-def save_glm4v(path: Path, *, seed: int = 0) -> Path:
+def save_glm4v(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     """A tiny random GLM-4.1V (`Glm4vForConditionalGeneration`: 2 vision blocks, 8x8 patches, 2x2 merge: a
     32x32 image is 4 `<|image|>` tokens with `image_grid_thw`; 2 decoder layers with 3-D RoPE), GLM-4.1V's
-    image processor; the processor is written as parts (its video processor needs torchvision)."""
-    from transformers import Glm4vConfig, Glm4vForConditionalGeneration
+    image processor; the processor is written as parts (its video processor needs torchvision). `moe`: GLM-4.5V
+    (`Glm4vMoeForConditionalGeneration`, GLM-4.1V's composite and processor): the second decoder layer a mixture
+    of 4 routed experts stored fused and a shared expert, GLM-4.5's layout."""
+    import transformers
     from transformers.models.glm4v.image_processing_pil_glm4v import Glm4vImageProcessorPil
 
     tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
-    config = Glm4vConfig(
-        text_config=_text_config(tokenizer, rope_parameters=rope),
+    moe_text = dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                    first_k_dense_replace=1, n_group=1, topk_group=1)
+    config = getattr(transformers, "Glm4vMoeConfig" if moe else "Glm4vConfig")(
+        text_config=_text_config(tokenizer, rope_parameters=rope, **(moe_text if moe else {})),
         vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                            image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
         image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
@@ -549,5 +558,153 @@ def save_glm4v(path: Path, *, seed: int = 0) -> Path:
     # its pixel bounds count the 2 frames an image is repeated into
     images = Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
                                     merge_size=2, temporal_patch_size=2)
-    return _save_parts(path, Glm4vForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
-                       "Glm4vProcessor")
+    model = getattr(transformers, "Glm4vMoeForConditionalGeneration" if moe else "Glm4vForConditionalGeneration")
+    return _save_parts(path, model(config), tokenizer, images, GLM4V_TEMPLATE, "Glm4vProcessor")
+
+
+def save_paligemma(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random PaliGemma 2 (`PaliGemmaForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 images,
+    16x16 patches: 4 `<image>` tokens an image; 2 Gemma 2 layers) with its own processor, which adds `<image>`
+    and its location / segmentation tokens to the tokenizer and, as the shipped checkpoints, has no chat
+    template: a prompt is `<image>`s, the bos, the prompt and a newline; the answer its `suffix`."""
+    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration, PaliGemmaProcessor
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tokenizer = _family_tokenizer([], bos="<s>", eos="<|end|>", template=None)
+    images = SiglipImageProcessorPil(size={"height": 32, "width": 32})
+    images.image_seq_length = 4
+    processor = PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
+    config = PaliGemmaConfig(
+        text_config=_text_config(tokenizer, model_type="gemma2", head_dim=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16, projection_dim=32),
+        image_token_index=processor.image_token_id, projection_dim=32)
+    torch.manual_seed(seed)
+    PaliGemmaForConditionalGeneration(config).save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+MLLAMA_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+
+
+def save_mllama(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Llama 3.2 Vision (`MllamaForConditionalGeneration`: a 1+1-layer tower on up to 2 tiles of
+    16x16, 8x8 patches; 2 decoder layers, the second a cross-attention layer over the image features) with its
+    own processor: an image stays one `<|image|>` in the text, and the text attends the image through
+    cross-attention (`cross_attention_mask`, `aspect_ratio_ids`)."""
+    from transformers import MllamaConfig, MllamaForConditionalGeneration, MllamaProcessor
+    from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|image|>"], bos="<s>", eos="<|end|>", template=MLLAMA_TEMPLATE)
+    config = MllamaConfig(
+        text_config=_text_config(tokenizer, cross_attention_layers=[1]),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_global_layers=1,
+                           attention_heads=2, image_size=16, patch_size=8, max_num_tiles=2,
+                           intermediate_layers_indices=[0], vision_output_dim=32,
+                           supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]]),
+        image_token_index=tokenizer.convert_tokens_to_ids("<|image|>"))
+    torch.manual_seed(seed)
+    MllamaForConditionalGeneration(config).save_pretrained(path)
+    images = MllamaImageProcessorPil(size={"height": 16, "width": 16}, max_image_tiles=2)
+    MllamaProcessor(image_processor=images, tokenizer=tokenizer, chat_template=MLLAMA_TEMPLATE).save_pretrained(path)
+    return path
+
+
+# LLaVA-OneVision's turns (Qwen2's ChatML, an image as `<image>` and a newline before the text): not the shipped
+# template, no verbatim copy of which is at hand here
+LLAVA_ONEVISION_TEMPLATE = INTERNVL_TEMPLATE.replace("<IMG_CONTEXT>", "<image>")
+
+
+def save_llava_onevision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LLaVA-OneVision (`LlavaOnevisionForConditionalGeneration`: a 1-layer SigLIP tower on 16x16
+    tiles, 8x8 patches; 2 Qwen2 layers) with its processor's settings: anyres, a 32x32 image is the whole image
+    (4 features) and a 2x2 grid of tiles with a newline per row (4 x 4 + 2), 22 `<image>`s. Its processor is
+    written as parts (its video processor needs torchvision)."""
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil,
+    )
+
+    tokenizer = _family_tokenizer(["<|im_start|>", "<|im_end|>", "<image>", "<video>"], bos=None, eos="<|im_end|>",
+                                  template=LLAVA_ONEVISION_TEMPLATE)
+    config = LlavaOnevisionConfig(
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        video_token_index=tokenizer.convert_tokens_to_ids("<video>"), image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,
+        vision_feature_select_strategy="full", vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    images = LlavaOnevisionImageProcessorPil(size={"height": 16, "width": 16}, image_grid_pinpoints=LLAVA_NEXT_PINPOINTS)
+    return _save_parts(path, LlavaOnevisionForConditionalGeneration(config), tokenizer, images,
+                       LLAVA_ONEVISION_TEMPLATE, "LlavaOnevisionProcessor", num_image_tokens=4,
+                       vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_9")
+
+
+def save_idefics2(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Idefics2 (`Idefics2ForConditionalGeneration`: a 1-layer SigLIP-style tower on 32x32 images,
+    8x8 patches, a 1-layer perceiver to 4 latents; 2 Mistral layers) with its own processor (images kept whole:
+    `<fake_token_around_image>`, 4 `<image>`, `<fake_token_around_image>`), which expands the image tokens inside
+    its own call."""
+    from transformers import Idefics2Config, Idefics2ForConditionalGeneration, Idefics2Processor
+    from transformers.models.idefics2.image_processing_pil_idefics2 import Idefics2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|begin_of_text|>", *_IDEFICS_TOKENS], bos="<|begin_of_text|>",
+                                  eos="<end_of_utterance>", template=IDEFICS3_TEMPLATE)
+    config = Idefics2Config(
+        text_config=_text_config(tokenizer, model_type="mistral"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        perceiver_config=dict(hidden_size=32, resampler_n_latents=4, resampler_depth=1, resampler_n_heads=2,
+                              resampler_head_dim=8, num_key_value_heads=1),
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(seed)
+    Idefics2ForConditionalGeneration(config).save_pretrained(path)
+    images = Idefics2ImageProcessorPil(do_image_splitting=False, size={"longest_edge": 32, "shortest_edge": 32})
+    Idefics2Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4,
+                      chat_template=IDEFICS3_TEMPLATE).save_pretrained(path)
+    return path
+
+
+# Aya Vision's turns (Command R's turn tokens, an image as the processor's `<image>`): not the shipped template,
+# no verbatim copy of which is at hand here
+AYA_VISION_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|START_OF_TURN_TOKEN|>' + ('<|USER_TOKEN|>' if message['role'] == 'user' else '<|CHATBOT_TOKEN|>') }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|END_OF_TURN_TOKEN|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}"
+)
+AYA_VISION_TOKENS = ["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
+                     "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>",
+                     "TILE_GLOBAL", *(f"TILE_{k}" for k in range(1, 5))]
+
+
+def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Aya Vision (`AyaVisionForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 tiles, 8x8
+    patches, pixel shuffle 2; 2 Cohere 2 layers) with its own processor and GOT-OCR2's image processor (one
+    tile): an image is `<|START_OF_IMG|>`, `TILE_GLOBAL`, 4 `<|IMG_PATCH|>` and `<|END_OF_IMG|>`."""
+    from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
+                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE)
+    config = AyaVisionConfig(
+        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
+                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
+        downsample_factor=2, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+        vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    AyaVisionForConditionalGeneration(config).save_pretrained(path)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
+    AyaVisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, img_size=32, downsample_factor=2,
+                       chat_template=AYA_VISION_TEMPLATE).save_pretrained(path)
+    return path

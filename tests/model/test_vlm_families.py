@@ -1,7 +1,9 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
-mixture of experts: its checkpoints are all this composite class), Gemma 3, Gemma 4 (dense and with experts),
-Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, GLM-4.1V (LFM2-VL: refused
-without torchvision).
+mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
+with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
+GLM-4.1V, GLM-4.5V, Aya Vision (its composite takes no logit scale of its Cohere 2 text model). Refused at tokenize
+time, each in one line: LFM2-VL without torchvision; PaliGemma, a prefix-LM; Llama 3.2 Vision, which attends
+images by cross-attention; Idefics2, whose processor expands image tokens in its own call.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -35,12 +37,14 @@ import sys
 import pytest
 import torch
 from kits.train import make_run
-from kits.vlm import (make_vlm_data, save_gemma3, save_gemma4, save_glm4v, save_internvl, save_llama4,
-                      save_llava_next, save_mistral3, save_qwen_vl, save_smolvlm)
+from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
+                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_qwen_vl,
+                      save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
     "qwen3_vl": lambda path: save_qwen_vl(path, "qwen3_vl"),
+    "qwen3_vl_moe": lambda path: save_qwen_vl(path, "qwen3_vl_moe"),
     "qwen3_5": lambda path: save_qwen_vl(path, "qwen3_5"),
     "qwen3_5_moe": lambda path: save_qwen_vl(path, "qwen3_5_moe"),
     "gemma3": save_gemma3,
@@ -51,7 +55,10 @@ SAVERS = {
     "idefics3": lambda path: save_smolvlm(path, family="idefics3"),
     "internvl": save_internvl,
     "llava_next": save_llava_next,
+    "llava_onevision": save_llava_onevision,
     "glm4v": save_glm4v,
+    "glm4v_moe": lambda path: save_glm4v(path, moe=True),
+    "aya_vision": save_aya_vision,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -67,6 +74,17 @@ def vlms(tmp_path_factory) -> dict:
             for family, save in SAVERS.items()}
 
 
+def vlms_parts(model_dir):
+    """The language model, tower and projector names of the model at `model_dir` (built on the meta device)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from pipeline.model.vision import find_parts
+
+    with init_empty_weights():
+        return find_parts(AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir)))
+
+
 @pytest.mark.parametrize("family", list(SAVERS))
 def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     from transformers import AutoModelForImageTextToText
@@ -74,6 +92,8 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import verify
+    from safetensors.torch import load_file
+
     from pipeline.train import stage
 
     data = vlms[family]
@@ -89,6 +109,11 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
 
     export = tmp_path / "export"
     consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    # LoRA only inside the language model: never the tower (without vision.train_tower) nor the projector
+    parts = vlms_parts(data["model"])
+    adapted = {k.removeprefix("base_model.model.") for k in load_file(export / "adapter" / "adapter_model.safetensors")}
+    outside = sorted(k for k in adapted if not k.startswith(parts.language + "."))
+    assert adapted and not outside, outside[:6]
     if family.endswith("_moe"):  # the experts are trained, not only attention
         adapted = json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
         assert {"experts.gate_up_proj", "experts.down_proj"} <= set(adapted), adapted
@@ -302,11 +327,14 @@ IMAGE_TOKENS = {
     "idefics3": 4,  # whole
     "internvl": 4,  # one tile, between <img> and </img>
     "llava_next": 4 + 2 * 2 * 4 + 4,  # anyres: the whole image, a 2x2 grid of tiles unpadded, a newline per row
+    "llava_onevision": 4 + 4 * 4 + 4,  # anyres (max 9 tiles): the whole image, a 2x2 grid of tiles, a newline a row
     "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
+    "aya_vision": 4,  # one tile: <|START_OF_IMG|>, TILE_GLOBAL, 4 <|IMG_PATCH|>, <|END_OF_IMG|>
 }
 
 
-TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v"}  # their processors hold a video processor needing torchvision
+# their processors hold a video processor needing torchvision
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}
 
 
 @pytest.mark.parametrize("family", list(IMAGE_TOKENS))
@@ -340,13 +368,22 @@ def test_batches_are_what_the_processor_gives(family, vlms):
         assert torch.equal(ours[key], value), key
 
 
+def refusal_line(model) -> str:
+    """The UserError tokenizing for `model` stops with: one line naming the model."""
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+
+    with pytest.raises(UserError) as refused:
+        load_chat(model)
+    message = str(refused.value)
+    assert str(model) in message and "\n" not in message, message
+    return message
+
+
 def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
     """LFM2-VL's image processor exists only for torchvision (transformers has no PIL backend for it): without
     torchvision, tokenizing for it stops with one line naming the model and the missing package."""
     from kits.vlm import save_lfm2_vl
-
-    from pipeline.data.tokenize import load_chat
-    from pipeline.errors import UserError
 
     try:
         import torchvision  # noqa: F401
@@ -354,7 +391,109 @@ def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
     except ImportError:
         pass
     model = save_lfm2_vl(tmp_path / "lfm2_vl")
-    with pytest.raises(UserError) as refused:
-        load_chat(model)
-    message = str(refused.value)
-    assert str(model) in message and "torchvision" in message and "\n" not in message, message
+    assert "torchvision" in refusal_line(model)
+
+
+def test_glm4v_moe_lora_reaches_neither_the_projector_nor_an_untrained_tower(vlms):
+    """peft's conversion of GLM-4.5V's fused experts would reduce the scoped target regex to bare names (the
+    tower's `proj` then names the projector's too) and match `gate_proj.weight` (the dense MLP, adapted through
+    its weight) in the tower's MLP and the projector: LoRA stays in the language model, and the tower with
+    vision.train_tower, never in the projector."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.vision import find_parts
+
+    base = vlms["glm4v_moe"]["model"]
+    for tower in (False, True):
+        cfg = TrainConfig()
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                                  lora=dataclasses.replace(cfg.lora, dropout=0.0),
+                                  vision=dataclasses.replace(cfg.vision, train_tower=tower))
+        model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+        parts = find_parts(model)
+        peft = attach_lora(model, cfg)
+        adapted = {n.removeprefix("base_model.model.").split(".lora_")[0] for n, _ in peft.named_parameters()
+                   if ".lora_" in n}
+        scopes = (parts.language, parts.tower) if tower else (parts.language,)
+        outside = sorted(n for n in adapted if n.startswith(parts.projector + ".")
+                         or not n.startswith(tuple(s + "." for s in scopes)))
+        assert not outside, (tower, outside)
+        assert any(n.startswith(parts.language + ".") for n in adapted)
+        assert tower == any(n.startswith(parts.tower + ".") for n in adapted), tower
+
+
+def test_paligemma_a_prefix_lm_is_refused_at_tokenize_time_in_one_line(tmp_path):
+    """PaliGemma (2) attends its prompt (image and text, token_type_ids 0) both ways and its answer (the
+    processor's `suffix`) causally; chat records trained causally are not that, with a chat template or
+    without: tokenizing for it stops with one line naming the model and why."""
+    from kits.vlm import save_paligemma
+
+    model = save_paligemma(tmp_path / "paligemma")
+    (model / "chat_template.jinja").write_text(GEMMA3_TEMPLATE.replace("<start_of_image>", "<image>"))  # a fine-tune's
+    assert "prefix-LM" in refusal_line(model)
+
+
+def test_mllama_cross_attention_to_images_is_refused_at_tokenize_time_in_one_line(tmp_path):
+    """Llama 3.2 Vision keeps an image as one `<|image|>` and attends it from cross-attention layers, under the
+    processor's `cross_attention_mask`, with pixels batched per record (records x images x tiles); batches of
+    token features alone would train it on the wrong inputs: tokenizing for it stops with one line."""
+    from kits.vlm import save_mllama
+
+    model = save_mllama(tmp_path / "mllama")
+    assert "cross_attention_mask" in refusal_line(model)
+
+
+def test_idefics2_processor_expanding_in_its_own_call_is_refused_in_one_line(tmp_path):
+    """Idefics2's processor has no `replace_image_token` of its own (the base class's raises): it expands the
+    image tokens over the whole text in its `__call__` (merging the fake tokens of adjacent images); tokenizing
+    for it stops with one line naming the model, not a bare NotImplementedError mid-file."""
+    from kits.vlm import save_idefics2
+
+    model = save_idefics2(tmp_path / "idefics2")
+    assert "replace_image_token" in refusal_line(model)
+
+
+def test_llava_onevision_record_of_two_images_is_what_its_processor_gives(vlms, tmp_path):
+    """LLaVA-OneVision lays out an image of a record of several without its anyres tiles (the whole image's
+    features and a newline: 5 tokens here, not 24) and tells the model how many images each record holds
+    (`batch_num_images`): a micro-batch of a two-image record and a one-image record, tokenized and collated,
+    is what its processor gives for the two conversations."""
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
+    from pipeline.data.vision import _processor
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    data = vlms["llava_onevision"]
+    tokenizer, images = load_chat(data["model"])
+    first, second = load_records(data["data"] / "val.jsonl")[:2]
+    pair = [first.images[0], second.images[0]]
+    rows = [{"messages": [{"role": "user", "content": "<image><image>\nsame colour?"},
+                          {"role": "assistant", "content": "no"}], "images": pair},
+            {"messages": [{"role": "user", "content": "<image>\ncolour?"}, {"role": "assistant", "content": "red"}],
+             "images": pair[:1]}]
+    (tmp_path / "two.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenize_file(tmp_path / "two.jsonl", tokenizer, out_path=tmp_path / "two.safetensors", max_length=96,
+                  too_long="error", fingerprint=tokenizer_fingerprint(data["model"]), split="train", images=images)
+    cache = TokenCache(tmp_path / "two.safetensors")
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    ours = Collator(cache, loading.pad_token_id(data["model"]), images=again)([0, 1]).inputs
+    processor = _processor(data["model"], False)
+    for k, row in enumerate(rows):
+        text = processor.tokenizer.apply_chat_template(images.conversation(row["messages"]), tokenize=False,
+                                                       chat_template=images.chat_template)
+        theirs = processor(text=[text], images=[[open_rgb(p) for p in row["images"]]], return_tensors="pt")
+        length = theirs["input_ids"].shape[1]
+        assert torch.equal(ours["input_ids"][k, :length], theirs["input_ids"][0]), k
+        assert int((theirs["input_ids"] == images.image_token_id).sum()) == (2 * 5 if k == 0 else 24)
+    both = processor(text=["<image><image>", "<image>"], images=[[open_rgb(p) for p in pair], [open_rgb(pair[0])]],
+                     return_tensors="pt", padding=True)
+    assert ours["batch_num_images"].tolist() == both["batch_num_images"].tolist() == [2, 1]
+    for key in ("pixel_values", "image_sizes"):
+        assert torch.equal(ours[key], both[key]), key
