@@ -1,7 +1,8 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
 mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
-GLM-4.1V, GLM-4.5V, Aya Vision (its composite takes no logit scale of its Cohere 2 text model). Refused at tokenize
+GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
+Granite text models: the loss's head check finds that). Refused at tokenize
 time, each in one line: LFM2-VL without torchvision; PaliGemma, a prefix-LM; Llama 3.2 Vision, which attends
 images by cross-attention; Idefics2, whose processor expands image tokens in its own call.
 
@@ -59,6 +60,7 @@ SAVERS = {
     "glm4v": save_glm4v,
     "glm4v_moe": lambda path: save_glm4v(path, moe=True),
     "aya_vision": save_aya_vision,
+    "granite_vision": lambda path: save_llava_next(path, granite=True),
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
