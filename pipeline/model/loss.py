@@ -23,6 +23,7 @@ vision tower and projector run inside the same forward.
 from __future__ import annotations
 
 import contextlib
+import logging
 import functools
 import math
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from pipeline.model.batch import Batch, Collator, collate  # noqa: F401
 # Logits elements per chunk of the loss (2**25 fp32 = 128 MiB; the backward holds about
 # four such tensors): ~260 rows at a 128k vocabulary, still enough to keep the head matmul
 # efficient on a GPU; ~1,000 at 32k.
+log = logging.getLogger(__name__)
+
 CHUNK_LOGITS = 2**25
 
 # Causal text decoders (`config.model_type`) whose attention mask only hides keys, and whose
@@ -112,17 +115,10 @@ _LOGIT_MAPS = {
 }
 
 
-# Composite (vision-language) model types whose forward gives the head's output as it is, without their text
-# model's step (Aya Vision's: `logits = self.lm_head(...)`, its Cohere 2 `logit_scale` unused; 5.17 and 5.24)
-_HEAD_ONLY_COMPOSITES = frozenset({"aya_vision"})
-
-
 def logit_map(config) -> LogitMap:
     """The step `config`'s model takes after its LM head (`LogitMap`; none for most families). A
-    vision-language model's is its text model's, but for those whose forward takes none
-    (`_HEAD_ONLY_COMPOSITES`)."""
-    if getattr(config, "model_type", None) in _HEAD_ONLY_COMPOSITES:
-        return LogitMap()
+    vision-language model's is its text model's, unless its own forward leaves it out (Aya Vision's and
+    Granite Vision's give the head's output as it is): `TokenLoss.check_head` finds that on its probe."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     found = _LOGIT_MAPS.get(getattr(text, "model_type", None))
     return found(text) if found else LogitMap()
@@ -180,7 +176,7 @@ class TokenLoss(torch.nn.Module):
 
     def forward(self, batch: Batch, *, probe: bool = False) -> torch.Tensor:
         if probe:  # inside this module's forward, so FSDP has the root's weights gathered
-            return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"], self.logits)
+            return _probe_logits(hf_model(self.lm), batch.inputs["input_ids"])
         hf = hf_model(self.lm)
         inputs = batch.inputs
         # Right padding only (`_padded`), see MASK_FREE_FAMILIES; a packed row keeps its position ids,
@@ -218,7 +214,9 @@ class TokenLoss(torch.nn.Module):
     @torch.no_grad()
     def check_head(self) -> None:
         """Check on a short probe that the model's logits are its LM head applied to its decoder's
-        last hidden states; ValueError if not. Collective when the module is FSDP-sharded."""
+        last hidden states, then its `logit_map`; ValueError if not. A composite model whose forward
+        gives the head's output without its text model's step (Aya Vision, Granite Vision) trains
+        without it. Collective when the module is FSDP-sharded."""
         hf = hf_model(self.lm)
         was_training = self.lm.training  # the model's mode, not this (fresh) wrapper's
         self.eval()
@@ -228,9 +226,15 @@ class TokenLoss(torch.nn.Module):
         half = weight.dtype in (torch.float16, torch.bfloat16)
         try:
             with torch.autocast(weight.device.type, dtype=weight.dtype) if half else contextlib.nullcontext():
-                logits, ours = self(Batch({"input_ids": ids}, ids[0, :0], ids[0, :0], tokens=8), probe=True)
+                logits, head = self(Batch({"input_ids": ids}, ids[0, :0], ids[0, :0], tokens=8), probe=True)
         finally:
             self.train(was_training)
+        ours = self.logits(head)
+        if self.logits and not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3) and torch.allclose(
+                logits, head, rtol=1e-3, atol=1e-3):
+            log.info("%s gives its LM head's logits as they are, without its text model's step (%s): the loss "
+                     "does likewise", type(hf).__name__, self.logits)
+            self.logits, ours = LogitMap(), head
         if not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3):
             raise ValueError(
                 f"{type(hf).__name__}: the logits are not the LM head applied to the last hidden states"
@@ -331,11 +335,10 @@ def _probe_ids(config, vocab: int, device) -> torch.Tensor:
     return torch.tensor(ids, device=device).unsqueeze(0)
 
 
-def _probe_logits(hf, ids: torch.Tensor, mapped: LogitMap) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's own logits, and its LM head applied to its decoder's last hidden states (then `mapped`)."""
+def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own logits, and its LM head applied to its decoder's last hidden states."""
     logits = hf(input_ids=ids, use_cache=False).logits.float()
-    ours = mapped(hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float())
-    return logits, ours
+    return logits, hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float()
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -462,10 +462,12 @@ LLAVA_NEXT_TEMPLATE = (
 LLAVA_NEXT_PINPOINTS = [[16, 32], [32, 16], [32, 32]]
 
 
-def save_llava_next(path: Path, *, seed: int = 0) -> Path:
+def save_llava_next(path: Path, *, seed: int = 0, granite: bool = False) -> Path:
     """A tiny random LLaVA-NeXT (`LlavaNextForConditionalGeneration`: a 1-layer CLIP tower on 16x16 tiles,
     8x8 patches, 2 Llama layers) with its own processor: anyres, so a 32x32 image is the whole image
-    (4 features) plus a 2x2 grid of tiles, unpadded with a newline per row (4 x 4 + 4): 24 `<image>`."""
+    (4 features) plus a 2x2 grid of tiles, unpadded with a newline per row (4 x 4 + 4): 24 `<image>`.
+    `granite`: Granite Vision's layout, a Granite text model (its `logits_scaling`, 8 here, which the
+    composite's forward leaves out) in the same composite."""
     from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration, LlavaNextProcessor
     from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
 
@@ -473,7 +475,8 @@ def save_llava_next(path: Path, *, seed: int = 0) -> Path:
     tokenizer = _family_tokenizer(["<image>", "[INST]", "[/INST]", "</s>"], bos="<s>", eos="</s>",
                                   template=LLAVA_NEXT_TEMPLATE, adds_bos=True)
     config = LlavaNextConfig(
-        text_config=_text_config(tokenizer, model_type="llama"),
+        text_config=_text_config(tokenizer, **({"model_type": "granite", "logits_scaling": 8.0} if granite
+                                               else {"model_type": "llama"})),
         vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                            num_attention_heads=2, image_size=16, patch_size=8, projection_dim=16),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"), image_grid_pinpoints=LLAVA_NEXT_PINPOINTS,

@@ -1,10 +1,10 @@
 """Vision-language families of 2026 beyond LLaVA and Qwen2-VL: Qwen2.5-VL, Qwen3-VL, Qwen3.5 (dense and
 mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
-GLM-4.1V, GLM-4.5V, Aya Vision (its composite takes no logit scale of its Cohere 2 text model), Llama 3.2 Vision
-(images read by cross-attention layers under the processor's `cross_attention_mask`). Refused at tokenize time,
-each in one line: LFM2-VL without torchvision; PaliGemma, a prefix-LM; Idefics2, whose processor expands image
-tokens in its own call.
+GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
+Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
+under the processor's `cross_attention_mask`). Refused at tokenize time, each in one line: LFM2-VL without
+torchvision; PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own call.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -60,6 +60,7 @@ SAVERS = {
     "glm4v": save_glm4v,
     "glm4v_moe": lambda path: save_glm4v(path, moe=True),
     "aya_vision": save_aya_vision,
+    "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
