@@ -25,6 +25,14 @@ model's own `AutoProcessor`:
   tokens of the cache always match the features. Where the model takes
   ``batch_num_images`` (LLaVA-OneVision: a record of several images has no
   tiles), a record's images are processed together for both (`per_record`).
+* cross-attention (Llama 3.2 Vision, `cross_attention`): an image stays the one
+  ``<|image|>`` the template writes; the pixels, ``aspect_ratio_ids`` and
+  ``aspect_ratio_mask`` come nested per record (records x images x tiles, a
+  record without images an empty slot, as the processor pads them), and
+  ``cross_attention_mask`` (which text attends which image's tiles) is built
+  from the batch's token ids and the tiles per image with the processor's own
+  helpers. `inputs` gives all of a batch's image inputs, the same for training
+  batches, prompts and verify-merge's probes.
 
 One case builds the processor without `AutoProcessor`: a processor whose video
 processor needs torchvision (Qwen2-VL, Qwen3-VL, SmolVLM2, InternVL, GLM-4.1V in
@@ -37,9 +45,8 @@ imported all the same (`processor_class`). A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
 `UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
 its processor makes the labels from the answer, its `suffix`, the prompt attended
-both ways), a model that reads its images through cross-attention (Llama 3.2
-Vision's `cross_attention_mask`) and a processor that expands image tokens only
-in its own call (Idefics2's: no `replace_image_token` of its own). Either way
+both ways) and a processor that expands image tokens only in its own call
+(Idefics2's: no `replace_image_token` of its own). Either way
 the processor's own image step runs (`_process_images`: Pixtral's adds its patch
 x merge size), so the image tokens and the pixels are what the processor gives.
 """
@@ -115,6 +122,9 @@ class ImageText:
     # the bos the processor's tokenization puts before a render that does not open with it ('' where none:
     # `_added_bos`); LLaVA's templates write none, their tokenizers add it
     bos: str = ""
+    # the model reads its images through cross-attention layers under the processor's `cross_attention_mask`
+    # (Llama 3.2 Vision): pixels nested per record, the mask built from the tokens and the tiles per image
+    cross_attention: bool = False
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
     _records: dict[tuple[str, ...], list[str]] = field(default_factory=dict, repr=False)  # `per_record` layouts
 
@@ -187,19 +197,55 @@ class ImageText:
 
     def pixels(self, paths: list[str], counts: list[int] | None = None) -> dict:
         """The model's image inputs for these images, in order (decoded here: run it in a loader worker).
-        `counts`: how many of them each record holds, in order (a `per_record` layout needs them)."""
-        images = [open_rgb(p) for p in paths]
-        if counts is not None and self.per_record:
-            taken = iter(images)
-            images = [[next(taken) for _ in range(n)] for n in counts if n]
-        processed, _ = self.process(images, **self.image_kwargs, return_tensors="pt")
+        `counts`: how many of them each record holds, in order (a `per_record` or `cross_attention` layout
+        needs them)."""
+        processed = self._processed(paths, counts)
         return {k: v for k, v in processed.items() if k in self.pixel_names}
+
+    def _processed(self, paths: list[str], counts: list[int] | None) -> dict:
+        """The image processor's whole output for these images, grouped by record where the layout needs it
+        (a record without images an empty group where the images are nested per record)."""
+        images = [open_rgb(p) for p in paths]
+        if counts is not None and (self.per_record or self.cross_attention):
+            taken = iter(images)
+            images = [[next(taken) for _ in range(n)] for n in counts if n or self.cross_attention]
+        processed, _ = self.process(images, **self.image_kwargs, return_tensors="pt")
+        return processed
 
     def text_inputs(self, input_ids) -> dict:
         """Inputs the model derives from the tokens: the modality ids (1 on image tokens) of Qwen2-VL, Gemma 3."""
         if not self.token_types:
             return {}
         return {self.token_types: (input_ids == self.image_token_id).to(input_ids.dtype)}
+
+    def inputs(self, input_ids, images: list[list[str]]) -> dict:
+        """Every image input of a batch: `input_ids` its (padded) rows, `images` each row's image paths in
+        token order. The modality ids, the pixels, and for a `cross_attention` model the
+        `cross_attention_mask` (rows x tokens x images x tiles) its processor builds from the same ids."""
+        out = self.text_inputs(input_ids)
+        paths = [p for own in images for p in own]
+        if not paths:
+            return out
+        processed = self._processed(paths, [len(own) for own in images])
+        out.update({k: v for k, v in processed.items() if k in self.pixel_names})
+        if self.cross_attention:
+            out["cross_attention_mask"] = self._cross_attention_mask(input_ids, processed)
+        return out
+
+    def _cross_attention_mask(self, input_ids, processed: dict):
+        """Which token attends which tile of which image of its row, as `MllamaProcessor` builds it: each
+        `<|image|>` opens a span up to the next one (images in a run share theirs), the last to the row's end,
+        padding included (the processor pads before it builds the mask)."""
+        import torch
+        from transformers.models.mllama.processing_mllama import (convert_sparse_cross_attention_mask_to_dense,
+                                                                  get_cross_attention_token_mask)
+
+        spans = [get_cross_attention_token_mask(row, self.image_token_id) for row in input_ids.tolist()]
+        # as many tiles as the pixels carry: the image processor's max_image_tiles, which the processor reads too
+        dense = convert_sparse_cross_attention_mask_to_dense(spans, processed["num_tiles"],
+                                                             max_num_tiles=processed["pixel_values"].shape[2],
+                                                             length=input_ids.shape[1])
+        return torch.from_numpy(dense)
 
 
 def load_image_text(model: str | Path, trust_remote_code: bool = False) -> ImageText:
@@ -217,10 +263,6 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
         raise UserError(f"{model}: {config.model_type} is a prefix-LM (its processor makes the labels itself from the "
                         "answer, its `suffix`, and marks the prompt with token_type_ids, which the model attends both "
                         "ways): the pipeline's chat records and causal attention do not train it as it was trained")
-    if "cross_attention_mask" in processor.model_input_names:
-        raise UserError(f"{model}: {config.model_type} reads its images through cross-attention layers (an image "
-                        "stays one token; the processor's cross_attention_mask and per-record image batches say which "
-                        "text attends which image), which the pipeline's batches do not give")
     tokenizer = processor.tokenizer
     template = processor.chat_template or tokenizer.chat_template
     if not template:
@@ -233,7 +275,8 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
-                     _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor))
+                     _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor),
+                     cross_attention="cross_attention_mask" in names)
 
 
 def _expands_each_image(cls) -> bool:

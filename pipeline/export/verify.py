@@ -102,8 +102,8 @@ def image_probes(base: Path, config, probes: int, seq_len: int, seed: int, workd
     special = {getattr(config, k, None) for k in ("image_token_id", "video_token_id")} - {None}
     ids = torch.cat([torch.cat(heads), probe_ids(config.get_text_config().vocab_size, probes, seq_len, seed,
                                                  special)], dim=1)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **images.text_inputs(ids),
-            **images.pixels(paths)}
+    # one image per probe (Llama 3.2 Vision's cross_attention_mask too, from these ids)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **images.inputs(ids, [[p] for p in paths])}
 
 
 def _trained_token_rows(adapter: Path) -> list[int]:

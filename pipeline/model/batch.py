@@ -27,8 +27,9 @@ Four layouts (`pipeline.planning.packing` decides which one a run trains with):
 
 A vision-language model's micro-batch is a padded one whose `inputs` also
 carry the model's image inputs (`pixel_values`, Qwen2-VL's `image_grid_thw`
-and `mm_token_type_ids`): `Collator` makes them from the records' image files
-with the model's processor, in a DataLoader worker when training
+and `mm_token_type_ids`, Llama 3.2 Vision's `cross_attention_mask`): `Collator`
+makes them from the records' image files with the model's processor
+(`ImageText.inputs`), in a DataLoader worker when training
 (`pipeline.train.batches`).
 """
 
@@ -205,11 +206,7 @@ class Collator:
         batch = collate(self.cache, micro_batch, self.pad_id)
         if self.images is None:
             return batch
-        extra = dict(self.images.text_inputs(batch.inputs["input_ids"]))
-        own = [self.cache.images(i) for i in micro_batch]
-        paths = [p for record in own for p in record]
-        if paths:
-            extra.update(self.images.pixels(paths, [len(record) for record in own]))
+        extra = self.images.inputs(batch.inputs["input_ids"], [self.cache.images(i) for i in micro_batch])
         return replace(batch, inputs={**batch.inputs, **extra})
 
 

@@ -55,11 +55,8 @@ class Prompts:
             batch = dict(self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False))
         finally:
             self.tokenizer.padding_side = side
-        if self.images is not None:
-            batch.update(self.images.text_inputs(batch["input_ids"]))
-            paths = [p for own in images for p in own]
-            if paths:
-                batch.update(self.images.pixels(paths, [len(own) for own in images]))
+        if self.images is not None:  # after the padding: a cross-attention mask spans the padded rows
+            batch.update(self.images.inputs(batch["input_ids"], images))
         return batch
 
     def decode(self, ids: torch.Tensor) -> str:

@@ -2,9 +2,9 @@
 mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE, Gemma 3, Gemma 4 (dense and
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
 GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
-Granite text models: the loss's head check finds that). Refused at tokenize
-time, each in one line: LFM2-VL without torchvision; PaliGemma, a prefix-LM; Llama 3.2 Vision, which attends
-images by cross-attention; Idefics2, whose processor expands image tokens in its own call.
+Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
+under the processor's `cross_attention_mask`). Refused at tokenize time, each in one line: LFM2-VL without
+torchvision; PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own call.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -39,8 +39,8 @@ import pytest
 import torch
 from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
-                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_qwen_vl,
-                      save_smolvlm)
+                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_mllama,
+                      save_qwen_vl, save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -61,6 +61,7 @@ SAVERS = {
     "glm4v_moe": lambda path: save_glm4v(path, moe=True),
     "aya_vision": save_aya_vision,
     "granite_vision": lambda path: save_llava_next(path, granite=True),
+    "mllama": save_mllama,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -116,6 +117,9 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     adapted = {k.removeprefix("base_model.model.") for k in load_file(export / "adapter" / "adapter_model.safetensors")}
     outside = sorted(k for k in adapted if not k.startswith(parts.language + "."))
     assert adapted and not outside, outside[:6]
+    if family == "mllama":  # its cross-attention layers (text queries, image keys and values) are adapted too
+        assert {"cross_attn.q_proj", "cross_attn.k_proj", "cross_attn.v_proj", "cross_attn.o_proj"} <= {
+            ".".join(k.split(".lora_")[0].split(".")[-2:]) for k in adapted}, sorted(adapted)
     if family.endswith("_moe"):  # the experts are trained, not only attention
         adapted = json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
         assert {"experts.gate_up_proj", "experts.down_proj"} <= set(adapted), adapted
@@ -439,16 +443,6 @@ def test_paligemma_a_prefix_lm_is_refused_at_tokenize_time_in_one_line(tmp_path)
     assert "prefix-LM" in refusal_line(model)
 
 
-def test_mllama_cross_attention_to_images_is_refused_at_tokenize_time_in_one_line(tmp_path):
-    """Llama 3.2 Vision keeps an image as one `<|image|>` and attends it from cross-attention layers, under the
-    processor's `cross_attention_mask`, with pixels batched per record (records x images x tiles); batches of
-    token features alone would train it on the wrong inputs: tokenizing for it stops with one line."""
-    from kits.vlm import save_mllama
-
-    model = save_mllama(tmp_path / "mllama")
-    assert "cross_attention_mask" in refusal_line(model)
-
-
 def test_idefics2_processor_expanding_in_its_own_call_is_refused_in_one_line(tmp_path):
     """Idefics2's processor has no `replace_image_token` of its own (the base class's raises): it expands the
     image tokens over the whole text in its `__call__` (merging the fake tokens of adjacent images); tokenizing
@@ -499,3 +493,80 @@ def test_llava_onevision_record_of_two_images_is_what_its_processor_gives(vlms, 
     assert ours["batch_num_images"].tolist() == both["batch_num_images"].tolist() == [2, 1]
     for key in ("pixel_values", "image_sizes"):
         assert torch.equal(ours[key], both[key]), key
+
+
+def test_mllama_micro_batch_is_what_its_processor_gives(vlms, tmp_path):
+    """Llama 3.2 Vision keeps each image one `<|image|>` and reads it through cross-attention: a micro-batch of a
+    two-image record (a 32x32 image, 1 tile; a 32x16 one, 2 tiles), a one-image record and a record without
+    images, tokenized and collated, is what `MllamaProcessor` gives for the three conversations: the tokens, the
+    pixels, aspect ratio ids and mask nested per record (the imageless record an empty slot) and the
+    `cross_attention_mask` (which tokens attend which tiles of which image). Prompts for generation (left-padded)
+    likewise, and verify-merge's probes carry the mask too."""
+    from PIL import Image
+
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import open_rgb
+    from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
+    from pipeline.data.vision import _processor
+    from pipeline.export.verify import image_probes
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+    from pipeline.model.prompts import Prompts
+
+    data = vlms["mllama"]
+    tokenizer, images = load_chat(data["model"])
+    square = load_records(data["data"] / "val.jsonl")[0].images[0]
+    Image.new("RGB", (32, 16), (0, 128, 255)).save(tmp_path / "wide.png")
+    rows = [{"messages": [{"role": "user", "content": "<image>one, <image>two: same colour?"},
+                          {"role": "assistant", "content": "no"}], "images": [square, str(tmp_path / "wide.png")]},
+            {"messages": [{"role": "user", "content": "<image>\ncolour?"}, {"role": "assistant", "content": "red"}],
+             "images": [square]},
+            {"messages": [{"role": "user", "content": "red?"}, {"role": "assistant", "content": "yes"}]}]
+    (tmp_path / "three.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenize_file(tmp_path / "three.jsonl", tokenizer, out_path=tmp_path / "three.safetensors", max_length=96,
+                  too_long="error", fingerprint=tokenizer_fingerprint(data["model"]), split="train", images=images)
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    ours = Collator(TokenCache(tmp_path / "three.safetensors"), loading.pad_token_id(data["model"]),
+                    images=again)([0, 1, 2]).inputs
+    processor = _processor(data["model"], False)
+    pictures = [[open_rgb(p) for p in row.get("images", [])] for row in rows]
+
+    def rendered(messages, **kwargs):
+        return processor.tokenizer.apply_chat_template(images.conversation(messages), tokenize=False,
+                                                       chat_template=images.chat_template, **kwargs)
+
+    texts = [rendered(row["messages"]) for row in rows]
+    assert all(t.startswith(processor.tokenizer.bos_token) for t in texts)  # so the processor adds no other
+    theirs = processor(text=texts, images=pictures, padding=True, add_special_tokens=False, return_tensors="pt")
+    assert set(theirs) == set(ours) | {"attention_mask"} - set(ours), (sorted(theirs), sorted(ours))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 3  # an image stays one token
+    assert theirs["pixel_values"].shape[:3] == (3, 2, 2) and theirs["aspect_ratio_ids"].tolist() == [[1, 2], [1, 0],
+                                                                                                      [0, 0]]
+    mask = theirs["cross_attention_mask"]
+    assert mask[0, :, 1].sum(0).tolist()[1] > 0 and mask[1, :, 0, 1].sum() == 0 and mask[2].sum() == 0
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+    prompts = [row["messages"][:1] for row in rows]
+    encoded = Prompts(images.tokenizer, images).encode(prompts, [row.get("images", []) for row in rows])
+    texts = [rendered(m, add_generation_prompt=True) for m in prompts]
+    theirs = processor(text=texts, images=pictures, padding=True, padding_side="left", add_special_tokens=False,
+                       return_tensors="pt")
+    assert set(theirs) == set(encoded), (sorted(theirs), sorted(encoded))
+    for key, value in theirs.items():
+        assert torch.equal(encoded[key], value), key
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32).eval()
+    with torch.no_grad():  # greedy generation continues from the prompts' own logits
+        first = model(**encoded).logits[:, -1].argmax(-1)
+        out = model.generate(**encoded, max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    assert out.shape == (3, encoded["input_ids"].shape[1] + 3)
+    assert torch.equal(out[:, encoded["input_ids"].shape[1]], first)
+
+    probes = image_probes(data["model"], AutoConfig.from_pretrained(data["model"]), 2, 5, 0, tmp_path)
+    head = int((probes["input_ids"][0] == images.image_token_id).nonzero()[0, 0])
+    width = probes["input_ids"].shape[1]
+    assert probes["cross_attention_mask"].shape[:3] == (2, width, 1)
+    assert probes["cross_attention_mask"][:, :, 0, 0].tolist() == [[0] * head + [1] * (width - head)] * 2
