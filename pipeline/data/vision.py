@@ -39,9 +39,9 @@ processor needs torchvision (Qwen2-VL, Qwen3-VL, SmolVLM2, InternVL, GLM-4.1V in
 Transformers 5), which an image-only run does not. Without torchvision,
 `load_image_text` builds the same processor class from its tokenizer, image
 processor and saved settings, with a stand-in for the video processor that
-refuses any use (`_image_only`); a processor class that transformers hides
-without torchvision although it needs it only for a helper (Pixtral's) is
-imported all the same (`processor_class`). A processor that cannot be built even
+refuses any use (`pipeline.data.processors`); a processor class that transformers
+hides without torchvision although it needs it only for a helper (Pixtral's) is
+imported all the same. A processor that cannot be built even
 so (an image processor that exists only for torchvision, as LFM2-VL's) is one
 `UserError` naming the model and what is missing; so is a prefix-LM (PaliGemma:
 its processor makes the labels from the answer, its `suffix`, the prompt attended
@@ -53,17 +53,14 @@ x merge size), so the image tokens and the pixels are what the processor gives.
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.images import open_rgb
+from pipeline.data.processors import build_processor
 from pipeline.errors import DataError, UserError
-
-log = logging.getLogger(__name__)
 
 MM_TOKEN_TYPE_IDS = "mm_token_type_ids"  # model input derived from the tokens (1 = image token)
 TOKEN_TYPE_IDS = "token_type_ids"  # the same, by Gemma 3's name
@@ -253,7 +250,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     config = model_config(model, trust_remote_code)
     if not config_is_vision_language(config):
         raise UserError(f"{model} is not an image-text-to-text model (no vision part in its config)")
-    processor = _processor(model, trust_remote_code)
+    processor = build_processor(model, trust_remote_code)
     if getattr(processor, "image_processor", None) is None or not hasattr(processor, "replace_image_token"):
         raise UserError(f"the processor of {model} ({type(processor).__name__}) has no image processor")
     if not _expands_each_image(type(processor)):
@@ -323,137 +320,3 @@ def _added_bos(processor) -> str:
     with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
     added = with_special[:1] == [tokenizer.bos_token_id] != tokenizer("a", add_special_tokens=False)["input_ids"][:1]
     return tokenizer.bos_token if added else ""
-
-
-def _processor(model, trust_remote_code: bool):
-    """The model's `AutoProcessor`; where one of its parts cannot be built here (a video processor that needs
-    torchvision), the same processor class with that part standing in (`_image_only`)."""
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-    except ImportError as err:  # a part's class needs a package not installed here
-        missing = err
-    except ValueError as err:
-        if "torchvision" not in str(err):  # the auto video processor's way to say it needs torchvision
-            raise UserError(f"cannot load the processor of {model}: {err}") from None
-        missing = ImportError(str(err))
-    except OSError as err:
-        raise UserError(f"cannot load the processor of {model}: {err}") from None
-    try:
-        return _image_only(model, trust_remote_code, missing)
-    except (ImportError, ValueError) as err:  # a part an image-only run needs: its image processor, the class itself
-        raise UserError(f"cannot build the processor of {model}: {_first_line(err)}") from None
-
-
-def _first_line(err: Exception) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-def _image_only(model, trust_remote_code: bool, missing: ImportError):
-    """The model's processor class built from its tokenizer, its image processor and its saved settings, with
-    an `_Absent` for each video part (an audio one, Gemma 4's, built as it is): the class's own `__init__`
-    runs, so its `replace_image_token` reads what it always reads. Only the type check of the parts is
-    relaxed, for the stand-ins (5.2x checks a video processor against a class it does not export without
-    torchvision)."""
-    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
-
-    settings = _processor_settings(model)
-    cls = processor_class(str(settings.pop("processor_class", None)))
-    if cls is None or not hasattr(cls, "replace_image_token"):
-        raise missing
-    reason = _first_line(missing)
-    parts = {"tokenizer": AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code),
-             "image_processor": AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)}
-    args = []
-    for name in cls.get_attributes():
-        if name == "feature_extractor":  # an audio half (Gemma 4's): built as it is, if it can be
-            parts[name] = AutoFeatureExtractor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
-        elif name not in parts and "video" not in name:
-            raise missing
-        args.append(parts.get(name) or _Absent(name, reason))
-
-    class ImageOnly(cls):
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if isinstance(argument, _Absent):
-                return _Absent
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-        def to_dict(self):  # its settings, as saved: the stand-ins were never saved
-            return {k: v for k, v in super().to_dict().items() if not isinstance(v, _Absent)}
-
-        def __reduce__(self):  # a class made here pickles as the call that makes it
-            return _image_only, (model, trust_remote_code, ImportError(reason))
-
-    ImageOnly.__name__ = ImageOnly.__qualname__ = cls.__name__
-    log.warning("%s: %s; its %s is built for images only", model, reason, cls.__name__)
-    return ImageOnly.from_args_and_dict(args, settings)
-
-
-def processor_class(name: str):
-    """Transformers' processor class `name`, or None where there is none.
-
-    Without torchvision, transformers gives a placeholder for a processor whose
-    module imports a helper from its torchvision image processor's module
-    (Pixtral's, 5.17 to 5.24: `get_resize_output_image_size`, for counting tokens
-    ahead). The family's PIL image processor module defines the same helpers, so
-    the module is imported with that one standing in for the torchvision one
-    (for the import only), which gives the real class; None where there is no
-    PIL twin, or the module still needs what is not installed.
-    """
-    import importlib
-    import sys
-
-    import transformers
-    from transformers.utils.import_utils import DummyObject
-
-    cls = getattr(transformers, name, None)
-    if not isinstance(cls, DummyObject):
-        return cls
-    package, module = cls.__module__.rsplit(".", 1)
-    stem = module.removeprefix("processing_")
-    torchvision_half = f"{package}.image_processing_{stem}"
-    try:
-        twin = importlib.import_module(f"{package}.image_processing_pil_{stem}")
-    except ImportError:
-        return None
-    before = sys.modules.get(torchvision_half)
-    sys.modules[torchvision_half] = twin
-    try:
-        found = getattr(importlib.import_module(cls.__module__), name, None)
-    except ImportError:
-        return None
-    finally:
-        if before is None:
-            sys.modules.pop(torchvision_half, None)
-        else:
-            sys.modules[torchvision_half] = before
-    return None if isinstance(found, DummyObject) else found
-
-
-class _Absent:
-    """Stands in for a processor part that cannot be built here (a video processor without torchvision):
-    it contributes no model inputs and refuses any use, saying why."""
-
-    model_input_names: tuple = ()
-
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
-
-    def __call__(self, *args, **kwargs):
-        raise UserError(f"the processor's {self.name} cannot be used here: {self.reason}")
-
-
-def _processor_settings(model) -> dict:
-    """processor_config.json of a local dir (its sub-processors' own sections left out), with the processor
-    class from the tokenizer config as a fallback and the chat template of chat_template.jinja."""
-    root = Path(model)
-    settings: dict = {}
-    for name in ("tokenizer_config.json", "processor_config.json"):
-        if (root / name).is_file():
-            data = json.loads((root / name).read_text())
-            settings.update({k: v for k, v in data.items() if not isinstance(v, dict)
-                             and (name == "processor_config.json" or k == "processor_class")})
-    if (root / "chat_template.jinja").is_file():
-        settings["chat_template"] = (root / "chat_template.jinja").read_text()
-    return settings

@@ -21,7 +21,7 @@ pads each image to whole tokens of the tower's patch x the merge.
 
 Without torchvision (here and in CI) the processors of Gemma 4 (a video half) and
 Pixtral cannot be built by `AutoProcessor`; their classes are built for images only
-(`pipeline.data.vision._image_only`, `processor_class`). Llama 4 is refused at plan time (its composite
+(`pipeline.data.processors._image_only`, `processor_class`). Llama 4 is refused at plan time (its composite
 has no decoder body the loss can run apart from the head) and, without torchvision,
 at tokenize time (its image processor exists only for torchvision); its adapter on the
 fused experts is merged and stock-loaded.
@@ -164,7 +164,7 @@ def test_mistral3_batches_are_what_its_processor_gives(vlms):
     from pipeline.data.formats import load_records
     from pipeline.data.images import open_rgb
     from pipeline.data.tokenize import load_chat
-    from pipeline.data.vision import processor_class
+    from pipeline.data.processors import processor_class
     from pipeline.model import loading
     from pipeline.model.batch import Collator
 
@@ -294,7 +294,7 @@ def test_a_processor_whose_module_imports_a_torchvision_helper_is_the_real_class
     real (its own `replace_image_token`) with or without torchvision, and no module is left standing in."""
     from transformers.utils.import_utils import DummyObject
 
-    from pipeline.data.vision import processor_class
+    from pipeline.data.processors import processor_class
 
     before = dict(sys.modules)
     cls = processor_class("PixtralProcessor")
@@ -351,7 +351,7 @@ def test_batches_are_what_the_processor_gives(family, vlms):
     LLaVA-NeXT's processor is stock `AutoProcessor`; the others' are their own class built for images only
     (their video processors need torchvision). Pickled first, as a loader worker started by spawn gets it."""
     from pipeline.data.tokenize import load_chat
-    from pipeline.data.vision import _processor
+    from pipeline.data.processors import build_processor as _processor
     from pipeline.errors import UserError
 
     data = vlms[family]
@@ -462,7 +462,7 @@ def test_llava_onevision_record_of_two_images_is_what_its_processor_gives(vlms, 
     from pipeline.data.formats import load_records
     from pipeline.data.images import open_rgb
     from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
-    from pipeline.data.vision import _processor
+    from pipeline.data.processors import build_processor as _processor
     from pipeline.model import loading
     from pipeline.model.batch import Collator
 
@@ -508,7 +508,7 @@ def test_mllama_micro_batch_is_what_its_processor_gives(vlms, tmp_path):
     from pipeline.data.formats import load_records
     from pipeline.data.images import open_rgb
     from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
-    from pipeline.data.vision import _processor
+    from pipeline.data.processors import build_processor as _processor
     from pipeline.export.verify import image_probes
     from pipeline.model import loading
     from pipeline.model.batch import Collator
