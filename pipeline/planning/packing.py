@@ -118,8 +118,27 @@ class Packing:
         return f"packing: {'on, ' if self.on else 'off: '}{self.why}"
 
 
+# Layer kinds (a config's `layer_types` / `layers_block_type` values) whose state runs from token to token
+# across a packed row's records, and families made of such layers alone
+_RECURRENT_KINDS = {"linear_attention": "linear-attention", "mamba": "Mamba", "conv": "short-convolution",
+                    "recurrent": "recurrent"}
+_RECURRENT_FAMILIES = frozenset({"mamba", "mamba2", "falcon_mamba", "falcon_h1", "rwkv", "xlstm", "recurrent_gemma"})
+
+
+def recurrent_layers(config) -> str | None:
+    """The kinds of layers of a transformers `config` (a vision-language model's text config) that carry state
+    from one token to the next, as words ("linear-attention", "Mamba"), or None where it has none."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    kinds = [*(getattr(text, "layer_types", None) or ()), *(getattr(text, "layers_block_type", None) or ())]
+    found = sorted({_RECURRENT_KINDS[k] for k in kinds if k in _RECURRENT_KINDS})
+    if not found and getattr(text, "model_type", None) in _RECURRENT_FAMILIES:
+        found = ["recurrent"]
+    return " and ".join(found) or None
+
+
 def decide(setting: str, *, implementation: str, model_type: str | None, vision_language: bool,
-           device: str = "cuda", per_record: bool = False, where: str = "the model") -> Packing:
+           device: str = "cuda", per_record: bool = False, where: str = "the model",
+           recurrent: str | None = None) -> Packing:
     """`tokens.packing` resolved for a model (see the module docstring for where packing is exact).
 
     auto: packed where exact, padded elsewhere; on: packed, UserError where it
@@ -129,11 +148,18 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
     implementation the model runs (the resolved one, not `auto`); `device` the
     type of the training device; `per_record`: the model can attend record by
     record without a mask (`pipeline.model.packed_attention.runs_per_record`),
-    which SDPA then does on a CPU (`CPU_SDPA`); `where` names the model in an error.
+    which SDPA then does on a CPU (`CPU_SDPA`); `where` names the model in an error; `recurrent`:
+    its layers that carry state across tokens (`recurrent_layers`), which no mask keeps apart.
     """
     setting, implementation = str(setting), str(implementation)
     if setting == "off":
         return Packing(None, "tokens.packing=off (padded micro-batches of optim.micro_batch records)")
+    if recurrent:
+        why = f"its {recurrent} layers carry their state from one record of a packed row into the next"
+        if setting == "on":
+            raise UserError(f"tokens.packing=on: {where}: {why}, which no attention mask stops; use "
+                            "tokens.packing=auto or off")
+        return Packing(None, why + " (padded micro-batches)")
     if vision_language:
         why = "a vision-language model: its image inputs and position ids (Qwen2-VL's 3-D ones) are per record"
         if setting == "on":

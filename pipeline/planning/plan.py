@@ -170,7 +170,8 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=memory.resolved_attention(cfg.model, device)
                                or "sdpa", model_type=config.model_type,
                                vision_language=config_is_vision_language(config), device=device,
-                               per_record=packed_attention.runs_per_record(config, longest), where=cfg.model.path)
+                               per_record=packed_attention.runs_per_record(config, longest), where=cfg.model.path,
+                               recurrent=packing.recurrent_layers(config))
                 for device in ("cuda", "cpu"))
     mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
     sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,

@@ -53,7 +53,7 @@ from pipeline.errors import UserError
 from pipeline.model import base, loading, memory, packed_attention, precision as prec
 from pipeline.model.batch import Collator
 from pipeline.model.loss import hf_model
-from pipeline.planning.packing import Packing, decide as decide_packing
+from pipeline.planning.packing import Packing, decide as decide_packing, recurrent_layers
 from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
 from pipeline.train.parts import TrainingParts
 from pipeline.train.batches import TrainBatches
@@ -344,7 +344,7 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,
                              model_type=hf.config.model_type, vision_language=images is not None,
                              device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest),
-                             where=cfg.model.path)
+                             where=cfg.model.path, recurrent=recurrent_layers(hf.config))
     if packing.per_record:
         packed_attention.use(hf)
     train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)

@@ -99,6 +99,21 @@ def test_auto_packs_checked_text_families_and_says_why_not_elsewhere():
         decide("on", implementation="paged_attention", model_type="llama", vision_language=False)
 
 
+@pytest.mark.parametrize("family", ["qwen3_next", "nemotron_h", "falcon_h1"])
+def test_layers_that_carry_state_across_tokens_are_never_packed(family):
+    """Linear attention and Mamba mixers run from one record of a row into the next, whatever the mask:
+    `auto` keeps such a model's batches padded and says why, `on` is refused naming the setting."""
+    config = lm.config(family)
+    recurrent = packing.recurrent_layers(config)
+    assert recurrent, family
+    auto = decide("auto", implementation="sdpa", model_type=family, vision_language=False, recurrent=recurrent)
+    assert not auto.on and "carry their state" in auto.why and recurrent in auto.why
+    with pytest.raises(UserError, match=f"tokens.packing=on: models/{family}: its {recurrent} layers"):
+        decide("on", implementation="sdpa", model_type=family, vision_language=False, recurrent=recurrent,
+               where=f"models/{family}")
+    assert packing.recurrent_layers(lm.config("qwen3_moe")) is None
+
+
 # --- collation: records kept apart ------------------------------------------------------------------
 
 
