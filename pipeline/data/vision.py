@@ -14,10 +14,10 @@ model's own `AutoProcessor`:
   tokenization would add (LLaVA's templates write none; their tokenizers add it).
   Tokenization caches the expanded tokens, so a training step never re-renders
   anything.
-* pixels: `pixels(paths)` decodes a batch's images and runs the processor's image
-  processor, returning what the model's forward takes (``pixel_values``, and
-  ``image_grid_thw`` for Qwen2-VL); `text_inputs(input_ids)` adds what the model
-  derives from the tokens (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
+* pixels: `inputs(input_ids, images)` decodes a batch's images (decoded there: run it
+  in a loader worker) and runs the processor's image processor, returning what the
+  model's forward takes (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL), with
+  what the model derives from the tokens (`text_inputs`) (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
   Gemma 3's ``token_type_ids`` for its attention within an image).
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
@@ -191,13 +191,6 @@ class ImageText:
         return "".join(out)
 
     # --- batch time -------------------------------------------------------------------------
-
-    def pixels(self, paths: list[str], counts: list[int] | None = None) -> dict:
-        """The model's image inputs for these images, in order (decoded here: run it in a loader worker).
-        `counts`: how many of them each record holds, in order (a `per_record` or `cross_attention` layout
-        needs them)."""
-        processed = self._processed(paths, counts)
-        return {k: v for k, v in processed.items() if k in self.pixel_names}
 
     def _processed(self, paths: list[str], counts: list[int] | None) -> dict:
         """The image processor's whole output for these images, grouped by record where the layout needs it

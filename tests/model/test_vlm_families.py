@@ -185,7 +185,7 @@ def test_mistral3_batches_are_what_its_processor_gives(vlms):
         same = torch.allclose(ours[key].float(), value.float()) if key == "pixel_values" else torch.equal(ours[key], value)
         assert same, key
     again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
-    assert again.pixels(record.images)["image_sizes"].tolist() == [[32, 32]]
+    assert again.inputs(ours["input_ids"], [record.images])["image_sizes"].tolist() == [[32, 32]]
 
 
 def test_gemma4_image_half_gives_its_inputs(vlms):
