@@ -14,11 +14,11 @@ model's own `AutoProcessor`:
   tokenization would add (LLaVA's templates write none; their tokenizers add it).
   Tokenization caches the expanded tokens, so a training step never re-renders
   anything.
-* pixels: `inputs(input_ids, images)` decodes a batch's images (decoded there: run it
-  in a loader worker) and runs the processor's image processor, returning what the
-  model's forward takes (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL), with
-  what the model derives from the tokens (`text_inputs`) (Qwen2-VL's ``mm_token_type_ids`` for its 3-D RoPE,
-  Gemma 3's ``token_type_ids`` for its attention within an image).
+* pixels: `inputs(input_ids, images)` decodes a batch's images (run it in a loader
+  worker) and runs the processor's image processor, returning what the model's
+  forward takes (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL), with what
+  the model derives from the tokens (`text_inputs`: Qwen2-VL's ``mm_token_type_ids``
+  for its 3-D RoPE, Gemma 3's ``token_type_ids`` for its attention within an image).
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
   InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
