@@ -711,3 +711,28 @@ def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
     AyaVisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, img_size=32, downsample_factor=2,
                        chat_template=AYA_VISION_TEMPLATE).save_pretrained(path)
     return path
+
+
+def save_lfm3_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LFM3-VL (`Lfm3VlForConditionalGeneration`: a 2-layer tower, a convolution and an attention
+    layer, on 8x8 patches merged 2x2; 2 LFM3 layers, a convolution and an attention layer) with Qwen2-VL's image
+    processor (PIL backend), as LFM3-VL ships: a 32x32 image is 4 `<|image_pad|>`s between `<|vision_start|>` and
+    `<|vision_end|>`. Its processor is written as parts (its video processor needs torchvision)."""
+    from transformers import Lfm3VlConfig, Lfm3VlForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    config = Lfm3VlConfig(
+        text_config=_text_config(tokenizer, model_type="lfm3", head_dim=16, layer_types=["conv", "full_attention"]),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
+                           layer_types=["conv", "full_attention"]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        projector_hidden_size=32)
+    torch.manual_seed(seed)
+    images = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                      temporal_patch_size=2)
+    return _save_parts(path, Lfm3VlForConditionalGeneration(config), tokenizer, images, QWEN_TEMPLATE,
+                       "Lfm3VlProcessor")

@@ -39,8 +39,8 @@ import pytest
 import torch
 from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
-                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_mllama,
-                      save_qwen_vl, save_smolvlm)
+                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
+                      save_mllama, save_qwen_vl, save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -62,6 +62,7 @@ SAVERS = {
     "aya_vision": save_aya_vision,
     "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
+    "lfm3_vl": save_lfm3_vl,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -336,11 +337,12 @@ IMAGE_TOKENS = {
     "llava_onevision": 4 + 4 * 4 + 4,  # anyres (max 9 tiles): the whole image, a 2x2 grid of tiles, a newline a row
     "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
     "aya_vision": 4,  # one tile: <|START_OF_IMG|>, TILE_GLOBAL, 4 <|IMG_PATCH|>, <|END_OF_IMG|>
+    "lfm3_vl": 4,  # Qwen2-VL's image processor: with image_grid_thw
 }
 
 
 # their processors hold a video processor needing torchvision
-TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision", "lfm3_vl"}
 
 
 @pytest.mark.parametrize("family", list(IMAGE_TOKENS))
