@@ -388,17 +388,16 @@ def refusal_line(model) -> str:
     return message
 
 
-def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
-    """LFM2-VL's image processor exists only for torchvision (transformers has no PIL backend for it): without
-    torchvision, tokenizing for it stops with one line naming the model and the missing package."""
-    from kits.vlm import save_lfm2_vl
+@pytest.mark.parametrize("family", ["lfm2_vl", "cohere2_vision", "kimi_k25"])
+def test_torchvision_only_image_processor_is_refused_in_one_line(family, tmp_path):
+    """LFM2-VL's, Command A Vision's and Kimi K2.5's image processors exist only for torchvision (transformers
+    has no PIL backend for them): without torchvision, tokenizing for one stops with one line naming the model
+    and the missing package."""
+    from kits import vlm
 
-    try:
-        import torchvision  # noqa: F401
+    if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed: this is the refusal without it")
-    except ImportError:
-        pass
-    model = save_lfm2_vl(tmp_path / "lfm2_vl")
+    model = getattr(vlm, f"save_{family}")(tmp_path / family)
     assert "torchvision" in refusal_line(model)
 
 
@@ -572,3 +571,25 @@ def test_mllama_micro_batch_is_what_its_processor_gives(vlms, tmp_path):
     width = probes["input_ids"].shape[1]
     assert probes["cross_attention_mask"].shape[:3] == (2, width, 1)
     assert probes["cross_attention_mask"][:, :, 0, 0].tolist() == [[0] * head + [1] * (width - head)] * 2
+
+
+def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
+    """Gemma 3n's vision tower is a timm model (`TimmWrapperModel`): without timm its composite cannot be built,
+    and planning for it stops with one line naming the model and timm, not a bare ImportError."""
+    import dataclasses
+
+    from kits.vlm import save_gemma3n
+
+    from pipeline.config import TrainConfig
+    from pipeline.errors import UserError
+    from pipeline.model.loading import plan_model
+
+    if importlib.util.find_spec("timm") is not None:
+        pytest.skip("timm is installed: this is the refusal without it")
+    model = save_gemma3n(tmp_path / "gemma3n")
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model)))
+    with pytest.raises(UserError) as refused:
+        plan_model(cfg, world=1)
+    message = str(refused.value)
+    assert str(model) in message and "timm" in message and "\n" not in message, message
