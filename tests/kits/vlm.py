@@ -742,7 +742,7 @@ def _save_without_image_processor(path: Path, model, tokenizer, image_processor:
                                   processor_class: str) -> Path:
     """A model dir whose image processor exists only for torchvision: its `preprocessor_config.json` written as
     the class saves it, by hand (the class cannot be built without torchvision). `model` None: a config alone
-    (a tower that needs a package not installed here cannot be built)."""
+    (a tower that needs a package not installed here cannot be built): its config is saved."""
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     (Path(path) / "preprocessor_config.json").write_text(json.dumps(image_processor) + "\n")
@@ -829,3 +829,23 @@ def save_gemma3n(path: Path) -> Path:
                      image_processor=SiglipImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer,
                      chat_template=GEMMA3_TEMPLATE, image_seq_length=4, audio_seq_length=4).save_pretrained(path)
     return path
+
+
+def save_perception_lm(path: Path) -> Path:
+    """A PerceptionLM dir (`PerceptionLMForConditionalGeneration`) with a tiny config only: its vision tower is a
+    timm model, which cannot be built without timm, and its image processor exists only for torchvision (its
+    `preprocessor_config.json` written by hand)."""
+    from transformers import PerceptionLMConfig
+
+    tokens = ["<|image|>", "<|video|>"]
+    template = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+    tokenizer = _family_tokenizer(tokens, bos="<s>", eos="<|end|>", template=template)
+    config = PerceptionLMConfig(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(model_type="timm_wrapper", architecture="vit_pe_core_tiny_patch16_384", num_classes=0,
+                           model_args={"embed_dim": 16, "depth": 1, "num_heads": 2, "img_size": [32, 32]}),
+        image_token_id=tokenizer.convert_tokens_to_ids("<|image|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video|>"))
+    image = {"image_processor_type": "PerceptionLMImageProcessor", "tile_size": 32, "max_num_tiles": 1,
+             "vision_input_type": "thumb+tile"}
+    return _save_without_image_processor(path, config, tokenizer, image, template, "PerceptionLMProcessor")

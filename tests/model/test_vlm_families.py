@@ -3,8 +3,10 @@ mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE,
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
 GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
 Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
-under the processor's `cross_attention_mask`). Refused at tokenize time, each in one line: LFM2-VL without
-torchvision; PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own call.
+under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor). Refused at tokenize
+time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
+processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
+call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -388,11 +390,11 @@ def refusal_line(model) -> str:
     return message
 
 
-@pytest.mark.parametrize("family", ["lfm2_vl", "cohere2_vision", "kimi_k25"])
+@pytest.mark.parametrize("family", ["lfm2_vl", "cohere2_vision", "kimi_k25", "perception_lm"])
 def test_torchvision_only_image_processor_is_refused_in_one_line(family, tmp_path):
-    """LFM2-VL's, Command A Vision's and Kimi K2.5's image processors exist only for torchvision (transformers
-    has no PIL backend for them): without torchvision, tokenizing for one stops with one line naming the model
-    and the missing package."""
+    """The image processors of LFM2-VL, Command A Vision, Kimi K2.5 and PerceptionLM exist only for torchvision
+    (transformers has no PIL backend for them): without torchvision, tokenizing for one stops with one line
+    naming the model and the missing package (PerceptionLM's timm tower is refused at plan time even with it)."""
     from kits import vlm
 
     if importlib.util.find_spec("torchvision") is not None:
