@@ -107,6 +107,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     # DeepSeek-V3 (and V3-0324): R1's vocabulary and eos, no reasoning in the template
     Family("deepseek-v3", "deepseek-v3.jinja", "<｜end▁of▁sentence｜>", _R1,
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
+    # DeepSeek-V3.1: hybrid thinking, off unless `thinking`: the generation prompt then ends in </think>, which an
+    # answer's turn renders too; reasoning inline in the content is cut off (the part after </think> is rendered)
+    Family("deepseek-v3.1", "deepseek-v3.1.jinja", "<｜end▁of▁sentence｜>", _R1,
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
     Family("mistral-nemo", "mistral-nemo-instruct-2407.jinja", "</s>", _MISTRAL,
            bos="<s>", eos="</s>", unk="<unk>", stops=("</s>",)),
     Family("gemma-2", "gemma-2-it.jinja", "<end_of_turn>", _GEMMA,
