@@ -79,7 +79,7 @@ READS = {"qwen3": "reasoning_content", "qwen3-2025-04": "reasoning_content", "gp
 # The templates that render tool calls and results (the others are refused: tests/data/test_data_text_and_tools).
 TOOL_TEMPLATES = ["qwen2.5", "qwen3", "qwen3-2025-04", "llama-3.1", "llama-3.2", "mistral-nemo", "gpt-oss",
                   "glm-4.5", "builtin:qwen2.5", "qwen3-instruct-2507", "qwen3.5", "qwen3.5-small", "qwen3.6",
-                  "nemotron-3-nano", "nemotron-3-super", "nemotron-3-ultra", "lfm2.5"]
+                  "nemotron-3-nano", "nemotron-3-super", "nemotron-3-ultra", "lfm2.5", "mistral-small-3.1"]
 
 
 def _cases():

@@ -57,6 +57,7 @@ _R1 = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User
        "<｜tool▁output▁end｜>")
 _MISTRAL = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_CALLS]",
             "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
+_MISTRAL_SMALL3 = _MISTRAL + ("<pad>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
 _GEMMA = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
 _PHI35 = ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 _HARMONY = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
@@ -107,8 +108,16 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     # DeepSeek-V3 (and V3-0324): R1's vocabulary and eos, no reasoning in the template
     Family("deepseek-v3", "deepseek-v3.jinja", "<｜end▁of▁sentence｜>", _R1,
            bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
+    # DeepSeek-V3.1: hybrid thinking, off unless `thinking`: the generation prompt then ends in </think>, which an
+    # answer's turn renders too; reasoning inline in the content is cut off (the part after </think> is rendered)
+    Family("deepseek-v3.1", "deepseek-v3.1.jinja", "<｜end▁of▁sentence｜>", _R1,
+           bos="<｜begin▁of▁sentence｜>", eos="<｜end▁of▁sentence｜>", pad="<｜end▁of▁sentence｜>", stops=_R1_STOPS),
     Family("mistral-nemo", "mistral-nemo-instruct-2407.jinja", "</s>", _MISTRAL,
            bos="<s>", eos="</s>", unk="<unk>", stops=("</s>",)),
+    # Mistral Small 3.1: a system prompt always (a dated default when none is given), no generation prompt (the
+    # prompt is the render through [/INST]), an answer closed by the eos
+    Family("mistral-small-3.1", "mistral-small-3.1-24b-instruct-2503.jinja", "</s>", _MISTRAL_SMALL3,
+           bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", stops=("</s>",)),
     Family("gemma-2", "gemma-2-it.jinja", "<end_of_turn>", _GEMMA,
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises", stops=("<eos>", "<end_of_turn>")),
     Family("gemma-3", "gemma-3-it.jinja", "<end_of_turn>", _GEMMA,
