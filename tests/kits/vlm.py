@@ -689,6 +689,20 @@ AYA_VISION_TOKENS = ["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER
                      "TILE_GLOBAL", *(f"TILE_{k}" for k in range(1, 5))]
 
 
+def _cohere_vision_parts(named: dict | None = None):
+    """Aya Vision's and Command A Vision's tokenizer (Command R's turn tokens, `named`: the tokens the processor
+    reads by attribute) and their common settings: a 1-layer SigLIP tower on 32x32 tiles, 8x8 patches, pixel
+    shuffle 2; 2 Cohere 2 layers, one sliding-window, one global."""
+    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
+                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE, named=named)
+    return tokenizer, dict(
+        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
+                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
+        downsample_factor=2)
+
+
 def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
     """A tiny random Aya Vision (`AyaVisionForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 tiles, 8x8
     patches, pixel shuffle 2; 2 Cohere 2 layers) with its own processor and GOT-OCR2's image processor (one
@@ -696,15 +710,9 @@ def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
     from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
-                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE)
-    config = AyaVisionConfig(
-        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
-                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
-                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
-        downsample_factor=2, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
-        vision_feature_layer=-1)
+    tokenizer, parts = _cohere_vision_parts()
+    config = AyaVisionConfig(**parts, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+                             vision_feature_layer=-1)
     torch.manual_seed(seed)
     AyaVisionForConditionalGeneration(config).save_pretrained(path)
     images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
@@ -760,16 +768,9 @@ def save_cohere2_vision(path: Path, *, seed: int = 0) -> Path:
     tiles, pixel shuffle 2; 2 Cohere 2 layers). Its image processor exists only for torchvision."""
     from transformers import Cohere2VisionConfig, Cohere2VisionForConditionalGeneration
 
-    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
-                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE,
-                                  named=COHERE2_VISION_TOKENS)
-    config = Cohere2VisionConfig(
-        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
-                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
-                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
-        downsample_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
-        alignment_intermediate_size=32)
+    tokenizer, parts = _cohere_vision_parts(named=COHERE2_VISION_TOKENS)
+    config = Cohere2VisionConfig(**parts, image_token_id=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+                                 alignment_intermediate_size=32)
     torch.manual_seed(seed)
     image = {"image_processor_type": "Cohere2VisionImageProcessor", "size": {"height": 32, "width": 32},
              "max_patches": 1, "patch_size": 8}
