@@ -138,10 +138,14 @@ def empty_base(model: ModelConfig, dtype: torch.dtype, *, checkpointed: int = 0,
 
 
 def meta_model(model: ModelConfig):
-    """The base's architecture on the meta device: no weight read, nothing allocated (plan-time checks)."""
+    """The base's architecture on the meta device: no weight read, nothing allocated (plan-time checks). A part
+    whose class needs a package not installed here (Gemma 3n's timm tower) is a UserError naming the model."""
     config = hf_config(model)
-    with torch.device("meta"):
-        return auto_class(config).from_config(config, trust_remote_code=model.trust_remote_code)
+    try:
+        with torch.device("meta"):
+            return auto_class(config).from_config(config, trust_remote_code=model.trust_remote_code)
+    except ImportError as err:  # transformers' requires_backends: a blank line, then "X requires the y library..."
+        raise UserError(f"{model.path} cannot be built here: {' '.join(str(err).split())}") from None
 
 
 @contextmanager

@@ -689,6 +689,20 @@ AYA_VISION_TOKENS = ["<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER
                      "TILE_GLOBAL", *(f"TILE_{k}" for k in range(1, 5))]
 
 
+def _cohere_vision_parts(named: dict | None = None):
+    """Aya Vision's and Command A Vision's tokenizer (Command R's turn tokens, `named`: the tokens the processor
+    reads by attribute) and their common settings: a 1-layer SigLIP tower on 32x32 tiles, 8x8 patches, pixel
+    shuffle 2; 2 Cohere 2 layers, one sliding-window, one global."""
+    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
+                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE, named=named)
+    return tokenizer, dict(
+        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
+                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
+        downsample_factor=2)
+
+
 def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
     """A tiny random Aya Vision (`AyaVisionForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 tiles, 8x8
     patches, pixel shuffle 2; 2 Cohere 2 layers) with its own processor and GOT-OCR2's image processor (one
@@ -696,18 +710,143 @@ def save_aya_vision(path: Path, *, seed: int = 0) -> Path:
     from transformers import AyaVisionConfig, AyaVisionForConditionalGeneration, AyaVisionProcessor
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    tokenizer = _family_tokenizer(["<BOS_TOKEN>", *AYA_VISION_TOKENS], bos="<BOS_TOKEN>",
-                                  eos="<|END_OF_TURN_TOKEN|>", template=AYA_VISION_TEMPLATE)
-    config = AyaVisionConfig(
-        text_config=_text_config(tokenizer, model_type="cohere2", head_dim=16,
-                                 layer_types=["sliding_attention", "full_attention"], sliding_window=16),
-        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
-                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
-        downsample_factor=2, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
-        vision_feature_layer=-1)
+    tokenizer, parts = _cohere_vision_parts()
+    config = AyaVisionConfig(**parts, image_token_index=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+                             vision_feature_layer=-1)
     torch.manual_seed(seed)
     AyaVisionForConditionalGeneration(config).save_pretrained(path)
     images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
     AyaVisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, img_size=32, downsample_factor=2,
                        chat_template=AYA_VISION_TEMPLATE).save_pretrained(path)
     return path
+
+
+def save_lfm3_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LFM3-VL (`Lfm3VlForConditionalGeneration`: a 2-layer tower, a convolution and an attention
+    layer, on 8x8 patches merged 2x2; 2 LFM3 layers, a convolution and an attention layer) with Qwen2-VL's image
+    processor (PIL backend), as LFM3-VL ships: a 32x32 image is 4 `<|image_pad|>`s between `<|vision_start|>` and
+    `<|vision_end|>`. Its processor is written as parts (its video processor needs torchvision)."""
+    from transformers import Lfm3VlConfig, Lfm3VlForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    config = Lfm3VlConfig(
+        text_config=_text_config(tokenizer, model_type="lfm3", head_dim=16, layer_types=["conv", "full_attention"]),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           num_key_value_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2,
+                           layer_types=["conv", "full_attention"]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        projector_hidden_size=32)
+    torch.manual_seed(seed)
+    images = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                      temporal_patch_size=2)
+    return _save_parts(path, Lfm3VlForConditionalGeneration(config), tokenizer, images, QWEN_TEMPLATE,
+                       "Lfm3VlProcessor")
+
+
+def _save_without_image_processor(path: Path, model, tokenizer, image_processor: dict, template: str,
+                                  processor_class: str) -> Path:
+    """A model dir whose image processor exists only for torchvision: its `preprocessor_config.json` written as
+    the class saves it, by hand (the class cannot be built without torchvision). `model` None: a config alone
+    (a tower that needs a package not installed here cannot be built): its config is saved."""
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (Path(path) / "preprocessor_config.json").write_text(json.dumps(image_processor) + "\n")
+    (Path(path) / "processor_config.json").write_text(json.dumps({"processor_class": processor_class}) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(template)
+    return path
+
+
+COHERE2_VISION_TOKENS = {"image_token": "<|IMG_PATCH|>", "boi_token": "<|START_OF_IMG|>",
+                         "eoi_token": "<|END_OF_IMG|>", "img_line_break_token": "<|IMG_LINE_BREAK|>"}
+
+
+def save_cohere2_vision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Command A Vision (`Cohere2VisionForConditionalGeneration`: a 1-layer SigLIP tower on 32x32
+    tiles, pixel shuffle 2; 2 Cohere 2 layers). Its image processor exists only for torchvision."""
+    from transformers import Cohere2VisionConfig, Cohere2VisionForConditionalGeneration
+
+    tokenizer, parts = _cohere_vision_parts(named=COHERE2_VISION_TOKENS)
+    config = Cohere2VisionConfig(**parts, image_token_id=tokenizer.convert_tokens_to_ids("<|IMG_PATCH|>"),
+                                 alignment_intermediate_size=32)
+    torch.manual_seed(seed)
+    image = {"image_processor_type": "Cohere2VisionImageProcessor", "size": {"height": 32, "width": 32},
+             "max_patches": 1, "patch_size": 8}
+    return _save_without_image_processor(path, Cohere2VisionForConditionalGeneration(config), tokenizer, image,
+                                         AYA_VISION_TEMPLATE, "Cohere2VisionProcessor")
+
+
+def save_kimi_k25(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Kimi K2.5 (`Kimi_K25ForConditionalGeneration`: a 1-layer MoonViT tower, 8x8 patches merged
+    2x2; 2 DeepSeek-V3 layers, the second 4 routed experts and a shared one). Its image processor exists only for
+    torchvision."""
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+
+    tokens = ["<|media_begin|>", "<|media_end|>", "<|media_pad|>", "<|video_pad|>"]
+    tokenizer = _family_tokenizer(tokens, bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE.replace(
+        "<|vision_start|><|image_pad|><|vision_end|>", "<|media_begin|><|media_pad|><|media_end|>"))
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tokens}
+    config = Kimi_K25Config(
+        text_config=_text_config(tokenizer, model_type="deepseek_v3", moe_intermediate_size=16, n_routed_experts=4,
+                                 num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                                 topk_group=1, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                                 qk_nope_head_dim=8, v_head_dim=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=8, pos_emb_height=8, pos_emb_width=8),
+        projection_hidden_size=32, image_token_id=ids["<|media_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|media_begin|>"], vision_end_token_id=ids["<|media_end|>"])
+    torch.manual_seed(seed)
+    image = {"image_processor_type": "Kimi_K25ImageProcessor", "size": {"max_height": 32, "max_width": 32},
+             "patch_size": 8, "merge_size": 2}
+    return _save_without_image_processor(path, Kimi_K25ForConditionalGeneration(config), tokenizer, image,
+                                         QWEN_TEMPLATE, "Kimi_K25Processor")
+
+
+GEMMA3N_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>",
+                  "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+
+
+def save_gemma3n(path: Path) -> Path:
+    """A Gemma 3n dir (`Gemma3nForConditionalGeneration`) as its processor saves it (SigLIP's PIL image processor,
+    its audio feature extractor, 4 soft tokens an image) with a tiny config only: its vision tower is a timm
+    model (`TimmWrapperModel`), which cannot be built without timm, not installed here."""
+    from transformers import Gemma3nConfig, Gemma3nProcessor
+    from transformers.models.gemma3n.feature_extraction_gemma3n import Gemma3nAudioFeatureExtractor
+    from transformers.models.siglip.image_processing_pil_siglip import SiglipImageProcessorPil
+
+    tokenizer, ids, special = _named_tokens_tokenizer(GEMMA3N_TOKENS, GEMMA3_TEMPLATE)
+    config = Gemma3nConfig(
+        text_config=dict(vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=2, head_dim=16, num_attention_heads=2,
+                         num_key_value_heads=1, hidden_size_per_layer_input=8, max_position_embeddings=256,
+                         sliding_window=16, layer_types=["sliding_attention", "full_attention"], **special),
+        boi_token_id=ids["boi_token"], eoi_token_id=ids["eoi_token"], image_token_id=ids["image_token"],
+        boa_token_id=ids["boa_token"], eoa_token_id=ids["eoa_token"], audio_token_id=ids["audio_token"],
+        vision_soft_tokens_per_image=4)
+    config.save_pretrained(path)
+    Gemma3nProcessor(feature_extractor=Gemma3nAudioFeatureExtractor(),
+                     image_processor=SiglipImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer,
+                     chat_template=GEMMA3_TEMPLATE, image_seq_length=4, audio_seq_length=4).save_pretrained(path)
+    return path
+
+
+def save_perception_lm(path: Path) -> Path:
+    """A PerceptionLM dir (`PerceptionLMForConditionalGeneration`) with a tiny config only: its vision tower is a
+    timm model, which cannot be built without timm, and its image processor exists only for torchvision (its
+    `preprocessor_config.json` written by hand)."""
+    from transformers import PerceptionLMConfig
+
+    tokens = ["<|image|>", "<|video|>"]
+    template = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image|>")
+    tokenizer = _family_tokenizer(tokens, bos="<s>", eos="<|end|>", template=template)
+    config = PerceptionLMConfig(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(model_type="timm_wrapper", architecture="vit_pe_core_tiny_patch16_384", num_classes=0,
+                           model_args={"embed_dim": 16, "depth": 1, "num_heads": 2, "img_size": [32, 32]}),
+        image_token_id=tokenizer.convert_tokens_to_ids("<|image|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video|>"))
+    image = {"image_processor_type": "PerceptionLMImageProcessor", "tile_size": 32, "max_num_tiles": 1,
+             "vision_input_type": "thumb+tile"}
+    return _save_without_image_processor(path, config, tokenizer, image, template, "PerceptionLMProcessor")

@@ -3,8 +3,10 @@ mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE,
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
 GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
 Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
-under the processor's `cross_attention_mask`). Refused at tokenize time, each in one line: LFM2-VL without
-torchvision; PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own call.
+under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor). Refused at tokenize
+time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
+processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
+call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -39,8 +41,8 @@ import pytest
 import torch
 from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
-                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_mistral3, save_mllama,
-                      save_qwen_vl, save_smolvlm)
+                      save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
+                      save_mllama, save_qwen_vl, save_smolvlm)
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -62,6 +64,7 @@ SAVERS = {
     "aya_vision": save_aya_vision,
     "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
+    "lfm3_vl": save_lfm3_vl,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -336,11 +339,12 @@ IMAGE_TOKENS = {
     "llava_onevision": 4 + 4 * 4 + 4,  # anyres (max 9 tiles): the whole image, a 2x2 grid of tiles, a newline a row
     "glm4v": 4,  # with image_grid_thw, and mm_token_type_ids for its 3-D RoPE
     "aya_vision": 4,  # one tile: <|START_OF_IMG|>, TILE_GLOBAL, 4 <|IMG_PATCH|>, <|END_OF_IMG|>
+    "lfm3_vl": 4,  # Qwen2-VL's image processor: with image_grid_thw
 }
 
 
 # their processors hold a video processor needing torchvision
-TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision"}
+TORCHVISION_VIDEO = {"smolvlm", "internvl", "glm4v", "llava_onevision", "lfm3_vl"}
 
 
 @pytest.mark.parametrize("family", list(IMAGE_TOKENS))
@@ -386,17 +390,16 @@ def refusal_line(model) -> str:
     return message
 
 
-def test_lfm2_vl_without_torchvision_is_refused_in_one_line(tmp_path):
-    """LFM2-VL's image processor exists only for torchvision (transformers has no PIL backend for it): without
-    torchvision, tokenizing for it stops with one line naming the model and the missing package."""
-    from kits.vlm import save_lfm2_vl
+@pytest.mark.parametrize("family", ["lfm2_vl", "cohere2_vision", "kimi_k25", "perception_lm"])
+def test_torchvision_only_image_processor_is_refused_in_one_line(family, tmp_path):
+    """The image processors of LFM2-VL, Command A Vision, Kimi K2.5 and PerceptionLM exist only for torchvision
+    (transformers has no PIL backend for them): without torchvision, tokenizing for one stops with one line
+    naming the model and the missing package (PerceptionLM's timm tower is refused at plan time even with it)."""
+    from kits import vlm
 
-    try:
-        import torchvision  # noqa: F401
+    if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed: this is the refusal without it")
-    except ImportError:
-        pass
-    model = save_lfm2_vl(tmp_path / "lfm2_vl")
+    model = getattr(vlm, f"save_{family}")(tmp_path / family)
     assert "torchvision" in refusal_line(model)
 
 
@@ -570,3 +573,25 @@ def test_mllama_micro_batch_is_what_its_processor_gives(vlms, tmp_path):
     width = probes["input_ids"].shape[1]
     assert probes["cross_attention_mask"].shape[:3] == (2, width, 1)
     assert probes["cross_attention_mask"][:, :, 0, 0].tolist() == [[0] * head + [1] * (width - head)] * 2
+
+
+def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
+    """Gemma 3n's vision tower is a timm model (`TimmWrapperModel`): without timm its composite cannot be built,
+    and planning for it stops with one line naming the model and timm, not a bare ImportError."""
+    import dataclasses
+
+    from kits.vlm import save_gemma3n
+
+    from pipeline.config import TrainConfig
+    from pipeline.errors import UserError
+    from pipeline.model.loading import plan_model
+
+    if importlib.util.find_spec("timm") is not None:
+        pytest.skip("timm is installed: this is the refusal without it")
+    model = save_gemma3n(tmp_path / "gemma3n")
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(model)))
+    with pytest.raises(UserError) as refused:
+        plan_model(cfg, world=1)
+    message = str(refused.value)
+    assert str(model) in message and "timm" in message and "\n" not in message, message
