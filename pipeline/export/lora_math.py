@@ -44,7 +44,10 @@ What is merged, and how (mirroring peft's LoRA layers):
 
 Base keys: the adapter names modules as the live model does; `stored_key`
 (default: the name itself) maps such a name to the key the base stores it
-under, where the two differ (`pipeline.model.base_keys`).
+under, where the two differ (`pipeline.model.base_keys`). A Linear weight the
+base stores as rows of another tensor (Sarvam-MoE's `query_key_value`) gets
+its delta's rows added where `stored_rows` says they are
+(`pipeline.export.row_math`, `StoredRowsTarget`).
 
 The mapping is exact: every adapter tensor must land on a base tensor and
 every LoRA pair must be complete (and carry its magnitude under DoRA, and only
@@ -62,9 +65,10 @@ from typing import Callable, Mapping
 import torch
 
 from pipeline.errors import UserError
-from pipeline.export import expert_math
+from pipeline.export import expert_math, row_math
 from pipeline.export.dora_math import check_magnitude, dora_rescale
 from pipeline.export.expert_math import ExpertTarget, FusedWeight
+from pipeline.export.row_math import StoredRowsTarget
 from pipeline.export.token_math import TokenRows, token_indices, token_rows, token_rows_merged
 from pipeline.storage import dtypes
 
@@ -220,7 +224,8 @@ def plan_targets(
     settings: LoraSettings,
     stored_key: Callable[[str], str] = lambda name: name,
     fused: Mapping[str, FusedWeight] | None = None,
-) -> dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget]:
+    stored_rows: Callable[[str], tuple | None] | None = None,
+) -> dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget | StoredRowsTarget]:
     """Map every adapter tensor to the base tensor it modifies (keyed by base key).
 
     Checks, each a UserError naming the keys: every adapter key is a LoRA
@@ -229,7 +234,8 @@ def plan_targets(
     `lm_head.weight` counts as missing), the shapes fit, and the rank agrees
     with the config. `stored_key`: live name -> the base's key for it. `fused`: the adapter's
     ParamWrapper modules (adapter module name -> `FusedWeight`), which an adapter config with
-    `target_parameters` needs (`pipeline.model.expert_keys`).
+    `target_parameters` needs (`pipeline.model.expert_keys`). `stored_rows`: live weight name -> where
+    the base stores its rows, when not under a key of its own (`BaseKeys.rows`).
     """
     fused = dict(fused or {})
     if settings.target_parameters and not fused:
@@ -283,6 +289,17 @@ def plan_targets(
                 plan[target.base_key] = target
             continue
         base_key = stored_key(f"{module}.weight")
+        placed = (stored_rows(f"{module}.weight") if stored_rows is not None and kind == "linear"
+                  and base_key not in base_shapes else None)
+        if placed:
+            extra = [what for what, there in (("a DoRA magnitude", module in magnitudes),
+                                              ("a saved base layer", module in base_layers),
+                                              ("fan_in_fan_out", settings.fan_in_fan_out)) if there]
+            if extra:
+                raise UserError(f"adapter's {module} has {extra[0]}, which the merge cannot split into the rows "
+                                f"the base stores it as ({placed[0].key})")
+            row_math.add_part(plan, module, pair, placed, adapter_shapes, base_shapes, *scaling_for(settings, module))
+            continue
         if base_key not in base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
                             "(different architecture, or a tied weight that is not stored)")
@@ -320,7 +337,7 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
 
-def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget, base_weight: torch.Tensor,
+def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget | StoredRowsTarget, base_weight: torch.Tensor,
            adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None,
            pieces: expert_math.Pieces | None = None) -> torch.Tensor:
     """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, the base
@@ -328,6 +345,8 @@ def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget, base_wei
     tensor with its experts' deltas (`pieces`: `expert_math.merged`); cast, checked finite."""
     if isinstance(target, ExpertTarget):
         return expert_math.merged(target, base_weight, adapter, out_dtype, pieces)
+    if isinstance(target, StoredRowsTarget):
+        return row_math.merged(target, base_weight, adapter, out_dtype)
     if isinstance(target, TokenRows):
         return token_rows_merged(target, base_weight, adapter[target.adapter_key], out_dtype)
     if isinstance(target, Replacement):

@@ -108,7 +108,7 @@ def merge_dirs(
     layout = ExpertLayout(base, base_shapes, keys) if settings.target_parameters else None
     plan = lora_math.plan_targets(
         {key: tuple(t.shape) for key, t in adapter_tensors.items()}, base_shapes, settings, keys,
-        _fused(base, adapter_config, layout) if layout is not None else None,
+        _fused(base, adapter_config, layout) if layout is not None else None, keys.rows,
     )
     grown = {t.rows for t in plan.values() if isinstance(t, lora_math.TokenRows)
              and t.rows > weights.all_specs[t.base_key].shape[0]}
