@@ -29,10 +29,16 @@ log = logging.getLogger(__name__)
 
 
 def auto_class(config):
-    """The Auto class that loads a model with this config: image-text-to-text or causal LM."""
+    """The Auto class that loads a model with this config: image-text-to-text or causal LM. A text model
+    whose causal-LM class transformers registers only for image-text-to-text (Mistral 4's
+    `Mistral4ForCausalLM` in 5.24) loads through that mapping: it is the same class."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText if config_is_vision_language(config) else AutoModelForCausalLM
+    if config_is_vision_language(config):
+        return AutoModelForImageTextToText
+    if type(config) not in AutoModelForCausalLM._model_mapping and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def model_class(config):

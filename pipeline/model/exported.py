@@ -50,9 +50,10 @@ def load(source: Path | str, *, base: Path | str | None = None, tokenizer: Path 
     own); the model's vocabulary grows to it when it added tokens. `dtype`: as `from_pretrained` takes
     it (None: the library's default). Imports torch and transformers here: the module's path helpers
     (`is_adapter`, `adapter_base`, `model_dir`) stay light for a job that only hashes files."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from pipeline.data.vision import config_is_vision_language
+    from pipeline.model.base import auto_class
     from pipeline.model.vocabulary import grow_rows
 
     source = Path(source)
@@ -73,7 +74,7 @@ def load(source: Path | str, *, base: Path | str | None = None, tokenizer: Path 
         raise UserError(f"{source} is a vision-language model: load it with AutoModelForImageTextToText and "
                         "AutoProcessor (this loads text models)")
     kwargs = {"dtype": dtype} if dtype is not None else {}
-    model = AutoModelForCausalLM.from_pretrained(weights, **kwargs)
+    model = auto_class(config).from_pretrained(weights, **kwargs)
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     # The run added tokens: rows for them (an adapter replaces them with its own trained rows).
     grow_rows(model, vocab_rows(tokenizer_dir) or len(tok))

@@ -3,8 +3,9 @@ the base keeps it, so the merged dir has the base's own layout and stock transfo
 
 Sarvam-MoE's checkpoints hold `q_proj`, `k_proj` and `v_proj` as one `query_key_value` (grouped-query sizes, so
 the three are not equal thirds); LaraMini's hold its linear attention's four input projections as one `in_proj`.
-Transformers splits them on load and joins them on save (`conversion_mapping`). Before the merge followed the
-rows, both failed with "the base stores no tensor ...q_proj.weight".
+HRM's hold the attention's gate, q, k and v as one `gqkv_proj`. Transformers splits them on load and joins them
+on save (`conversion_mapping`). Before the merge followed the rows, all three failed with "the base stores no
+tensor ...q_proj.weight".
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from pipeline.errors import UserError
 FAMILIES = {  # config class, its settings beyond the common ones, the adapted modules
     "sarvam_moe": ("SarvamMoEConfig", {"num_key_value_heads": 2}, ["q_proj", "k_proj", "v_proj", "o_proj"]),
     "lara_mini": ("LaraMiniConfig", {}, ["in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"]),
+    # the attention's gate, q, k, v in one `gqkv_proj` and the MLP's gate and up in one `gate_up_proj`, cut in
+    # equal chunks (in the floors env's transformers 5.17 too)
+    "hrm_text": ("HrmTextConfig", {}, ["gate_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]),
 }
 
 
@@ -90,7 +94,8 @@ def test_merge_into_rows_of_a_stored_tensor_verifies_and_loads_stock(family, tmp
 
     before, after = _tensors(base), _tensors(merged)
     assert set(after) == set(before)  # the base's own layout: the fused tensor stays one tensor
-    fused = [k for k in before if k.endswith(("attention.query_key_value.weight", "linear_attn.in_proj.weight"))]
+    fused = [k for k in before if k.endswith(("attention.query_key_value.weight", "linear_attn.in_proj.weight",
+                                              "attn.gqkv_proj.weight", "mlp.gate_up_proj.weight"))]
     assert fused and all(not torch.equal(after[k], before[k]) for k in fused), fused
     # merged logits == stock base + adapter (peft's forward) logits, and stock loading reads every tensor
     report = verify(base, adapter, merged, tmp_path / "verification.json", device="cpu")

@@ -43,6 +43,10 @@ FAMILIES = {
     # layer routed by token hash, then a routed layer; experts + a shared expert (its layers: shared_experts.*)
     "deepseek_v4": ({"q_a_proj", "q_b_proj", "kv_proj", "o_a_proj", "o_b_proj", "gate_proj"},
                     {"experts.gate_up_proj", "experts.down_proj"}),
+    # Mistral 4: DeepSeek-V3's latent attention and experts, its experts stored fused; its causal-LM class is
+    # registered in transformers 5.24 only for image-text-to-text (`pipeline.model.base.auto_class`)
+    "mistral4": ({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+                  "down_proj"}, {"experts.gate_up_proj", "experts.down_proj"}),
     # Mamba-2 + attention + MoE (relu^2 experts: up_proj and down_proj) + MLP; peft refuses Mamba's out_proj
     "nemotron_h": ({"in_proj", "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"},
                    {"experts.up_proj", "experts.down_proj"}),
@@ -65,6 +69,7 @@ EXPERT_KEYS = {
     "glm4_moe": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.0.up_proj.weight"),
     "llama4_text": ("model.layers.0.feed_forward.experts", "model.layers.0.feed_forward.experts.gate_up_proj"),
     "deepseek_v4": ("model.layers.1.mlp.experts", "model.layers.1.ffn.experts.0.w1.weight"),
+    "mistral4": ("model.layers.1.mlp.experts", "model.layers.1.mlp.experts.gate_up_proj"),
 }
 # families whose model defines a load-balancing loss (`pipeline.model.router`)
 ROUTER_LOSS = {"qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe", "deepseek_v4"}
@@ -127,6 +132,12 @@ def config(family: str, tokenizer):
                                    num_hidden_layers=2, mlp_layer_types=["hash_moe", "moe"],
                                    moe_intermediate_size=EXPERT_WIDTH, n_routed_experts=EXPERTS, n_shared_experts=1,
                                    **experts)
+    if family == "mistral4":  # latent attention, as DeepSeek-V3's
+        return tf.Mistral4Config(**common, **{**attention, "num_key_value_heads": HEADS}, **experts,
+                                 num_hidden_layers=2, first_k_dense_replace=1, intermediate_size=64,
+                                 moe_intermediate_size=EXPERT_WIDTH, n_routed_experts=EXPERTS, n_shared_experts=1,
+                                 n_group=1, topk_group=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+                                 qk_nope_head_dim=4, v_head_dim=HEAD_DIM)
     if family == "nemotron_h":
         return tf.NemotronHConfig(**common, **attention, **experts, head_dim=HEAD_DIM,
                                   layers_block_type=["mamba", "moe", "attention", "mlp"], intermediate_size=64,
@@ -143,13 +154,13 @@ def config(family: str, tokenizer):
 
 def save_family(family: str, path, *, seed: int = 0) -> None:
     """A random-weight model of `family` with the demo tokenizer, as a Hugging Face dir."""
-    from transformers import AutoModelForCausalLM
-
     from pipeline.demo.text import build_tokenizer
+    from pipeline.model.base import auto_class
 
     tokenizer = build_tokenizer()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config(family, tokenizer))
+    built = config(family, tokenizer)
+    model = auto_class(built).from_config(built)
     with torch.no_grad():  # routers that start at zero (Qwen3-MoE's, OLMoE's) would route every token alike
         for name, param in model.named_parameters():
             if param.ndim == 2 and name.rsplit(".", 2)[-2] in ("gate", "router") and not param.abs().sum():

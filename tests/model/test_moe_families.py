@@ -10,7 +10,8 @@ the checkpoint's adapter consolidated to a PEFT dir, the streaming merge into
 the base's own layout (per-expert tensors for all but GPT-OSS, which stores its
 experts fused), and `verify-merge` (merged logits == stock
 `PeftModel.from_pretrained(base, adapter)` logits). Stock
-`AutoModelForCausalLM.from_pretrained` loads the merged dir.
+`AutoModelForCausalLM.from_pretrained` loads the merged dir (Mistral 4: stock
+`AutoModelForImageTextToText`, the one Auto class transformers 5.24 registers its causal LM under).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from kits.moe import EAGER, EXPERT_KEYS, FAMILIES, ROUTER_LOSS, save_family
 from kits.train import make_run
 
 from pipeline.errors import UserError
+from pipeline.model import exported
+from pipeline.model.base import auto_class
 
 UPDATES = 2
 MOE_OVERRIDES = ["lora.dropout=0"]  # peft's ParamWrapper (fused experts) takes no dropout
@@ -53,7 +56,7 @@ def bases(tmp_path_factory):
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from pipeline.export.card import build_card
     from pipeline.export.consolidate import consolidate
@@ -116,13 +119,18 @@ def test_family_trains_merges_and_verifies(family, bases, tiny, tmp_path, capsys
     report = verify(base, adapter, export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report  # fp32 merge: rounding only
 
-    merged, info = AutoModelForCausalLM.from_pretrained(export / "merged", output_loading_info=True)
+    stock = auto_class(AutoConfig.from_pretrained(base))
+    assert stock is AutoModelForCausalLM or family == "mistral4"
+    merged, info = stock.from_pretrained(export / "merged", output_loading_info=True)
     assert not any(info.values()), info
-    original = AutoModelForCausalLM.from_pretrained(base)
+    original = stock.from_pretrained(base)
     ids = probe_ids(merged.config.vocab_size, 2, 16, seed=0)
     with torch.no_grad():
         moved = (merged(ids).logits - original(ids).logits).abs().max().item()
     assert moved > 100 * max(report["max_abs_diff"], 1e-7), (moved, report["max_abs_diff"])
+    # what the chat command, the smoke test's text path and the lm-eval jobs load
+    loaded, _ = exported.load(export / "merged")
+    assert type(loaded) is type(merged)
 
 
 def _peft_refuses_out_proj(base) -> bool:
