@@ -25,7 +25,9 @@ the trainer writes. What is written:
   config). The tensor names and key layout are the base's (`BaseKeys`): tied
   weights the base does not store (e.g. `lm_head.weight` tied to the
   embeddings) are written once, as in the base; tensors training kept frozen
-  (a vision-language model's vision tower) are copied from it.
+  (a vision-language model's vision tower) are copied from it; weights the
+  base stores as rows of one tensor (HRM's `gqkv_proj`: gate, q, k, v) are
+  put back into those rows (`BaseKeys.rows`).
 * `--all-ema-dir DIR`: every EMA rate as `DIR/<tag>/`, same format.
 * `--tokenizer DIR`: the run's tokenizer (`results/<run>/tokenizer`): every dir
   written carries its files in place of the base's (`pipeline.export.tokenizer`),
@@ -210,7 +212,8 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
     keys = BaseKeys(base, set(base_specs))
     own = {keys(n): n for n in weights.specs}  # stored key -> name in the checkpoint
     main_own = own if weights is main else {keys(n): n for n in main.specs}
-    extra = sorted(n for k, n in own.items() if k not in base_specs)
+    composed = _composed(keys, weights, main, base_specs)
+    extra = sorted(n for k, n in own.items() if k not in base_specs and not keys.rows(n))
     if extra:
         aliases = tied_aliases(base, keys)
         untied = [n for n in extra if n not in aliases]
@@ -221,7 +224,8 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
     names = list(base_specs)  # the base's names and order: its tying and layout carry over
     if not any(n in main_own for n in names):
         raise UserError(f"{main.label} holds none of the tensors of the base {base} (a different model?)")
-    sources = {n: (weights, own[n]) if n in own else (main, main_own[n]) if n in main_own else (None, n) for n in names}
+    sources = {n: (weights, own[n]) if n in own else (main, main_own[n]) if n in main_own
+               else (composed[n][0][0], n) if n in composed else (None, n) for n in names}
     from_main = sum(src is main and weights is not main for src, _ in sources.values())
     frozen = [n for n, (src, _) in sources.items() if src is None]
     if from_main:
@@ -232,7 +236,11 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
     specs = []
     for name in names:
         src, key = sources[name]
-        stored = src.specs[key] if src is not None else base_specs[name]
+        if name in composed:  # rows of trained weights: the base's shape, the trained weights' dtype
+            held, live = composed[name][0][:2]
+            stored = TensorSpec(name, held.specs[live].dtype, base_specs[name].shape)
+        else:
+            stored = src.specs[key] if src is not None else base_specs[name]
         grown = rows is not None and stored.shape == (rows, *base_specs[name].shape[1:]) \
             and base_specs[name].shape[0] < rows
         if stored.shape != base_specs[name].shape and not grown:
@@ -241,17 +249,42 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
 
     def fetch(batch: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
         def stream(src):  # (base key, tensor) of the batch's tensors held by `src`
-            picked = {sources[n][1]: n for n in batch if sources[n][0] is src}
+            picked = {sources[n][1]: n for n in batch if sources[n][0] is src and n not in composed}
             return ((picked[key], tensor) for key, tensor in src.fetch(list(picked)))
 
         frozen_here = ((n, read_tensor(base_where[n], n)) for n in batch if sources[n][0] is None)
-        yield from _in_order(batch, stream(weights), *([stream(main)] if main is not weights else []), frozen_here)
+        rows_here = ((n, _assembled(n, composed[n], base_where[n])) for n in batch if n in composed)
+        yield from _in_order(batch, stream(weights), *([stream(main)] if main is not weights else []), frozen_here,
+                             rows_here)
 
     hf_dir.write_model(dst, specs, fetch, max_shard_bytes=max_bytes)
     hf_dir.copy_non_weight_files(base, dst)
     if rows is not None and any(s.shape != base_specs[s.name].shape for s in specs):
         hf_dir.set_config_vocab(dst, rows)
     hf_dir.set_config_dtype(dst, dtypes.dominant_float((s.dtype, s.numel) for s in specs))
+
+
+def _composed(keys: BaseKeys, weights: TrainedWeights, main: TrainedWeights, base_specs) -> dict:
+    """Stored tensors the base keeps as rows of trained weights (Sarvam-MoE's `query_key_value`: the live
+    `q_proj`, `k_proj`, `v_proj`; `BaseKeys.rows`): stored key -> [(the weights holding the live weight:
+    `weights`, else the main weights; its name; its `StoredRows`)]."""
+    out: dict[str, list] = {}
+    for name in {**main.specs, **weights.specs}:
+        if keys(name) not in base_specs:
+            for rows in keys.rows(name) or ():
+                out.setdefault(rows.key, []).append((weights if name in weights.specs else main, name, rows))
+    return out
+
+
+def _assembled(key: str, held: list, base_file: Path) -> torch.Tensor:
+    """The stored tensor `key` with the trained rows put where the base keeps them (rows no trained weight
+    holds keep the base's values), in the first trained weight's dtype."""
+    tensors = {name: tensor for src, name, _ in held for _, tensor in src.fetch([name])}
+    dtype = tensors[held[0][1]].dtype
+    out = read_tensor(base_file, key).to(dtype, copy=True)
+    for _, name, rows in held:
+        out[list(rows.stored)] = tensors[name][list(rows.live)].to(dtype)
+    return out
 
 
 def _in_order(order: list[str], *sources: Iterator[tuple[str, torch.Tensor]]):

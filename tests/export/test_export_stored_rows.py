@@ -112,3 +112,42 @@ def test_dora_on_rows_of_a_stored_tensor_is_refused_naming_the_module(tmp_path):
     with pytest.raises(UserError, match=r"self_attn\.k_proj has a DoRA magnitude.*query_key_value"):
         merge_dirs(tmp_path / "base", tmp_path / "adapter", tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
+
+
+def test_full_fine_tuning_consolidates_into_the_bases_rows(tmp_path):
+    """Full fine-tuning (HRM: Sarvam-MoE and LaraMini store their experts apart, which full fine-tuning refuses
+    at plan time): the checkpoint names `gate_proj`, `q_proj`, `k_proj`, `v_proj` as the live model does; the
+    model dir is written in the base's layout (one `gqkv_proj`), and stock loading gives back every trained
+    tensor exactly. The EMA shadow lacks `v_proj` (as a shadow may lack a weight): those rows come from the
+    main weights, the other rows of the same tensor from the shadow."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM
+
+    from pipeline import cli, layout
+    from pipeline.checkpoint import io as ckpt_io
+
+    base, ckpt = tmp_path / "base", tmp_path / "ckpt"
+    _save("hrm_text", base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.01)
+    trained = {k: v.clone().contiguous() for k, v in model.state_dict().items()}
+    ema = {k: v * 0.5 for k, v in trained.items() if not k.endswith("v_proj.weight")}
+    for weights_dir, tensors in ((ckpt / layout.MODEL_DIR, trained), (ckpt / layout.EMA_DIR / "0.99", ema)):
+        weights_dir.mkdir(parents=True)
+        save_file(tensors, str(weights_dir / "model.safetensors"), metadata={"format": "pt"})
+    (ckpt / layout.TRAINING_STATE_DIR).mkdir()
+    (ckpt / layout.CHECKPOINT_CONFIG_FILE).write_text("seed: 0\n")
+    ckpt_io.write_manifest(ckpt, step=1)
+
+    out = tmp_path / "out"
+    assert cli.main(["consolidate", "--checkpoint", str(ckpt), "--base", str(base), "--out-model", str(out / "model"),
+                     "--out-model-ema", str(out / "model_ema")]) == 0
+    assert set(_tensors(out / "model")) == set(_tensors(base))  # the base's own layout
+    for produced, expected in ((out / "model", trained), (out / "model_ema", {**trained, **ema})):
+        loaded, info = AutoModelForCausalLM.from_pretrained(produced, output_loading_info=True)
+        assert not any(info.values()), info
+        for name, tensor in loaded.state_dict().items():
+            assert torch.equal(tensor, expected[name]), name
