@@ -55,7 +55,9 @@ CHUNK_LOGITS = 2**25
 # and any family not checked (`tests/model/test_mask_free.py` compares masked and mask-free).
 MASK_FREE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2", "olmo2", "olmo3",
                                 "smollm3", "gemma3_text", "gemma4_text", "granite", "exaone4", "ernie4_5", "seed_oss",
-                                "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "arcee", "cohere2"})
+                                "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "arcee", "cohere2",
+                                "gemma4_unified_text", "apertus1p5_text", "jais2", "helium", "nanochat", "cwm",
+                                "hyperclovax", "dory", "iquestcoder", "phi", "starcoder2", "internlm3"})
 
 
 def hf_model(lm) -> torch.nn.Module:

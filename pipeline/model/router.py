@@ -58,17 +58,34 @@ def defined(hf) -> RouterLoss | None:
     module = sys.modules.get(type(hf).__module__)
     function = getattr(module, "load_balancing_loss_func", None)
     values = [getattr(hf, k, None) for k in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")]
-    if function is None or None in values or not getattr(hf.config, "output_router_logits", False):
+    if function is None or None in values or not getattr(hf.config, "output_router_logits", False) \
+            or not records_router_logits(hf):
         return None
     experts, top_k, coef = values
     return RouterLoss(function, int(experts), int(top_k), float(coef))
 
 
 def available(hf) -> bool:
-    """Does the model define a load-balancing loss at all (whatever its config says)?"""
+    """Does the model define a load-balancing loss at all (whatever its config says), with router logits
+    its decoder can return (`records_router_logits`)?"""
+    return defines_loss(hf) and records_router_logits(hf)
+
+
+def defines_loss(hf) -> bool:
     module = sys.modules.get(type(hf).__module__)
     return (getattr(module, "load_balancing_loss_func", None) is not None
             and getattr(hf, "router_aux_loss_coef", None) is not None)
+
+
+def records_router_logits(hf) -> bool:
+    """Do the model's decoder outputs carry its routers' logits? Transformers 5 collects them with an output
+    recorder its classes declare (`_can_record_outputs["router_logits"]`). Transformers 5.17's Granite MoE
+    families (GraniteMoE, -Shared, -Hybrid: Granite 4) and DBRX declare none: their outputs have no router
+    logits, their own loss adds a load-balancing term of 0, and ours could not compute it."""
+    from transformers import PreTrainedModel
+
+    return any("router_logits" in (getattr(type(m), "_can_record_outputs", None) or {})
+               for m in hf.modules() if isinstance(m, PreTrainedModel))
 
 
 def enable_router_loss(model, moe: MoeConfig) -> None:
@@ -84,8 +101,13 @@ def enable_router_loss(model, moe: MoeConfig) -> None:
 
 def describe(model, moe: MoeConfig) -> str | None:
     """The plan's line on the router loss (None for a model without experts)."""
-    if not available(model):
+    if not defines_loss(model):
         return None
+    if not records_router_logits(model):
+        import transformers
+
+        return (f"router loss: none: {type(model).__name__} in transformers {transformers.__version__} returns no "
+                "router logits (its own loss adds no load-balancing term either); training on cross-entropy alone")
     if not moe.router_aux_loss:
         return "router loss: off (moe.router_aux_loss=false)"
     coef = moe.router_aux_loss_coef if moe.router_aux_loss_coef is not None else model.router_aux_loss_coef

@@ -75,7 +75,14 @@ PACKABLE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma", "g
                                "olmo2", "olmo3", "smollm3", "gemma4_text", "granite", "exaone4", "ernie4_5",
                                "seed_oss", "apertus", "hunyuan_v1_dense", "ministral", "ministral3", "glm", "glm4",
                                "arcee", "cohere2", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3", "glm4_moe",
-                               "gpt_oss"})
+                               "gpt_oss",
+                               # checked on transformers 5.24's families of 2026 and the older ones people still
+                               # tune (Phi-2, StarCoder2, StableLM, InternLM3, Qwen2-MoE, GraniteMoE, ...)
+                               "gemma4_unified_text", "apertus1p5_text", "hy_v3", "hy_v4", "laguna", "cohere2_moe",
+                               "exaone_moe", "kolibri1", "jais2", "mellum", "helium", "nanochat", "cwm",
+                               "hyperclovax", "dory", "beam", "iquestcoder", "solar_open", "granite_swa",
+                               "vaultgemma", "phi", "starcoder2", "stablelm", "internlm3", "qwen2_moe",
+                               "ernie4_5_moe", "granitemoe", "minimax_m2", "flex_olmo"})
 
 # attention implementation -> (layout, what keeps packed records apart)
 PATHS = {

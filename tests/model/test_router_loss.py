@@ -62,3 +62,27 @@ def test_moe_router_aux_loss_false_trains_on_cross_entropy_alone(base):
     batch, _ = _batch(model.lm.get_base_model().config.vocab_size)
     model(batch)
     assert model.take_router_sum() is None
+
+
+def test_a_decoder_that_returns_no_router_logits_trains_on_cross_entropy_alone(base, monkeypatch):
+    """Transformers 5.17's Granite MoE families (Granite 4 among them) and DBRX declare no recorder of router
+    logits, so their outputs carry none and their own loss adds a load-balancing term of 0; training crashed
+    here ('int' object has no attribute 'float'). The same decoder is made here by taking Qwen3-MoE's recorder
+    away: the plan says there is no router loss, and training runs on cross-entropy alone."""
+    from transformers.models.qwen3_moe import modeling_qwen3_moe as qwen3_moe
+
+    from pipeline.model import router
+
+    recorders = {k: v for k, v in qwen3_moe.Qwen3MoePreTrainedModel._can_record_outputs.items() if k != "router_logits"}
+    monkeypatch.setattr(qwen3_moe.Qwen3MoePreTrainedModel, "_can_record_outputs", recorders)
+    model = _loss_model(base).train()
+    hf = model.lm.get_base_model()
+    assert model.router is None
+    assert router.describe(hf, train_config.MoeConfig()).startswith("router loss: none: Qwen3MoeForCausalLM in "
+                                                                     "transformers")
+    batch, labels = _batch(hf.config.vocab_size)
+    with torch.no_grad():
+        ours = model(batch) / batch.supervised
+        theirs = hf(input_ids=batch.inputs["input_ids"], labels=labels, output_router_logits=False)
+    assert model.take_router_sum() is None
+    torch.testing.assert_close(ours, theirs.loss, rtol=1e-6, atol=1e-6)

@@ -179,9 +179,11 @@ def _per_record_losses(model, batch, counts) -> torch.Tensor:
 
 
 # every family the list names, with both mask-building implementations a CPU runs (transformers runs
-# Gemma-2 and GPT-OSS with eager attention only)
-CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager")
-         if i == "eager" or f not in ("gemma2", "gpt_oss")]
+# Gemma-2, GPT-OSS, HunYuan V4, Granite SWA and VaultGemma with eager attention only)
+EAGER_ONLY = {"gemma2", "gpt_oss", "hy_v4", "granite_swa", "vaultgemma"}
+CASES = [(f, i) for f in sorted(PACKABLE_FAMILIES) for i in ("sdpa", "eager") if i == "eager" or f not in EAGER_ONLY]
+# mixtures of experts with a load-balancing loss beyond `kits.moe`'s (built by `kits.lm` with 4 experts)
+ROUTED = set(ROUTER_LOSS) | {"laguna", "mellum", "qwen2_moe", "ernie4_5_moe", "granitemoe", "minimax_m2", "flex_olmo"}
 
 
 @pytest.mark.parametrize("family,implementation", CASES)
@@ -215,12 +217,12 @@ def test_each_record_attended_on_its_own_has_its_padded_loss(family):
     assert (without_mask - padded).abs().max() < 1e-6
 
 
-@pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & set(ROUTER_LOSS)))
+@pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & ROUTED))
 def test_a_mixture_of_experts_balances_the_real_tokens_of_packed_rows(family):
     """The load-balancing loss of a packed micro-batch is its padded batch's: both count the real tokens
     only (a packed row's padding, which no attention mask marks, left out by `Batch.real`); and so is the
     whole training loss of the micro-batch, through `TokenLoss` (GPT-OSS: with the masks it is given)."""
-    model = _family(family, "eager" if family == "gpt_oss" else "sdpa")  # training: the loss adds the router's term
+    model = _family(family, "eager" if family in EAGER_ONLY else "sdpa")  # training: the loss adds the router's term
     router.enable_router_loss(model, MoeConfig())
     loss_model = TokenLoss(model)
     cache = _records()
@@ -231,7 +233,10 @@ def test_a_mixture_of_experts_balances_the_real_tokens_of_packed_rows(family):
     for batch in (packed, padded):
         losses.append(loss_model(batch).detach())  # cross-entropy sum + coef x balancing loss x supervised
         sums.append(loss_model.take_router_sum())
-    assert sums[0] > 0 and torch.allclose(sums[0], sums[1], rtol=1e-6, atol=0), sums
+    if router.records_router_logits(model):
+        assert sums[0] > 0 and torch.allclose(sums[0], sums[1], rtol=1e-6, atol=0), sums
+    else:  # transformers 5.17's GraniteMoE returns no router logits: cross-entropy alone (test_router_loss.py)
+        assert sums == [None, None], sums
     assert torch.allclose(losses[0], losses[1], rtol=1e-6, atol=0), losses
 
 
