@@ -43,6 +43,7 @@ from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
                       save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
                       save_mllama, save_qwen_vl, save_smolvlm)
+from kits.vlm_grid import GRID_SAVERS
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -65,6 +66,7 @@ SAVERS = {
     "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
     "lfm3_vl": save_lfm3_vl,
+    **GRID_SAVERS,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -595,3 +597,31 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
         plan_model(cfg, world=1)
     message = str(refused.value)
     assert str(model) in message and "timm" in message and "\n" not in message, message
+
+
+# image tokens a 32x32 image of the demo expands to in the families of `kits.vlm_grid`, each with image_grid_thw
+GRID_IMAGE_TOKENS = {"glm46v": 4, "qwen4_exp_moe": 4, "exaone4_5": 4, "ernie4_5_vl_moe": 4}
+
+
+@pytest.mark.parametrize("family", list(GRID_IMAGE_TOKENS))
+def test_grid_batches_are_what_the_processor_gives(family, vlms):
+    """GLM-4.6V, Qwen4-Exp, EXAONE 4.5 and ERNIE 4.5 VL: our batch of a record == what the family's processor
+    class (built for images only: their video processors need torchvision) gives for the same conversation:
+    tokens, pixels, `image_grid_thw`, the modality ids of GLM-4.6V and ERNIE 4.5 VL, and ERNIE's
+    `moe_mm_token_type_ids` (image tokens and their start / end token, which its mixture routes to its vision
+    experts), which its processor builds from the ids. Pickled first, as a loader worker started by spawn gets it."""
+    from pipeline.data.processors import build_processor as _processor
+    from pipeline.data.tokenize import load_chat
+
+    data = vlms[family]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))
+    theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == GRID_IMAGE_TOKENS[family]
+    if family == "ernie4_5_vl_moe":
+        assert int(theirs["moe_mm_token_type_ids"].sum()) == GRID_IMAGE_TOKENS[family] + 2
+    if family == "glm46v":  # as GLM-4.1V's template, it ends no turn: the labeller appends the eos to the last
+        assert int(ours["input_ids"][0, -1]) == images.tokenizer.eos_token_id
+        ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key

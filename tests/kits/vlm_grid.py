@@ -1,0 +1,151 @@
+"""Tiny random vision-language models of the families users bring in 2026 beyond `kits.vlm`'s, saved as real HF
+dirs: GLM-4.6V (`save_glm46v`), ...
+
+Each is built from its stock transformers class with a real processor of its stock processor class (the
+demo's character tokenizer with the family's special tokens, its own image processor, PIL backend) and
+written as a hub checkpoint holds it; a processor whose video half needs torchvision is written as parts.
+Nothing is downloaded. `GRID_SAVERS` maps each family to its saver, for `tests/model/test_vlm_families.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, QWEN_TEMPLATE, QWEN_TOKENS, _family_tokenizer, _save_parts,
+                      _text_config)
+
+
+def save_glm46v(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random GLM-4.6V (`Glm46VForConditionalGeneration`: GLM-4.1V's tower and decoder, 2 vision blocks,
+    8x8 patches merged 2x2, 2 decoder layers with 3-D RoPE) with its own processor and image processor: a 32x32
+    image is 4 `<|image|>`s with `image_grid_thw`. Written as parts (its video processor needs torchvision)."""
+    from transformers import Glm46VConfig, Glm46VForConditionalGeneration
+    from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+
+    tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
+    config = Glm46VConfig(
+        text_config=_text_config(tokenizer, model_type="glm4v_text", rope_parameters=rope),
+        vision_config=dict(model_type="glm4v_vision", depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
+                           out_hidden_size=32, image_size=32, patch_size=8, spatial_merge_size=2,
+                           temporal_patch_size=2),
+        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    torch.manual_seed(seed)
+    # its pixel bounds count the 2 frames an image is repeated into
+    images = Glm46VImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
+                                     merge_size=2, temporal_patch_size=2)
+    return _save_parts(path, Glm46VForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
+                       "Glm46VProcessor")
+
+
+def _qwen_parts(path: Path, model, tokenizer, processor_class: str) -> Path:
+    """`model` saved with Qwen2-VL's image processor (PIL backend; 8x8 patches merged 2x2: a 32x32 image is 4
+    `<|image_pad|>`s) and `processor_class`, written as parts (Qwen's video processors need torchvision)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    images = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                      temporal_patch_size=2)
+    return _save_parts(path, model, tokenizer, images, tokenizer.chat_template, processor_class)
+
+
+def _qwen_ids(tokenizer) -> dict:
+    """The config's ids of Qwen's vision tokens."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    return dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def save_qwen4_exp(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Qwen4-Exp (`Qwen4ExpForConditionalGeneration`: Qwen3-VL's 2-block tower; 2 decoder layers, a
+    Gated DeltaNet one with per-layer n-gram embeddings (PLE) and an attention one under its QSA token indexer, each
+    a mixture of 4 experts stored fused with a shared expert, the residual stream widened 2x by hyper-connections)
+    with Qwen3-VL's processor and Qwen2-VL's image processor, as Qwen4-Exp ships."""
+    from transformers import Qwen4ExpConfig, Qwen4ExpForConditionalGeneration
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    text = _text_config(tokenizer, rope_parameters=rope, head_dim=16,
+                        layer_types=["linear_attention", "indexed_attention"], linear_conv_kernel_dim=2,
+                        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+                        linear_num_value_heads=4, moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                        num_experts=4, num_experts_per_tok=2, hc_count=2, hc_lowrank=8, ple_layer_ids=[1],
+                        ple_embed_dim=16, ple_conv_kernel_size=2, heads_per_ngram=2, ngram_vocab_size_base=101,
+                        make_ngram_vocab_size_divisible_by=8, split_ngram_parts=1, indexer_n_heads=2,
+                        indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4)
+    text.pop("intermediate_size")
+    config = Qwen4ExpConfig(text_config=text, **_qwen_ids(tokenizer),
+                            vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
+                                               out_hidden_size=32, num_position_embeddings=16, patch_size=8,
+                                               spatial_merge_size=2, temporal_patch_size=2))
+    torch.manual_seed(seed)
+    return _qwen_parts(path, Qwen4ExpForConditionalGeneration(config), tokenizer, "Qwen3VLProcessor")
+
+
+def save_exaone4_5(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random EXAONE 4.5 (`Exaone4_5_ForConditionalGeneration`: a 2-block Qwen2.5-VL-style tower with
+    grouped key-value heads, 8x8 patches merged 2x2; 2 EXAONE 4 layers, one sliding-window, one global, on 1-D
+    positions) with its own processor and Qwen2-VL's image processor: a 32x32 image is 4 `<|image_pad|>`s."""
+    from transformers import Exaone4_5_Config, Exaone4_5_ForConditionalGeneration
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = _qwen_ids(tokenizer)
+    config = Exaone4_5_Config(
+        text_config=_text_config(tokenizer, model_type="exaone4", head_dim=16, sliding_window=16,
+                                 layer_types=["sliding_attention", "full_attention"]),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, num_key_value_heads=1,
+                           out_hidden_size=32, window_size=16, fullatt_block_indexes=[1], patch_size=8,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"])
+    torch.manual_seed(seed)
+    return _qwen_parts(path, Exaone4_5_ForConditionalGeneration(config), tokenizer, "Exaone4_5_Processor")
+
+
+# ERNIE 4.5 VL's vision tokens, which its processor reads off the tokenizer by name
+ERNIE_VL_TOKENS = {"image_token": "<|IMAGE_PLACEHOLDER|>", "image_start_token": "<|IMAGE_START|>",
+                   "image_end_token": "<|IMAGE_END|>", "video_token": "<|VIDEO_PLACEHOLDER|>",
+                   "video_start_token": "<|VIDEO_START|>", "video_end_token": "<|VIDEO_END|>"}
+# its turns, an image as `<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>`: not the shipped template, no
+# verbatim copy of which is at hand here
+ERNIE_VL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>",
+                                          "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>")
+
+
+def save_ernie4_5_vl_moe(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random ERNIE 4.5 VL (`Ernie4_5_VLMoeForConditionalGeneration`: a 2-block tower on 8x8 patches, its
+    variable-resolution resampler merging 2x2; 2 decoder layers with 3-D RoPE, the first dense, the second a
+    mixture of 4 text experts and 4 vision experts (image tokens and their start / end routed to the vision
+    ones by `moe_mm_token_type_ids`) with a shared expert) with its own processor and image processor (PIL): a
+    32x32 image is 4 `<|IMAGE_PLACEHOLDER|>`s. Written as parts (its video processor needs torchvision)."""
+    from transformers import Ernie4_5_VLMoeConfig, Ernie4_5_VLMoeForConditionalGeneration
+    from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeImageProcessorPil,
+    )
+
+    tokenizer = _family_tokenizer(list(ERNIE_VL_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=ERNIE_VL_TEMPLATE, named=ERNIE_VL_TOKENS)
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in ERNIE_VL_TOKENS.items()}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]}
+    config = Ernie4_5_VLMoeConfig(
+        text_config=_text_config(tokenizer, rope_parameters=rope, head_dim=16, moe_intermediate_size=[16, 8],
+                                 moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
+                                 mlp_layer_types=["dense", "sparse"]),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
+                           spatial_merge_size=2, temporal_merge_size=2),
+        **{f"{k}_id": v for k, v in ids.items()})
+    torch.manual_seed(seed)
+    images = Ernie4_5_VLMoeImageProcessorPil(size={"shortest_edge": 16 * 16, "longest_edge": 32 * 32}, patch_size=8,
+                                             merge_size=2)
+    return _save_parts(path, Ernie4_5_VLMoeForConditionalGeneration(config), tokenizer, images, ERNIE_VL_TEMPLATE,
+                       "Ernie4_5_VLMoeProcessor")
+
+
+GRID_SAVERS = {
+    "glm46v": save_glm46v,
+    "qwen4_exp_moe": save_qwen4_exp,  # its decoder layers are all mixtures of experts
+    "exaone4_5": save_exaone4_5,
+    "ernie4_5_vl_moe": save_ernie4_5_vl_moe,
+}
