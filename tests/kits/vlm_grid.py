@@ -9,6 +9,7 @@ Nothing is downloaded. `GRID_SAVERS` maps each family to its saver, for `tests/m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -143,9 +144,94 @@ def save_ernie4_5_vl_moe(path: Path, *, seed: int = 0) -> Path:
                        "Ernie4_5_VLMoeProcessor")
 
 
+def save_glm5_next(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random GLM-5 Next (`Glm5NextForConditionalGeneration`, GLM-5.3-Flash's class: a 2-block tower on 8x8
+    patches merged 2x2; 2 decoder layers, a KDA linear-attention one (dense MLP) and an MLA one under its DSA
+    indexer (NoPE) with a mixture of 4 experts stored fused and a shared expert, the residual stream widened 2x by
+    hyper-connections) with its own processor and image processor (PIL), GLM-4.1V's tokens and turns: a 32x32
+    image is 4 `<|image|>`s. Written as parts (its video processor needs torchvision)."""
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+    from transformers.models.glm5_next.image_processing_pil_glm5_next import Glm5NextImageProcessorPil
+
+    tokenizer = _family_tokenizer(GLM4V_TOKENS, bos=None, eos="<|endoftext|>", template=GLM4V_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
+    text = _text_config(tokenizer, moe_intermediate_size=16, n_shared_experts=1, n_routed_experts=4,
+                        num_experts_per_tok=2, kv_lora_rank=16, q_lora_rank=16, qk_rope_head_dim=0, v_head_dim=16,
+                        qk_nope_head_dim=16, index_topk=16, index_kpool=16, index_head_dim=16, index_n_heads=2,
+                        layer_types=["linear_attention", "indexed_attention"], indexer_types=["full", "full"],
+                        mlp_layer_types=["dense", "sparse"], linear_head_dim=16, linear_num_heads=2,
+                        linear_conv_kernel_dim=2, hc_mult=2, hc_sinkhorn_iters=3)
+    config = Glm5NextConfig(
+        text_config=text,
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           projection_intermediate_size=32, image_size=32, patch_size=8, spatial_merge_size=2,
+                           temporal_patch_size=2),
+        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+    torch.manual_seed(seed)
+    # its bounds are in image tokens (merged patches): a 32x32 image stays 32x32
+    images = Glm5NextImageProcessorPil(min_image_tokens=4, max_image_tokens=4, patch_size=8, merge_size=2,
+                                       temporal_patch_size=2)
+    return _save_parts(path, Glm5NextForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
+                       "Glm5NextProcessor")
+
+
+# dots3-note's image tokens (its processor's are fixed: `<|imgpad|>`, `<|video_pad|>`, `<|audio_comp_pad|>`), and
+# its turns with an image as `<|img|><|imgpad|><|endofimg|>`: not the shipped template, not at hand here
+DOTS3_TOKENS = ["<|img|>", "<|imgpad|>", "<|endofimg|>", "<|video_pad|>", "<|audio_comp_pad|>"]
+DOTS3_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|img|><|imgpad|><|endofimg|>")
+
+
+def save_dots3_note(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random dots3-note (`Dots3NoteForConditionalGeneration`: a 2-block tower on 8x8 patches, the second
+    block a mixture of 4 experts, its merger 2x2 inside it; a 1-layer audio tower; 2 decoder layers, an MLA one
+    under its DSA indexer and a sliding-window MLA one, the second a mixture of 4 experts stored fused with a
+    shared expert) with its own processor, Qwen2-VL's image processor (PIL) and its audio feature extractor: a
+    32x32 image is 4 `<|imgpad|>`s. Written as its processor saves it (its video processor needs torchvision)."""
+    from transformers import Dots3NoteConfig, Dots3NoteForConditionalGeneration
+    from transformers.models.dots3_note.feature_extraction_dots3_note import Dots3NoteFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tokenizer = _family_tokenizer(DOTS3_TOKENS, bos="<s>", eos="<|end|>", template=DOTS3_TEMPLATE)
+    mla = dict(head_dim=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, kv_lora_rank=16, q_lora_rank=16)
+    config = Dots3NoteConfig(
+        text_config=_text_config(tokenizer, **mla, index_topk=8, index_head_dim=16, index_n_heads=2,
+                                 layer_types=["indexed_attention", "sliding_attention"], sliding_window=16,
+                                 **{f"swa_{k}": v for k, v in mla.items() if k != "qk_rope_head_dim"},
+                                 swa_num_attention_heads=2, swa_num_key_value_heads=2, n_routed_experts=4,
+                                 n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=16,
+                                 shared_experts_intermediate_size=16, mlp_layer_types=["dense", "sparse"]),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           patch_size=8, spatial_merge_size=2, mlp_layer_types=["dense", "sparse"],
+                           num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, adapter_in_dim=16,
+                           adapter_out_dim=32, adapter_merge_size=2),
+        audio_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          feature_size=16, downsample_hidden_size=8, adapter_input_size=16, adapter_out_dim=32,
+                          max_position_embeddings=64),
+        image_token_id=tokenizer.convert_tokens_to_ids("<|imgpad|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"),
+        audio_token_id=tokenizer.convert_tokens_to_ids("<|audio_comp_pad|>"))
+    torch.manual_seed(seed)
+    Dots3NoteForConditionalGeneration(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    # one frame a patch: its patch embedding is 2-D
+    image = Qwen2VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                     temporal_patch_size=1)
+    halves = {"image_processor": image, "feature_extractor": Dots3NoteFeatureExtractor(feature_size=16)}
+    video = dict(video_processor_type="Qwen3VLVideoProcessor", patch_size=8, merge_size=2, temporal_patch_size=1)
+    (Path(path) / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "Dots3NoteProcessor", "video_processor": video,
+         **{name: json.loads(half.to_json_string()) for name, half in halves.items()}}, indent=2) + "\n")
+    (Path(path) / "chat_template.jinja").write_text(DOTS3_TEMPLATE)
+    return path
+
+
 GRID_SAVERS = {
     "glm46v": save_glm46v,
     "qwen4_exp_moe": save_qwen4_exp,  # its decoder layers are all mixtures of experts
     "exaone4_5": save_exaone4_5,
     "ernie4_5_vl_moe": save_ernie4_5_vl_moe,
+    "glm5_next_moe": save_glm5_next,  # GLM-5.3-Flash: its sparse layers mixtures of experts
+    "dots3_note_moe": save_dots3_note,
 }
