@@ -42,13 +42,14 @@ class VisionParts:
 def find_parts(model) -> VisionParts:
     """The three parts of an (unwrapped) vision-language model; `UserError` naming what is missing.
 
-    A projector under none of the known names (ERNIE 4.5 VL's `resampler_model`) is the one module beside the
-    tower and the language model, under their common parent, that holds weights."""
+    The projector is the one module beside the tower and the language model, under their common parent, that
+    holds weights, where a known name finds none (ERNIE 4.5 VL's `resampler_model`) or finds only the tower's own
+    merger (HyperCLOVA X Vision v2's `projector` follows its Qwen2.5-VL tower's `merger`)."""
     found = {}
     for part, names in (("language", LANGUAGE_NAMES), ("tower", TOWER_NAMES), ("projector", PROJECTOR_NAMES)):
         matches = [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in names]
-        if not matches and part == "projector":
-            matches = _sole_sibling(model, found["tower"], found["language"])
+        if part == "projector" and all(n.startswith(found["tower"] + ".") for n in matches):
+            matches = _sole_sibling(model, found["tower"], found["language"]) or matches
         if not matches:
             raise UserError(f"cannot find the {part} of {type(model).__name__} (a module named one of {names})")
         found[part] = min(matches, key=lambda n: n.count("."))

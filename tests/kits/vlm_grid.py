@@ -227,6 +227,53 @@ def save_dots3_note(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+def save_hyperclovax_vision_v2(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random HyperCLOVA X SEED Vision v2 (`HyperCLOVAXVisionV2ForConditionalGeneration`: Qwen2.5-VL's
+    2-block tower with its merger, then its own linear projector; 2 HyperCLOVA X layers, with muP-style
+    multipliers) with its own processor and Qwen2-VL's image processor: a 32x32 image is 4 `<|image_pad|>`s."""
+    from transformers import HyperCLOVAXVisionV2Config, HyperCLOVAXVisionV2ForConditionalGeneration
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = _qwen_ids(tokenizer)
+    config = HyperCLOVAXVisionV2Config(
+        text_config=_text_config(tokenizer, model_type="hyperclovax", head_dim=16, embedding_multiplier=2.0,
+                                 residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=0.5),
+        vision_config=dict(model_type="qwen2_5_vl_vision", depth=2, hidden_size=16, intermediate_size=32,
+                           num_heads=2, out_hidden_size=24, window_size=16, fullatt_block_indexes=[1],
+                           patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["image_token_id"], video_token_id=ids["video_token_id"], tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    return _qwen_parts(path, HyperCLOVAXVisionV2ForConditionalGeneration(config), tokenizer,
+                       "HyperCLOVAXVisionV2Processor")
+
+
+def save_paddleocr_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random PaddleOCR-VL (`PaddleOCRVLForConditionalGeneration`: a 2-layer NaViT-style tower on 8x8
+    patches, its projector merging 2x2 beside it; 2 ERNIE 4.5 layers with 3-D RoPE) with its own processor (images
+    only: it has no video half) and image processor (PIL), ERNIE 4.5 VL's tokens: a 32x32 image is 4
+    `<|IMAGE_PLACEHOLDER|>`s."""
+    from transformers import PaddleOCRVLConfig, PaddleOCRVLForConditionalGeneration, PaddleOCRVLProcessor
+    from transformers.models.paddleocr_vl.image_processing_pil_paddleocr_vl import PaddleOCRVLImageProcessorPil
+
+    named = {"image_token": ERNIE_VL_TOKENS["image_token"]}
+    tokenizer = _family_tokenizer(list(ERNIE_VL_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=ERNIE_VL_TEMPLATE, named=named)
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in ERNIE_VL_TOKENS.items()}
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+    config = PaddleOCRVLConfig(
+        text_config=_text_config(tokenizer, head_dim=16, rope_parameters=rope),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8, spatial_merge_size=2),
+        image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+        vision_start_token_id=ids["image_start_token"], vision_end_token_id=ids["image_end_token"])
+    torch.manual_seed(seed)
+    PaddleOCRVLForConditionalGeneration(config).save_pretrained(path)
+    images = PaddleOCRVLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2)
+    PaddleOCRVLProcessor(image_processor=images, tokenizer=tokenizer, chat_template=ERNIE_VL_TEMPLATE
+                         ).save_pretrained(path)
+    return path
+
+
 GRID_SAVERS = {
     "glm46v": save_glm46v,
     "qwen4_exp_moe": save_qwen4_exp,  # its decoder layers are all mixtures of experts
@@ -234,4 +281,6 @@ GRID_SAVERS = {
     "ernie4_5_vl_moe": save_ernie4_5_vl_moe,
     "glm5_next_moe": save_glm5_next,  # GLM-5.3-Flash: its sparse layers mixtures of experts
     "dots3_note_moe": save_dots3_note,
+    "hyperclovax_vision_v2": save_hyperclovax_vision_v2,
+    "paddleocr_vl": save_paddleocr_vl,
 }

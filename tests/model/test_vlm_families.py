@@ -601,17 +601,18 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
 
 # image tokens a 32x32 image of the demo expands to in the families of `kits.vlm_grid`, each with image_grid_thw
 GRID_IMAGE_TOKENS = {"glm46v": 4, "qwen4_exp_moe": 4, "exaone4_5": 4, "ernie4_5_vl_moe": 4, "glm5_next_moe": 4,
-                     "dots3_note_moe": 4}
+                     "dots3_note_moe": 4, "hyperclovax_vision_v2": 4, "paddleocr_vl": 4}
 
 
 @pytest.mark.parametrize("family", list(GRID_IMAGE_TOKENS))
 def test_grid_batches_are_what_the_processor_gives(family, vlms):
-    """GLM-4.6V, Qwen4-Exp, EXAONE 4.5, ERNIE 4.5 VL, GLM-5 Next and dots3-note: our batch of a record == what
-    the family's processor class (built for images only: their video processors need torchvision) gives for the
-    same conversation: tokens, pixels, `image_grid_thw`, the modality ids of the GLMs and ERNIE 4.5 VL, and
-    ERNIE's `moe_mm_token_type_ids` (image tokens and their start / end token, which its mixture routes to its
-    vision experts), which its processor builds from the ids. Pickled first, as a loader worker started by spawn
-    gets it."""
+    """GLM-4.6V, Qwen4-Exp, EXAONE 4.5, ERNIE 4.5 VL, GLM-5 Next, dots3-note, HyperCLOVA X Vision v2 and
+    PaddleOCR-VL: our batch of a record == what the family's processor class (built for images only where its
+    video processor needs torchvision; PaddleOCR-VL's is stock `AutoProcessor`) gives for the same conversation:
+    tokens, pixels, `image_grid_thw`, the modality ids of the GLMs, ERNIE 4.5 VL and PaddleOCR-VL, and ERNIE's
+    `moe_mm_token_type_ids` (image tokens and their start / end token, which its mixture routes to its vision
+    experts), which its processor builds from the ids. Pickled first, as a loader worker started by spawn gets
+    it."""
     from pipeline.data.processors import build_processor as _processor
     from pipeline.data.tokenize import load_chat
 
@@ -627,3 +628,15 @@ def test_grid_batches_are_what_the_processor_gives(family, vlms):
         ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
+
+
+@pytest.mark.parametrize("family, projector", [("ernie4_5_vl_moe", "model.resampler_model"),
+                                               ("hyperclovax_vision_v2", "model.projector"),
+                                               ("paddleocr_vl", "model.projector")])
+def test_projector_beside_the_tower_is_found(family, projector, vlms):
+    """A projector no known name finds (ERNIE 4.5 VL's `resampler_model`), or found only as the tower's own
+    merger (HyperCLOVA X Vision v2's Qwen2.5-VL tower has one; its `projector` maps the tower's output into the
+    language model) is the one weighted module beside the tower and the language model: what
+    vision.train_projector trains, and full fine-tuning leaves frozen without it."""
+    parts = vlms_parts(vlms[family]["model"])
+    assert parts.projector == projector and parts.tower != projector, parts
