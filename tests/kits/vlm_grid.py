@@ -1,10 +1,15 @@
-"""Tiny random vision-language models of the families users bring in 2026 beyond `kits.vlm`'s, saved as real HF
-dirs: GLM-4.6V (`save_glm46v`), ...
+"""Tiny random vision-language models of the families new in Transformers 5.24, saved as real HF dirs.
 
-Each is built from its stock transformers class with a real processor of its stock processor class (the
-demo's character tokenizer with the family's special tokens, its own image processor, PIL backend) and
-written as a hub checkpoint holds it; a processor whose video half needs torchvision is written as parts.
-Nothing is downloaded. `GRID_SAVERS` maps each family to its saver, for `tests/model/test_vlm_families.py`.
+GLM-4.6V (`save_glm46v`), Qwen4-Exp (`save_qwen4_exp`), EXAONE 4.5 (`save_exaone4_5`), ERNIE 4.5 VL
+(`save_ernie4_5_vl_moe`), GLM-5 Next (`save_glm5_next`), dots3-note (`save_dots3_note`), HyperCLOVA X SEED
+Vision v2 (`save_hyperclovax_vision_v2`) and PaddleOCR-VL (`save_paddleocr_vl`). Each is built from its stock
+transformers class with a real processor of its stock processor class: the demo's character tokenizer with the
+family's special tokens (`kits.vlm._family_tokenizer`), its own image processor (PIL backend: a 32x32 image is
+4 image tokens in all of them) and a chat template that writes its image tokens (not the shipped templates,
+none of which is at hand here). A processor whose video half needs torchvision is written as parts, as a hub
+checkpoint holds it. Nothing is downloaded. `GRID_SAVERS` maps each family, as
+`tests/model/test_vlm_families.py` names it (`_moe`: a mixture of experts, whose experts are adapted), to its
+saver.
 """
 
 from __future__ import annotations
@@ -117,10 +122,11 @@ ERNIE_VL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision
 
 def save_ernie4_5_vl_moe(path: Path, *, seed: int = 0) -> Path:
     """A tiny random ERNIE 4.5 VL (`Ernie4_5_VLMoeForConditionalGeneration`: a 2-block tower on 8x8 patches, its
-    variable-resolution resampler merging 2x2; 2 decoder layers with 3-D RoPE, the first dense, the second a
-    mixture of 4 text experts and 4 vision experts (image tokens and their start / end routed to the vision
-    ones by `moe_mm_token_type_ids`) with a shared expert) with its own processor and image processor (PIL): a
-    32x32 image is 4 `<|IMAGE_PLACEHOLDER|>`s. Written as parts (its video processor needs torchvision)."""
+    variable-resolution resampler merging 2x2; 2 decoder layers with 3-D RoPE, each a mixture of 4 text experts
+    and 4 vision experts (image tokens and their start / end routed to the vision ones by
+    `moe_mm_token_type_ids`) with a shared expert: the first layer's vision experts reach the answer through the
+    second's attention) with its own processor and image processor (PIL): a 32x32 image is 4
+    `<|IMAGE_PLACEHOLDER|>`s. Written as parts (its video processor needs torchvision)."""
     from transformers import Ernie4_5_VLMoeConfig, Ernie4_5_VLMoeForConditionalGeneration
     from transformers.models.ernie4_5_vl_moe.image_processing_pil_ernie4_5_vl_moe import (
         Ernie4_5_VLMoeImageProcessorPil,
@@ -133,7 +139,7 @@ def save_ernie4_5_vl_moe(path: Path, *, seed: int = 0) -> Path:
     config = Ernie4_5_VLMoeConfig(
         text_config=_text_config(tokenizer, rope_parameters=rope, head_dim=16, moe_intermediate_size=[16, 8],
                                  moe_k=2, moe_num_experts=4, moe_num_shared_experts=1,
-                                 mlp_layer_types=["dense", "sparse"]),
+                                 mlp_layer_types=["sparse", "sparse"]),
         vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, patch_size=8,
                            spatial_merge_size=2, temporal_merge_size=2),
         **{f"{k}_id": v for k, v in ids.items()})

@@ -7,6 +7,10 @@ under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image pro
 time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
 processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
 call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
+The families new in Transformers 5.24 (`tests/kits/vlm_grid.py`): GLM-4.6V, EXAONE 4.5, HyperCLOVA X Vision v2,
+PaddleOCR-VL, and with experts Qwen4-Exp, GLM-5 Next, dots3-note (experts in its tower too) and ERNIE 4.5 VL
+(`moe_mm_token_type_ids` route its image tokens to its vision experts); their batches are compared with their
+processors' (`test_grid_batches_are_what_the_processor_gives`).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -640,3 +644,40 @@ def test_projector_beside_the_tower_is_found(family, projector, vlms):
     vision.train_projector trains, and full fine-tuning leaves frozen without it."""
     parts = vlms_parts(vlms[family]["model"])
     assert parts.projector == projector and parts.tower != projector, parts
+
+
+def test_ernie_vl_image_tokens_train_its_vision_experts(vlms):
+    """ERNIE 4.5 VL routes a token to its text or its vision experts by `moe_mm_token_type_ids`: in a training
+    batch (its image tokens and their start / end marked, as its processor marks them) the loss reaches the
+    LoRA of both kinds of experts; without the ids, only the text experts'."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.tokenize import load_chat
+    from pipeline.model import loading
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.batch import Collator
+    from pipeline.model.loss import TokenLoss
+
+    data = vlms["ernie4_5_vl_moe"]
+    _, images = load_chat(data["model"])
+    batch = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0, 1])
+    assert int(batch.inputs["moe_mm_token_type_ids"].sum()) == 2 * 6  # 4 image tokens, start and end, per record
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(data["model"])),
+                              lora=dataclasses.replace(cfg.lora, dropout=0.0))
+    torch.manual_seed(0)
+    peft = attach_lora(AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32), cfg)
+    loss = TokenLoss(peft)
+
+    def reached(inputs) -> set[str]:
+        peft.zero_grad(set_to_none=True)
+        loss(dataclasses.replace(batch, inputs=inputs)).backward()
+        return {kind for kind in ("text_moe", "vision_moe") for n, p in peft.named_parameters()
+                if f"{kind}.experts" in n and "lora_B" in n and p.grad is not None and bool(p.grad.any())}
+
+    assert reached(batch.inputs) == {"text_moe", "vision_moe"}
+    assert reached({k: v for k, v in batch.inputs.items() if k != "moe_mm_token_type_ids"}) == {"text_moe"}
