@@ -18,7 +18,9 @@ model's own `AutoProcessor`:
   worker) and runs the processor's image processor, returning what the model's
   forward takes (``pixel_values``, and ``image_grid_thw`` for Qwen2-VL), with what
   the model derives from the tokens (`text_inputs`: Qwen2-VL's ``mm_token_type_ids``
-  for its 3-D RoPE, Gemma 3's ``token_type_ids`` for its attention within an image).
+  for its 3-D RoPE, Gemma 3's ``token_type_ids`` for its attention within an image, and what a
+  processor builds from the ids with its own ``create_<name>``: ERNIE 4.5 VL's ``moe_mm_token_type_ids``,
+  which route image tokens to its vision experts).
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
   InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
@@ -122,6 +124,9 @@ class ImageText:
     # the model reads its images through cross-attention layers under the processor's `cross_attention_mask`
     # (Llama 3.2 Vision): pixels nested per record, the mask built from the tokens and the tiles per image
     cross_attention: bool = False
+    # more inputs the processor builds from the token ids alone, by name: its own `create_<name>(input_ids)`
+    # (ERNIE 4.5 VL's `moe_mm_token_type_ids`, which route image tokens and their bounds to its vision experts)
+    derived: dict[str, Callable] = field(default_factory=dict)
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
     _records: dict[tuple[str, ...], list[str]] = field(default_factory=dict, repr=False)  # `per_record` layouts
 
@@ -203,10 +208,15 @@ class ImageText:
         return processed
 
     def text_inputs(self, input_ids) -> dict:
-        """Inputs the model derives from the tokens: the modality ids (1 on image tokens) of Qwen2-VL, Gemma 3."""
-        if not self.token_types:
-            return {}
-        return {self.token_types: (input_ids == self.image_token_id).to(input_ids.dtype)}
+        """Inputs the model derives from the tokens: the modality ids (1 on image tokens) of Qwen2-VL, Gemma 3,
+        and the processor's `derived` ones."""
+        import torch
+
+        out = {name: torch.tensor(create(input_ids.tolist()), dtype=input_ids.dtype)
+               for name, create in self.derived.items()}
+        if self.token_types:
+            out[self.token_types] = (input_ids == self.image_token_id).to(input_ids.dtype)
+        return out
 
     def inputs(self, input_ids, images: list[list[str]]) -> dict:
         """Every image input of a batch: `input_ids` its (padded) rows, `images` each row's image paths in
@@ -266,7 +276,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor),
-                     cross_attention="cross_attention_mask" in names)
+                     cross_attention="cross_attention_mask" in names, derived=_derived(processor, names))
 
 
 def _expands_each_image(cls) -> bool:
@@ -283,6 +293,25 @@ def _token_types(cls, names) -> str | None:
     if not getattr(cls, "return_mm_token_type_ids", False):
         return None
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
+
+
+def _derived(processor, names) -> dict[str, Callable]:
+    """The processor's own builders of inputs it declares (`names`) from the token ids alone: a method
+    `create_<name>(input_ids)` its class defines (not the base class's `create_mm_token_type_ids`, which
+    `_token_types` stands for), called with the ids as lists."""
+    import inspect
+
+    from transformers.processing_utils import ProcessorMixin
+
+    out = {}
+    for name in sorted(names):
+        create = getattr(type(processor), f"create_{name}", None)
+        if (create is None or create is getattr(ProcessorMixin, f"create_{name}", None)
+                or name in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS)):
+            continue
+        if len(inspect.signature(create).parameters) == 2:  # (self, input_ids): nothing but the ids
+            out[name] = getattr(processor, f"create_{name}")
+    return out
 
 
 def _call_kwargs(processor, modality: str) -> dict:

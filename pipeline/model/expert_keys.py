@@ -25,6 +25,11 @@ device (nothing read, nothing allocated):
   `split(param, delta)` then cuts one expert's delta the same way, so the merge
   adds to each stored tensor exactly the part transformers would have written
   there. Every stored key and shape is checked against the base's.
+  A converter may store several fused weights in one list of experts (ERNIE 4.5
+  VL: its text experts, then its vision experts, `mlp.experts.{e}`); the reverse
+  conversion of one of them then needs the others (`_siblings`), given empty (no
+  experts: the weight's own keys as if alone) or whole (its keys where they are
+  stored, after the others').
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ class ExpertLayout:
         self.base, self.stored = Path(base), dict(stored)
         self.keys = keys or BaseKeys(base, set(stored))
         self._model = None
+        self._converters = None  # transformers' converters with several fused targets, once asked
 
     @property
     def model(self):
@@ -101,10 +107,36 @@ class ExpertLayout:
             self._model = _meta_model(self.base)
         return self._model
 
-    def _reverted(self, param: str, tensor: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _reverted(self, param: str, tensor: torch.Tensor, *, whole: bool = False) -> dict[str, torch.Tensor]:
+        """transformers' reverse conversion of `tensor`, the weight `param` or one expert's slice of it. Its
+        `_siblings` go with it, empty, or with `whole` as the model has them, on the meta device in another dtype,
+        by which their pieces are told apart and dropped (the reverse ops cut and regroup tensors, never mix them)."""
         from transformers.core_model_loading import revert_weight_conversion
 
-        return revert_weight_conversion(self.model, {param: tensor})
+        marker = torch.float64 if tensor.dtype != torch.float64 else torch.float32
+        state = {param: tensor}
+        for name, shape in self._siblings(param).items():
+            state[name] = torch.empty(shape if whole else (0, *shape[1:]), dtype=marker, device="meta")
+        out = revert_weight_conversion(self.model, state)
+        return {k: v for k, v in out.items() if len(state) == 1 or v.dtype != marker}
+
+    def _siblings(self, param: str) -> dict[str, tuple[int, ...]]:
+        """The fused weights (name -> shape) that transformers' conversion stores with `param`: the other targets
+        of a converter with several (ERNIE 4.5 VL's `text_moe.experts.gate_up_proj` and
+        `vision_moe.experts.gate_up_proj`, one stored list of experts)."""
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+
+        if self._converters is None:
+            self._converters = [c for c in get_model_conversion_mapping(self.model, add_legacy=False)
+                                if isinstance(c, WeightConverter) and len(c.target_patterns) > 1]
+        params = {n: tuple(p.shape) for n, p in self.model.named_parameters()}
+        for converter in self._converters:
+            own = [t for t in converter.target_patterns if t in param]
+            if len(own) == 1:
+                names = (param.replace(own[0], t) for t in converter.target_patterns if t != own[0])
+                return {n: params[n] for n in names if n in params}
+        return {}
 
     def slices(self, param: str, shape: tuple[int, ...]) -> list[StoredSlice]:
         """The stored tensors that hold the fused weight `param` of `shape`; UserError when the
@@ -112,7 +144,7 @@ class ExpertLayout:
         own = self.keys(param)
         if self.stored.get(own) == tuple(shape):
             return [StoredSlice(own, None, None)]
-        full = self._reverted(param, torch.empty(shape, device="meta"))
+        full = self._reverted(param, torch.empty(shape, device="meta"), whole=True)
         one = self._reverted(param, torch.empty((1, *shape[1:]), device="meta"))
         if set(full) == {param} or not one:
             raise UserError(f"the base {self.base} stores no tensor {own!r} for the fused weight {param} "
@@ -136,15 +168,25 @@ class ExpertLayout:
 
 
 def _expert_key(piece: str, expert: int, experts: int, full: dict) -> str:
-    """The stored key of `piece` (named for expert 0) for `expert`: the one field of the key that,
-    set to each expert's index in turn, names a key of the whole weight's reverse conversion."""
+    """The stored key of `piece` (named for expert 0) for `expert`: the one field of the key that, set to
+    `experts` consecutive numbers (from 0, or after the experts of weights stored before it in the same list),
+    names the keys of the whole weight's reverse conversion."""
     parts = piece.split(".")
-    fields = [i for i, p in enumerate(parts) if p == "0"
-              and all(".".join([*parts[:i], str(e), *parts[i + 1:]]) in full for e in range(experts))]
-    if len(fields) != 1:
-        raise UserError(f"cannot tell which field of {piece} is the expert index ({len(fields)} candidates)")
-    i = fields[0]
-    return ".".join([*parts[:i], str(expert), *parts[i + 1:]])
+    firsts = {}
+    for i, field in enumerate(parts):
+        numbers = sorted(int(k.split(".")[i]) for k in full if _differs_only_at(k.split("."), parts, i))
+        if field == "0" and numbers and numbers == list(range(numbers[0], numbers[0] + experts)):
+            firsts[i] = numbers[0]
+    if len(firsts) != 1:
+        raise UserError(f"cannot tell which field of {piece} is the expert index ({len(firsts)} candidates)")
+    (i, first), = firsts.items()
+    return ".".join([*parts[:i], str(first + expert), *parts[i + 1:]])
+
+
+def _differs_only_at(parts: list[str], others: list[str], i: int) -> bool:
+    """Whether the dotted keys `parts` and `others` agree but for field `i`, a number in `parts`."""
+    return (len(parts) == len(others) and parts[i].isdigit() and parts[:i] == others[:i]
+            and parts[i + 1:] == others[i + 1:])
 
 
 def stored_apart(base: Path, names: list[str]) -> list[str]:

@@ -40,14 +40,32 @@ class VisionParts:
 
 
 def find_parts(model) -> VisionParts:
-    """The three parts of an (unwrapped) vision-language model; `UserError` naming what is missing."""
+    """The three parts of an (unwrapped) vision-language model; `UserError` naming what is missing.
+
+    The projector is the one module beside the tower and the language model, under their common parent, that
+    holds weights, where a known name finds none (ERNIE 4.5 VL's `resampler_model`) or finds only the tower's own
+    merger (HyperCLOVA X Vision v2's `projector` follows its Qwen2.5-VL tower's `merger`)."""
     found = {}
     for part, names in (("language", LANGUAGE_NAMES), ("tower", TOWER_NAMES), ("projector", PROJECTOR_NAMES)):
         matches = [n for n, _ in model.named_modules() if n.rsplit(".", 1)[-1] in names]
+        if part == "projector" and all(n.startswith(found["tower"] + ".") for n in matches):
+            matches = _sole_sibling(model, found["tower"], found["language"]) or matches
         if not matches:
             raise UserError(f"cannot find the {part} of {type(model).__name__} (a module named one of {names})")
         found[part] = min(matches, key=lambda n: n.count("."))
     return VisionParts(**found)
+
+
+def _sole_sibling(model, tower: str, language: str) -> list[str]:
+    """[the name of the one weight-holding child of the tower's parent, other than the tower and the language
+    model], or [] where the parent is not the language model's too or there is not exactly one such child."""
+    parent = tower.rpartition(".")[0]
+    if language.rpartition(".")[0] != parent:
+        return []
+    children = [f"{parent}.{n}" if parent else n for n, child in model.get_submodule(parent).named_children()
+                if next(child.parameters(), None) is not None]
+    others = [n for n in children if n not in (tower, language)]
+    return others if len(others) == 1 else []
 
 
 def in_lora_scope(parts: VisionParts, name: str, *, tower: bool) -> bool:

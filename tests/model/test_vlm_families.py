@@ -7,6 +7,10 @@ under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image pro
 time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
 processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
 call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
+The families new in Transformers 5.24 (`tests/kits/vlm_grid.py`): GLM-4.6V, EXAONE 4.5, HyperCLOVA X Vision v2,
+PaddleOCR-VL, and with experts Qwen4-Exp, GLM-5 Next, dots3-note (experts in its tower too) and ERNIE 4.5 VL
+(`moe_mm_token_type_ids` route its image tokens to its vision experts); their batches are compared with their
+processors' (`test_grid_batches_are_what_the_processor_gives`).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
@@ -43,6 +47,7 @@ from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
                       save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
                       save_mllama, save_qwen_vl, save_smolvlm)
+from kits.vlm_grid import GRID_SAVERS
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -65,6 +70,7 @@ SAVERS = {
     "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
     "lfm3_vl": save_lfm3_vl,
+    **GRID_SAVERS,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -123,9 +129,9 @@ def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     if family == "mllama":  # its cross-attention layers (text queries, image keys and values) are adapted too
         assert {"cross_attn.q_proj", "cross_attn.k_proj", "cross_attn.v_proj", "cross_attn.o_proj"} <= {
             ".".join(k.split(".lora_")[0].split(".")[-2:]) for k in adapted}, sorted(adapted)
-    if family.endswith("_moe"):  # the experts are trained, not only attention
+    if family.endswith("_moe"):  # the experts are trained, not only attention (named in full where a tower has some)
         adapted = json.loads((export / "adapter" / "adapter_config.json").read_text())["target_parameters"]
-        assert {"experts.gate_up_proj", "experts.down_proj"} <= set(adapted), adapted
+        assert {"experts.gate_up_proj", "experts.down_proj"} <= {".".join(n.split(".")[-2:]) for n in adapted}, adapted
     merge_dirs(data["model"], export / "adapter", export / "merged")
     report = verify(data["model"], export / "adapter", export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
@@ -595,3 +601,83 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
         plan_model(cfg, world=1)
     message = str(refused.value)
     assert str(model) in message and "timm" in message and "\n" not in message, message
+
+
+# image tokens a 32x32 image of the demo expands to in the families of `kits.vlm_grid`, each with image_grid_thw
+GRID_IMAGE_TOKENS = {"glm46v": 4, "qwen4_exp_moe": 4, "exaone4_5": 4, "ernie4_5_vl_moe": 4, "glm5_next_moe": 4,
+                     "dots3_note_moe": 4, "hyperclovax_vision_v2": 4, "paddleocr_vl": 4}
+
+
+@pytest.mark.parametrize("family", list(GRID_IMAGE_TOKENS))
+def test_grid_batches_are_what_the_processor_gives(family, vlms):
+    """GLM-4.6V, Qwen4-Exp, EXAONE 4.5, ERNIE 4.5 VL, GLM-5 Next, dots3-note, HyperCLOVA X Vision v2 and
+    PaddleOCR-VL: our batch of a record == what the family's processor class (built for images only where its
+    video processor needs torchvision; PaddleOCR-VL's is stock `AutoProcessor`) gives for the same conversation:
+    tokens, pixels, `image_grid_thw`, the modality ids of the GLMs, ERNIE 4.5 VL and PaddleOCR-VL, and ERNIE's
+    `moe_mm_token_type_ids` (image tokens and their start / end token, which its mixture routes to its vision
+    experts), which its processor builds from the ids. Pickled first, as a loader worker started by spawn gets
+    it."""
+    from pipeline.data.processors import build_processor as _processor
+    from pipeline.data.tokenize import load_chat
+
+    data = vlms[family]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))
+    theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == GRID_IMAGE_TOKENS[family]
+    if family == "ernie4_5_vl_moe":
+        assert int(theirs["moe_mm_token_type_ids"].sum()) == GRID_IMAGE_TOKENS[family] + 2
+    if family in ("glm46v", "glm5_next_moe"):  # GLM-4.1V's turns end none: the labeller appends the eos to the last
+        assert int(ours["input_ids"][0, -1]) == images.tokenizer.eos_token_id
+        ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+
+@pytest.mark.parametrize("family, projector", [("ernie4_5_vl_moe", "model.resampler_model"),
+                                               ("hyperclovax_vision_v2", "model.projector"),
+                                               ("paddleocr_vl", "model.projector")])
+def test_projector_beside_the_tower_is_found(family, projector, vlms):
+    """A projector no known name finds (ERNIE 4.5 VL's `resampler_model`), or found only as the tower's own
+    merger (HyperCLOVA X Vision v2's Qwen2.5-VL tower has one; its `projector` maps the tower's output into the
+    language model) is the one weighted module beside the tower and the language model: what
+    vision.train_projector trains, and full fine-tuning leaves frozen without it."""
+    parts = vlms_parts(vlms[family]["model"])
+    assert parts.projector == projector and parts.tower != projector, parts
+
+
+def test_ernie_vl_image_tokens_train_its_vision_experts(vlms):
+    """ERNIE 4.5 VL routes a token to its text or its vision experts by `moe_mm_token_type_ids`: in a training
+    batch (its image tokens and their start / end marked, as its processor marks them) the loss reaches the
+    LoRA of both kinds of experts; without the ids, only the text experts'."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.tokenize import load_chat
+    from pipeline.model import loading
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.batch import Collator
+    from pipeline.model.loss import TokenLoss
+
+    data = vlms["ernie4_5_vl_moe"]
+    _, images = load_chat(data["model"])
+    batch = Collator(TokenCache(data["val"]), loading.pad_token_id(data["model"]), images=images)([0, 1])
+    assert int(batch.inputs["moe_mm_token_type_ids"].sum()) == 2 * 6  # 4 image tokens, start and end, per record
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(data["model"])),
+                              lora=dataclasses.replace(cfg.lora, dropout=0.0))
+    torch.manual_seed(0)
+    peft = attach_lora(AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32), cfg)
+    loss = TokenLoss(peft)
+
+    def reached(inputs) -> set[str]:
+        peft.zero_grad(set_to_none=True)
+        loss(dataclasses.replace(batch, inputs=inputs)).backward()
+        return {kind for kind in ("text_moe", "vision_moe") for n, p in peft.named_parameters()
+                if f"{kind}.experts" in n and "lora_B" in n and p.grad is not None and bool(p.grad.any())}
+
+    assert reached(batch.inputs) == {"text_moe", "vision_moe"}
+    assert reached({k: v for k, v in batch.inputs.items() if k != "moe_mm_token_type_ids"}) == {"text_moe"}
