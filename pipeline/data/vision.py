@@ -122,6 +122,9 @@ class ImageText:
     # the model reads its images through cross-attention layers under the processor's `cross_attention_mask`
     # (Llama 3.2 Vision): pixels nested per record, the mask built from the tokens and the tiles per image
     cross_attention: bool = False
+    # the processor's prefix to each image's text by the image's index in its record, or None (`_image_ids`:
+    # MiniCPM-V 4.6 writes `<image_id>k</image_id>` before the k-th image), called as the processor calls it
+    image_ids: Callable[..., list[str]] | None = None
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
     _records: dict[tuple[str, ...], list[str]] = field(default_factory=dict, repr=False)  # `per_record` layouts
 
@@ -185,9 +188,12 @@ class ImageText:
         if found > len(paths) or (complete and found != len(paths)):
             raise DataError(f"the chat template wrote {found} image token(s) {self.image_token!r} "
                             f"for {len(paths)} image(s)")
+        expanded = self.expansions(paths) if found else []
+        if expanded and self.image_ids is not None:
+            expanded = self.image_ids([text], expanded, self.image_token)
         out = [pieces[0]]
-        for expanded, piece in zip(self.expansions(paths) if found else [], pieces[1:]):
-            out += [expanded, piece]
+        for image, piece in zip(expanded, pieces[1:]):
+            out += [image, piece]
         return "".join(out)
 
     # --- batch time -------------------------------------------------------------------------
@@ -266,7 +272,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor),
-                     cross_attention="cross_attention_mask" in names)
+                     cross_attention="cross_attention_mask" in names, image_ids=_image_ids(processor))
 
 
 def _expands_each_image(cls) -> bool:
@@ -297,6 +303,20 @@ def _images_kwargs(processor) -> dict:
     """What the processor passes its image processor on every call (SmolVLM's `return_row_col_info`,
     InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`), without the tensor type, which each call chooses."""
     return {k: v for k, v in _call_kwargs(processor, "images_kwargs").items() if k != "return_tensors"}
+
+
+def _image_ids(processor):
+    """The processor's own step that prefixes each image's text with the image's index in its record, where
+    the processor has one (`_prepend_local_ids`, which its `__call__` runs after `_process_images`) and its
+    settings turn it on (`use_image_id`: MiniCPM-V 4.6's default); else None."""
+    prepend = getattr(processor, "_prepend_local_ids", None)
+    if prepend is None:
+        return None
+    merged = processor._merge_kwargs(processor.valid_processor_kwargs,
+                                     tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
+    use = merged["images_kwargs"].get("use_image_id", merged.get("use_image_id"))
+    use = getattr(processor, "default_use_image_id", False) if use is None else use
+    return prepend if use else None
 
 
 def _added_bos(processor) -> str:

@@ -43,6 +43,7 @@ from kits.train import make_run
 from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemma3, save_gemma4, save_glm4v,
                       save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
                       save_mllama, save_qwen_vl, save_smolvlm)
+from kits.vlm_more import MORE_SAVERS
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -65,6 +66,7 @@ SAVERS = {
     "granite_vision": lambda path: save_llava_next(path, granite=True),
     "mllama": save_mllama,
     "lfm3_vl": save_lfm3_vl,
+    **MORE_SAVERS,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -595,3 +597,96 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
         plan_model(cfg, world=1)
     message = str(refused.value)
     assert str(model) in message and "timm" in message and "\n" not in message, message
+
+
+# families of tests/kits/vlm_more.py: image tokens a demo image (32x32) expands to, as their processors write them
+MORE_IMAGE_TOKENS = {
+    "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
+    "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
+    "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
+}
+
+
+@pytest.mark.parametrize("family", list(MORE_IMAGE_TOKENS))
+def test_more_batches_are_what_the_processor_gives(family, vlms):
+    """Our batch of a record == what the family's processor gives for the same conversation: HunyuanOCR's
+    (`<image>`s expanded between its start and end tokens, `image_grid_thw`, modality ids for its multimodal
+    RoPE), Hy4-VL's and MiniCPM-V 4.6's (built for images only), whose `__call__` also writes each image's index in
+    its record before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader
+    worker started by spawn gets it."""
+    from pipeline.data.processors import build_processor as _processor
+    from pipeline.data.tokenize import load_chat
+
+    data = vlms[family]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))
+    theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == MORE_IMAGE_TOKENS[family]
+    if family == "minicpmv4_6":
+        text = "".join(images.tokenizer.convert_ids_to_tokens(theirs["input_ids"][0]))
+        assert "<image_id>0</image_id><image>" + "<|image_pad|>" * 4 + "</image>" in text
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+
+def test_a_stand_in_video_processor_gives_its_saved_settings(vlms):
+    """MiniCPM-V 4.6's processor reads its video processor's `slice_mode` when it is built: without torchvision
+    the stand-in gives the saved setting, and refuses a setting it was not saved with, naming what is missing."""
+    from pipeline.data.processors import build_processor as _processor
+
+    processor = _processor(vlms["minicpmv4_6"]["model"], False)
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the video processor is built")
+    assert processor.video_slice_mode is True and processor.video_processor.downsample_mode == "16x"
+    with pytest.raises(AttributeError, match="(?i)video_processor.*torchvision.*'no_such_setting'"):
+        processor.video_processor.no_such_setting
+
+
+def test_mistral_large4_trains_and_merges_but_stock_peft_drops_its_moe_adapter(tmp_path):
+    """Mistral Large 4 (Pixtral's processor; multi-head latent attention with a sparse-attention indexer; experts
+    stored fused; logits soft-capped) trains with its experts adapted, and the streaming merge is base + adapter:
+    its logits on verify-merge's probes are those of the base with the adapter's every tensor loaded as saved.
+    Stock `PeftModel.from_pretrained` does not load the adapter of its mixture-of-experts layers (peft renames
+    the adapter's keys by the family's checkpoint conversion, which maps `mlp.shared_experts` to
+    `mlp.mlp.shared_experts`), so verify-merge fails, saying which tensors stock peft left out."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from kits.vlm_more import save_mistral_large4
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import image_probes, verify
+    from pipeline.train import stage
+
+    data = make_vlm_data(tmp_path / "data", save_mistral_large4(tmp_path / "model"))
+    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    settings = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert {"experts.gate_up_proj", "experts.down_proj"} <= set(settings["target_parameters"])
+    merge_dirs(data["model"], export / "adapter", export / "merged")
+
+    report = verify(data["model"], export / "adapter", export / "merged", export / "verification.json", device="cpu")
+    left_out = report["adapter_not_loaded"]["first"]
+    assert not report["passed"] and left_out and all(".layers.1.mlp." in k for k in left_out), report
+
+    # the base with the adapter's tensors put in as saved (no key conversion): the merged model's logits
+    base = AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(**{k: v for k, v in settings.items() if k in (
+        "r", "lora_alpha", "target_modules", "target_parameters", "lora_dropout")}))
+    saved = load_file(export / "adapter" / "adapter_model.safetensors")
+    missing, unexpected = model.load_state_dict(
+        {k.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): v
+         for k, v in saved.items()}, strict=False)
+    assert not unexpected and not [k for k in missing if ".lora_" in k], (unexpected, missing)
+    probes = image_probes(data["model"], AutoConfig.from_pretrained(data["model"]), 2, 8, 0, tmp_path)
+    merged, info = AutoModelForImageTextToText.from_pretrained(export / "merged", output_loading_info=True)
+    assert not any(info.values()), info
+    with torch.no_grad():
+        torch.testing.assert_close(merged.eval()(**probes).logits, model.eval()(**probes).logits,
+                                   rtol=1e-4, atol=1e-4)

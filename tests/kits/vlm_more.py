@@ -1,0 +1,150 @@
+"""More tiny random vision-language models of 2026, saved as real HF dirs (savers for
+`tests/model/test_vlm_families.py`, which takes `MORE_SAVERS`).
+
+Built as `tests/kits/vlm.py` builds its families: the family's stock transformers
+class at test size, the demo tokenizer with the family's special tokens, and the
+family's own processor class with its PIL image processor. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from kits.vlm import (_QWEN3_5_TEXT, PIXTRAL_TEMPLATE, PIXTRAL_TOKENS, QWEN_TEMPLATE, QWEN_TOKENS, _family_tokenizer,
+                      _save_parts, _text_config)
+
+
+def save_mistral_large4(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Mistral Large 4 (`MistralLarge4ForConditionalGeneration`: a 1-block Pixtral tower, 8x8 patches
+    merged 2x2; 2 decoder layers of multi-head latent attention with its sparse-attention indexer, the second a
+    mixture of 4 experts stored fused and a shared expert; logits soft-capped) with Pixtral's processor, as
+    Mistral Small 3 ships it (`kits.vlm.save_mistral3`): a 32x32 image scaled to 24x24 and padded to 2x2 `[IMG]`s
+    with an `[IMG_BREAK]` after each row, the last `[IMG_END]`."""
+    from transformers import MistralLarge4Config, MistralLarge4ForConditionalGeneration
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(PIXTRAL_TOKENS), bos="<s>", eos="<|end|>", template=PIXTRAL_TEMPLATE)
+    config = MistralLarge4Config(
+        text_config=_text_config(tokenizer, model_type="mistral_large4_text", moe_intermediate_size=16,
+                                 n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                                 first_k_dense_replace=1, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                 v_head_dim=16, index_topk=64, index_head_dim=8, index_n_heads=2,
+                                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                                 final_logit_softcapping=30.0),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=8, image_size=64, patch_size=8),
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2)
+    torch.manual_seed(seed)
+    images = PixtralImageProcessorPil(size={"longest_edge": 24}, patch_size={"height": 8, "width": 8})
+    return _save_parts(path, MistralLarge4ForConditionalGeneration(config), tokenizer, images, PIXTRAL_TEMPLATE,
+                       "PixtralProcessor", patch_size=8, spatial_merge_size=2, image_token="[IMG]",
+                       image_break_token="[IMG_BREAK]", image_end_token="[IMG_END]")
+
+
+# HunYuanVL's image tokens (the tokenizer attributes its processor requires); an image is written
+# `<image_start><image><image_end>`, the `<image>` expanded by the processor (its wrappers checked by it)
+HUNYUAN_VL_TOKENS = {"image_start_token": "<image_start>", "image_token": "<image>", "image_end_token": "<image_end>"}
+HUNYUAN_VL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>",
+                                            "<image_start><image><image_end>")
+
+
+def save_hunyuan_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random HunyuanOCR (`HunYuanVLForConditionalGeneration`: a 1-block tower on 8x8 patches, its patch
+    merger a 2x2 convolution with a newline per row and begin / end features; 2 dense decoder layers with
+    multimodal RoPE over (sequence, width, height, image)) with its own processor and PIL image processor: a
+    32x32 image is 2 rows of 2 merged patches and a newline, between begin and end: 8 `<image>`s."""
+    from transformers import HunYuanVLConfig, HunYuanVLForConditionalGeneration, HunYuanVLProcessor
+    from transformers.models.hunyuan_vl.image_processing_pil_hunyuan_vl import HunYuanVLImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(HUNYUAN_VL_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=HUNYUAN_VL_TEMPLATE, named=HUNYUAN_VL_TOKENS)
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in HUNYUAN_VL_TOKENS.items()}
+    config = HunYuanVLConfig(
+        text_config=_text_config(tokenizer, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 2, 2, 2]}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=8, spatial_merge_size=2, max_image_size=64, min_image_size=16),
+        image_token_id=ids["image_token"], im_start_id=ids["image_start_token"], im_end_id=ids["image_end_token"],
+        im_newline_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    HunYuanVLForConditionalGeneration(config).save_pretrained(path)
+    images = HunYuanVLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                        temporal_patch_size=1)
+    HunYuanVLProcessor(image_processor=images, tokenizer=tokenizer,
+                       chat_template=HUNYUAN_VL_TEMPLATE).save_pretrained(path)
+    return path
+
+
+def save_hy_v4_vl(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Hy4-VL (`HYV4VLForConditionalGeneration`: a 1-block tower on 8x8 patches, HunyuanOCR's
+    patch merger with a newline per row; 2 decoder layers of multi-head latent attention with a sparse-attention
+    indexer, attention sinks and hyper-connections, the second a mixture of 4 experts stored fused and a shared
+    expert) with Qwen's vision tokens and its PIL image processor: a 32x32 image is 2 rows of 2 merged patches
+    and a newline, 6 `<|image_pad|>`s. Its processor is written as parts (its video processor needs torchvision)."""
+    from transformers import HYV4VLConfig, HYV4VLForConditionalGeneration
+    from transformers.models.hy_v4_vl.image_processing_pil_hy_v4_vl import HYV4VLImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    config = HYV4VLConfig(
+        text_config=_text_config(tokenizer, moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2,
+                                 n_shared_experts=1, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+                                 qk_rope_head_dim=8, v_head_dim=16, index_topk=64, index_head_dim=8, index_n_heads=2,
+                                 hc_mult=2, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                             "mrope_section": [2, 1, 1]}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           out_hidden_size=32, patch_size=8, spatial_merge_size=2, max_image_size=64),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"])
+    torch.manual_seed(seed)
+    images = HYV4VLImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                     temporal_patch_size=1)
+    return _save_parts(path, HYV4VLForConditionalGeneration(config), tokenizer, images, QWEN_TEMPLATE,
+                       "HYV4VLProcessor")
+
+
+# MiniCPM-V 4.6's tokenizer attributes (its processor reads them): the template writes `<|image_pad|>` for an
+# image, which the processor replaces by `<image>`, its `<|image_pad|>`s and `</image>` (and slices, if any)
+MINICPMV_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>", "image_start_token": "<image>",
+                   "image_end_token": "</image>", "slice_start_token": "<slice>", "slice_end_token": "</slice>",
+                   "image_id_start_token": "<image_id>", "image_id_end_token": "</image_id>"}
+MINICPMV_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")
+
+
+def save_minicpmv4_6(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random MiniCPM-V 4.6 (`MiniCPMV4_6ForConditionalGeneration`: a 2-layer SigLIP-style tower on 4x4
+    patches with its window-attention merger (2x2) after the first layer, the merger (2x2) after it; 2 Qwen3.5
+    layers, Gated DeltaNet and attention) with its own processor and PIL image processor: a 32x32 image kept
+    whole (no slices) is 4 `<|image_pad|>`s between `<image>` and `</image>`, after its id in the record
+    (`<image_id>0</image_id>`). Its processor is written as parts (its video processor needs torchvision)."""
+    from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
+    from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(MINICPMV_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=MINICPMV_TEMPLATE, named=MINICPMV_TOKENS)
+    config = MiniCPMV4_6Config(
+        text_config=_text_config(tokenizer, model_type="qwen3_5_text", **_QWEN3_5_TEXT),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=4),
+        insert_layer_id=0, image_size=32, image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"))
+    torch.manual_seed(seed)
+    images = MiniCPMV4_6ImageProcessorPil(scale_resolution=32, patch_size=4, max_slice_nums=1)
+    _save_parts(path, MiniCPMV4_6ForConditionalGeneration(config), tokenizer, images, MINICPMV_TEMPLATE,
+                "MiniCPMV4_6Processor")
+    # what its video processor saves (settings its processor reads when built), by hand: it needs torchvision
+    (Path(path) / "video_preprocessor_config.json").write_text(json.dumps(
+        {"video_processor_type": "MiniCPMV4_6VideoProcessor", "scale_resolution": 32, "patch_size": 4,
+         "max_slice_nums": 1, "slice_mode": True, "downsample_mode": "16x", "use_image_id": True}) + "\n")
+    return path
+
+
+# family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
+# trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
+MORE_SAVERS = {
+    "hunyuan_vl": save_hunyuan_vl,
+    "hy_v4_vl_moe": save_hy_v4_vl,
+    "minicpmv4_6": save_minicpmv4_6,
+}
