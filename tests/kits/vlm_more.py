@@ -148,3 +148,33 @@ MORE_SAVERS = {
     "hy_v4_vl_moe": save_hy_v4_vl,
     "minicpmv4_6": save_minicpmv4_6,
 }
+
+
+# families whose image processor exists only for torchvision (transformers 5.24 has no PIL backend for them):
+# family -> (config class, processor class, image processor class)
+TORCHVISION_ONLY = {
+    "minimax_m3_vl": ("MiniMaxM3VLConfig", "MiniMaxM3VLProcessor", "MiniMaxM3VLImageProcessor"),
+    "gemma4_unified": ("Gemma4UnifiedConfig", "Gemma4UnifiedProcessor", "Gemma4UnifiedImageProcessor"),
+    "molmo2": ("Molmo2Config", "Molmo2Processor", "Molmo2ImageProcessor"),
+    "step3p7": ("Step3p7Config", "Step3p7Processor", "Step3p7ImageProcessor"),
+    "apertus1p5": ("Apertus1p5Config", "Apertus1p5Processor", "Apertus1p5ImageProcessor"),
+    "nemotron_h_omni": ("NemotronH_Omni_Reasoning_V3_Config", "NemotronH_Omni_Reasoning_V3Processor",
+                        "NemotronH_Omni_Reasoning_V3ImageProcessor"),
+}
+
+
+def save_torchvision_only(path: Path, family: str) -> Path:
+    """A dir of a family whose image processor exists only for torchvision, as far as tokenizing reads it: the
+    family's default config (no weights: the refusal comes before any), the demo tokenizer with Qwen's vision
+    tokens, and its processor's and image processor's configs naming their classes."""
+    import transformers
+
+    from kits.vlm import _save_without_image_processor
+
+    config_cls, processor_cls, image_cls = TORCHVISION_ONLY[family]
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    config = getattr(transformers, config_cls)()
+    if config.vision_config is None:  # Gemma 4 Unified's vision part is optional: its checkpoints have one
+        config = getattr(transformers, config_cls)(vision_config={})
+    return _save_without_image_processor(path, config, tokenizer,
+                                         {"image_processor_type": image_cls}, QWEN_TEMPLATE, processor_cls)

@@ -690,3 +690,30 @@ def test_mistral_large4_trains_and_merges_but_stock_peft_drops_its_moe_adapter(t
     with torch.no_grad():
         torch.testing.assert_close(merged.eval()(**probes).logits, model.eval()(**probes).logits,
                                    rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["molmo2", "step3p7"])
+def test_more_torchvision_only_image_processors_are_refused_in_one_line(family, tmp_path):
+    """MiniMax-M3-VL, Gemma 4 Unified, Molmo2, Step 3.7, Apertus 1.5 and Nemotron-H Omni have image processors
+    for torchvision only (transformers 5.24 has no PIL backend for them): without torchvision, tokenizing for one
+    stops with one line naming the model and the package. Two of them stand for all six here."""
+    from kits.vlm_more import save_torchvision_only
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: this is the refusal without it")
+    assert "torchvision" in refusal_line(save_torchvision_only(tmp_path / family, family))
+
+
+def test_composites_steps_after_the_head_are_read_off_their_text_configs():
+    """Mistral Large 4's composite soft-caps its logits, Granite 4 Vision's divides them by its text model's
+    `logits_scaling`, Cohere Compass's multiplies them by its `logit_scale` (their stock forwards): the loss takes
+    the same step, read off the text config's type (`mistral_large4_text`, ...). At a tiny model's small logits
+    the head probe cannot tell a soft-cap of 30 from none, so the map itself is checked."""
+    from transformers import CohereCompassConfig, Granite4VisionConfig, MistralLarge4Config
+
+    from pipeline.model.loss import logit_map
+
+    assert logit_map(MistralLarge4Config(text_config={"final_logit_softcapping": 30.0})).cap == 30.0
+    assert logit_map(Granite4VisionConfig(text_config={"logits_scaling": 8.0})).scale == 1 / 8
+    assert logit_map(CohereCompassConfig(text_config={"logit_scale": 0.25})).scale == 0.25
+    assert not logit_map(CohereCompassConfig(text_config={"logit_scale": None}))
