@@ -141,9 +141,44 @@ def save_minicpmv4_6(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+
+GRANITE4_VISION_PINPOINTS = [[32, 32]]  # anyres with one grid: a 32x32 image is the whole image and one tile
+
+
+def save_granite4_vision(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Granite 4 Vision (`Granite4VisionForConditionalGeneration`: a 1-layer CLIP tower on 32x32
+    tiles, 8x8 patches; Window Q-Former projectors (one per deepstack pair, four spatial ones) downsampling 1/2, their
+    features added to the image tokens' states at the decoder layers they target; 2 Granite-style layers, logits
+    divided by `logits_scaling`) with its own processor and LLaVA-NeXT's PIL image processor."""
+    from transformers import Granite4VisionConfig, Granite4VisionForConditionalGeneration, Granite4VisionProcessor
+    from transformers.models.llava_next.image_processing_pil_llava_next import LlavaNextImageProcessorPil
+
+    from kits.vlm import LLAVA_NEXT_TEMPLATE
+
+    tokenizer = _family_tokenizer(["<image>", "[INST]", "[/INST]", "</s>"], bos="<s>", eos="</s>",
+                                  template=LLAVA_NEXT_TEMPLATE, adds_bos=True)
+    config = Granite4VisionConfig(
+        text_config=_text_config(tokenizer, logits_scaling=8.0),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=32, patch_size=8, projection_dim=16),
+        qformer_config=dict(intermediate_size=32), image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        image_grid_pinpoints=GRANITE4_VISION_PINPOINTS, vision_feature_select_strategy="default",
+        vision_feature_layer=-1, downsample_rate="1/2", deepstack_layer_map=[[-1, 0]], spatial_vision_layer=-1,
+        spatial_target_layers=[1, 1, 1, 1], projector_dropout=0.0)
+    torch.manual_seed(seed)
+    Granite4VisionForConditionalGeneration(config).save_pretrained(path)
+    images = LlavaNextImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                        image_grid_pinpoints=GRANITE4_VISION_PINPOINTS)
+    Granite4VisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8,
+                            vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                            downsample_rate="1/2", chat_template=LLAVA_NEXT_TEMPLATE).save_pretrained(path)
+    return path
+
+
 # family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
 # trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
 MORE_SAVERS = {
+    "granite4_vision": save_granite4_vision,
     "hunyuan_vl": save_hunyuan_vl,
     "hy_v4_vl_moe": save_hy_v4_vl,
     "minicpmv4_6": save_minicpmv4_6,

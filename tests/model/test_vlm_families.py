@@ -601,6 +601,7 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
 
 # families of tests/kits/vlm_more.py: image tokens a demo image (32x32) expands to, as their processors write them
 MORE_IMAGE_TOKENS = {
+    "granite4_vision": 4 + 2 * 2 + 2,  # anyres: the whole image, one tile unpadded, a newline per row (1/2 downsampled)
     "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
     "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
     "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
@@ -717,3 +718,36 @@ def test_composites_steps_after_the_head_are_read_off_their_text_configs():
     assert logit_map(Granite4VisionConfig(text_config={"logits_scaling": 8.0})).scale == 1 / 8
     assert logit_map(CohereCompassConfig(text_config={"logit_scale": 0.25})).scale == 0.25
     assert not logit_map(CohereCompassConfig(text_config={"logit_scale": None}))
+
+
+def test_granite4_vision_projector_is_its_q_formers_together(vlms):
+    """Granite 4 Vision's projector is two module lists side by side (the deepstack and the spatial Window
+    Q-Formers): LoRA reaches neither, vision.train_projector trains both in full (peft modules_to_save), and full
+    fine-tuning freezes both unless asked."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.vision import find_parts, freeze_for_full_finetuning
+
+    base = vlms["granite4_vision"]["model"]
+    model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+    parts = find_parts(model)
+    assert parts.projectors == ("model.layerwise_projectors", "model.spatial_projectors"), parts
+    freeze_for_full_finetuning(model, parts, train_projector=False, train_tower=False)
+    frozen = [n for n, p in model.named_parameters() if n.startswith(parts.projectors) and not p.requires_grad]
+    assert frozen and not [n for n, p in model.named_parameters() if n.startswith(parts.projectors) and p.requires_grad]
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                              vision=dataclasses.replace(cfg.vision, train_projector=True))
+    peft = attach_lora(AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32), cfg)
+    # peft wraps modules, not module lists: each Q-Former is saved whole
+    assert {f"{p}.{k}" for p, k in [(parts.projector, 0), *((p, k) for p in parts.more_projectors for k in range(4))]
+            } <= set(peft.peft_config["default"].modules_to_save), peft.peft_config["default"].modules_to_save
+    trained = {n.split(".modules_to_save.")[0].removeprefix("base_model.model.") for n, p in peft.named_parameters()
+               if p.requires_grad and ".modules_to_save." in n}
+    assert {n.rsplit(".", 1)[0] for n in trained} == set(parts.projectors), sorted(trained)
+    assert not [n for n, _ in peft.named_parameters() if ".lora_" in n and n.split("base_model.model.")[1].startswith(
+        parts.projectors)]
