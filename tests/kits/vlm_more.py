@@ -175,12 +175,39 @@ def save_granite4_vision(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+
+LIGHTON_OCR_TOKENS = {"image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}
+
+
+def save_lighton_ocr(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random LightOnOCR (`LightOnOcrForConditionalGeneration`: a 1-block Pixtral tower, 8x8 patches merged
+    2x2 by its projector; 2 Qwen3 layers) with its own processor and Pixtral's PIL image processor, whose patch is
+    the tower's patch x the merge (16): a 32x32 image is 2x2 `[IMG]`s."""
+    from transformers import LightOnOcrConfig, LightOnOcrForConditionalGeneration, LightOnOcrProcessor
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(LIGHTON_OCR_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=PIXTRAL_TEMPLATE, named=LIGHTON_OCR_TOKENS)
+    config = LightOnOcrConfig(
+        text_config=_text_config(tokenizer, model_type="qwen3", head_dim=16),
+        vision_config=dict(model_type="pixtral", hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, head_dim=8, image_size=64, patch_size=8),
+        image_token_id=tokenizer.convert_tokens_to_ids("[IMG]"), spatial_merge_size=2)
+    torch.manual_seed(seed)
+    LightOnOcrForConditionalGeneration(config).save_pretrained(path)
+    images = PixtralImageProcessorPil(size={"longest_edge": 32}, patch_size={"height": 16, "width": 16})
+    LightOnOcrProcessor(image_processor=images, tokenizer=tokenizer, patch_size=8, spatial_merge_size=2,
+                        chat_template=PIXTRAL_TEMPLATE).save_pretrained(path)
+    return path
+
+
 # family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
 # trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
 MORE_SAVERS = {
     "granite4_vision": save_granite4_vision,
     "hunyuan_vl": save_hunyuan_vl,
     "hy_v4_vl_moe": save_hy_v4_vl,
+    "lighton_ocr": save_lighton_ocr,
     "minicpmv4_6": save_minicpmv4_6,
 }
 

@@ -604,6 +604,7 @@ MORE_IMAGE_TOKENS = {
     "granite4_vision": 4 + 2 * 2 + 2,  # anyres: the whole image, one tile unpadded, a newline per row (1/2 downsampled)
     "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
     "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
+    "lighton_ocr": 2 * 2,  # Pixtral's image processor, its patch the tower's x the merge: no [IMG_BREAK] rows
     "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
 }
 
@@ -751,3 +752,12 @@ def test_granite4_vision_projector_is_its_q_formers_together(vlms):
     assert {n.rsplit(".", 1)[0] for n in trained} == set(parts.projectors), sorted(trained)
     assert not [n for n, _ in peft.named_parameters() if ".lora_" in n and n.split("base_model.model.")[1].startswith(
         parts.projectors)]
+
+
+def test_more_projectors_are_found_whole(vlms):
+    """The projector of each family, as find_parts names it: HunyuanOCR's and Hy4-VL's is their tower's patch
+    merger, LightOnOCR's its `vision_projection` (not the patch merger inside it), MiniCPM-V 4.6's its merger."""
+    found = {family: vlms_parts(vlms[family]["model"]).projector
+             for family in ("hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6")}
+    assert found == {"hunyuan_vl": "model.vision_tower.patch_merger", "hy_v4_vl_moe": "model.vision_tower.patch_merger",
+                     "lighton_ocr": "model.vision_projection", "minicpmv4_6": "model.merger"}, found
