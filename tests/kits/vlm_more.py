@@ -113,27 +113,31 @@ MINICPMV_TOKENS = {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>
 MINICPMV_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>")
 
 
-def save_minicpmv4_6(path: Path, *, seed: int = 0) -> Path:
+def save_minicpmv(path: Path, *, seed: int = 0, version: str = "4_6") -> Path:
     """A tiny random MiniCPM-V 4.6 (`MiniCPMV4_6ForConditionalGeneration`: a 2-layer SigLIP-style tower on 4x4
     patches with its window-attention merger (2x2) after the first layer, the merger (2x2) after it; 2 Qwen3.5
     layers, Gated DeltaNet and attention) with its own processor and PIL image processor: a 32x32 image kept
     whole (no slices) is 4 `<|image_pad|>`s between `<image>` and `</image>`, after its id in the record
-    (`<image_id>0</image_id>`). Its processor is written as parts (its video processor needs torchvision)."""
-    from transformers import MiniCPMV4_6Config, MiniCPMV4_6ForConditionalGeneration
+    (`<image_id>0</image_id>`). Its processor is written as parts (its video processor needs torchvision).
+    `version="4_7"`: MiniCPM-V 4.7, the same layout with its own classes (its processor gives modality ids too;
+    4.6's image and video processors)."""
+    import transformers
     from transformers.models.minicpmv4_6.image_processing_pil_minicpmv4_6 import MiniCPMV4_6ImageProcessorPil
 
     tokenizer = _family_tokenizer(list(MINICPMV_TOKENS.values()), bos="<s>", eos="<|end|>",
                                   template=MINICPMV_TEMPLATE, named=MINICPMV_TOKENS)
-    config = MiniCPMV4_6Config(
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in MINICPMV_TOKENS.items()}
+    config = getattr(transformers, f"MiniCPMV{version}Config")(
         text_config=_text_config(tokenizer, model_type="qwen3_5_text", **_QWEN3_5_TEXT),
         vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
                            image_size=32, patch_size=4),
-        insert_layer_id=0, image_size=32, image_token_id=tokenizer.convert_tokens_to_ids("<|image_pad|>"),
-        video_token_id=tokenizer.convert_tokens_to_ids("<|video_pad|>"))
+        insert_layer_id=0, image_size=32, image_token_id=ids["image_token"], video_token_id=ids["video_token"],
+        **(dict(image_start_id=ids["image_start_token"], image_end_id=ids["image_end_token"])
+           if version == "4_7" else {}))
     torch.manual_seed(seed)
     images = MiniCPMV4_6ImageProcessorPil(scale_resolution=32, patch_size=4, max_slice_nums=1)
-    _save_parts(path, MiniCPMV4_6ForConditionalGeneration(config), tokenizer, images, MINICPMV_TEMPLATE,
-                "MiniCPMV4_6Processor")
+    model = getattr(transformers, f"MiniCPMV{version}ForConditionalGeneration")(config)
+    _save_parts(path, model, tokenizer, images, MINICPMV_TEMPLATE, f"MiniCPMV{version}Processor")
     # what its video processor saves (settings its processor reads when built), by hand: it needs torchvision
     (Path(path) / "video_preprocessor_config.json").write_text(json.dumps(
         {"video_processor_type": "MiniCPMV4_6VideoProcessor", "scale_resolution": 32, "patch_size": 4,
@@ -208,7 +212,8 @@ MORE_SAVERS = {
     "hunyuan_vl": save_hunyuan_vl,
     "hy_v4_vl_moe": save_hy_v4_vl,
     "lighton_ocr": save_lighton_ocr,
-    "minicpmv4_6": save_minicpmv4_6,
+    "minicpmv4_6": save_minicpmv,
+    "minicpmv4_7": lambda path: save_minicpmv(path, version="4_7"),
 }
 
 

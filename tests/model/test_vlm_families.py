@@ -606,6 +606,7 @@ MORE_IMAGE_TOKENS = {
     "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
     "lighton_ocr": 2 * 2,  # Pixtral's image processor, its patch the tower's x the merge: no [IMG_BREAK] rows
     "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
+    "minicpmv4_7": 4,  # likewise, with modality ids
 }
 
 
@@ -613,8 +614,8 @@ MORE_IMAGE_TOKENS = {
 def test_more_batches_are_what_the_processor_gives(family, vlms):
     """Our batch of a record == what the family's processor gives for the same conversation: HunyuanOCR's
     (`<image>`s expanded between its start and end tokens, `image_grid_thw`, modality ids for its multimodal
-    RoPE), Hy4-VL's and MiniCPM-V 4.6's (built for images only), whose `__call__` also writes each image's index in
-    its record before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader
+    RoPE), LightOnOCR's, Hy4-VL's and MiniCPM-V 4.6's and 4.7's (built for images only), whose `__call__` also writes
+    each image's index in its record before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader
     worker started by spawn gets it."""
     from pipeline.data.processors import build_processor as _processor
     from pipeline.data.tokenize import load_chat
@@ -624,7 +625,7 @@ def test_more_batches_are_what_the_processor_gives(family, vlms):
     images = pickle.loads(pickle.dumps(images))
     theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
     assert int((theirs["input_ids"] == images.image_token_id).sum()) == MORE_IMAGE_TOKENS[family]
-    if family == "minicpmv4_6":
+    if family.startswith("minicpmv"):
         text = "".join(images.tokenizer.convert_ids_to_tokens(theirs["input_ids"][0]))
         assert "<image_id>0</image_id><image>" + "<|image_pad|>" * 4 + "</image>" in text
     for key, value in theirs.items():
