@@ -205,9 +205,46 @@ def save_lighton_ocr(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+
+COHERE_COMPASS_TOKENS = ("<|VISION_START|>", "<|VISION_END|>", "<|IMAGE_PAD|>", "<|VIDEO_PAD|>")
+COHERE_COMPASS_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>",
+                                                "<|VISION_START|><|IMAGE_PAD|><|VISION_END|>")
+
+
+def save_cohere_compass(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Cohere Compass (`CohereCompassForConditionalGeneration`: Qwen3-VL's tower layout, 2 blocks on
+    8x8 patches merged 2x2, a deepstack merger; 2 Cohere-style layers, one sliding-window, logits multiplied by
+    `logit_scale`, 0.25 here) with its own processor's tokens and its PIL image processor: a 32x32 image is 4
+    `<|IMAGE_PAD|>`s between `<|VISION_START|>` and `<|VISION_END|>`. Its processor is written as parts (its
+    video processor needs torchvision)."""
+    from transformers import CohereCompassConfig, CohereCompassForConditionalGeneration
+    from transformers.models.cohere_compass.image_processing_pil_cohere_compass import CohereCompassImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(COHERE_COMPASS_TOKENS), bos="<s>", eos="<|end|>",
+                                  template=COHERE_COMPASS_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in COHERE_COMPASS_TOKENS}
+    config = CohereCompassConfig(
+        text_config=_text_config(tokenizer, logit_scale=0.25, sliding_window=16,
+                                 layer_types=["sliding_attention", "full_attention"],
+                                 rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "mrope_section": [2, 3, 3]}
+                                                  for t in ("sliding_attention", "full_attention")}),
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           patch_size=8, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                           deepstack_visual_indexes=[0]),
+        image_token_id=ids["<|IMAGE_PAD|>"], video_token_id=ids["<|VIDEO_PAD|>"],
+        vision_start_token_id=ids["<|VISION_START|>"], vision_end_token_id=ids["<|VISION_END|>"])
+    torch.manual_seed(seed)
+    images = CohereCompassImageProcessorPil(min_pixels=16 * 16, max_pixels=32 * 32, patch_size=8, merge_size=2,
+                                            temporal_patch_size=2)
+    return _save_parts(path, CohereCompassForConditionalGeneration(config), tokenizer, images,
+                       COHERE_COMPASS_TEMPLATE, "CohereCompassProcessor")
+
+
 # family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
 # trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
 MORE_SAVERS = {
+    "cohere_compass": save_cohere_compass,
     "granite4_vision": save_granite4_vision,
     "hunyuan_vl": save_hunyuan_vl,
     "hy_v4_vl_moe": save_hy_v4_vl,

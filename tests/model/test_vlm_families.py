@@ -601,6 +601,7 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
 
 # families of tests/kits/vlm_more.py: image tokens a demo image (32x32) expands to, as their processors write them
 MORE_IMAGE_TOKENS = {
+    "cohere_compass": 4,  # Qwen3-VL's layout: with image_grid_thw and modality ids
     "granite4_vision": 4 + 2 * 2 + 2,  # anyres: the whole image, one tile unpadded, a newline per row (1/2 downsampled)
     "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
     "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
