@@ -285,8 +285,9 @@ def _expands_each_image(cls) -> bool:
 
 def _token_types(cls, names) -> str | None:
     """The name a processor class gives the modality ids it returns (`names`: its instance's input names),
-    or None when it returns none."""
-    if not getattr(cls, "return_mm_token_type_ids", False):
+    or None when it returns none. A processor that returns them only when asked, but names them among the
+    model's inputs (Cosmos 3 Edge's, whose model needs them for its 3-D RoPE), is taken at its word."""
+    if not getattr(cls, "return_mm_token_type_ids", False) and MM_TOKEN_TYPE_IDS not in names:
         return None
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 

@@ -241,10 +241,36 @@ def save_cohere_compass(path: Path, *, seed: int = 0) -> Path:
                        COHERE_COMPASS_TEMPLATE, "CohereCompassProcessor")
 
 
+
+def save_cosmos3_edge(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Cosmos 3 Edge (`Cosmos3EdgeForConditionalGeneration`: a 1-layer SigLIP-style tower on 8x8
+    patches, its projector merging 2x2; 2 decoder layers) with Qwen's vision tokens and its PIL image processor:
+    a 32x32 image is 4 `<|image_pad|>`s. Its processor is written as parts (its video processor needs
+    torchvision)."""
+    from transformers import Cosmos3EdgeConfig, Cosmos3EdgeForConditionalGeneration
+    from transformers.models.cosmos3_edge.image_processing_pil_cosmos3_edge import Cosmos3EdgeImageProcessorPil
+
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    config = Cosmos3EdgeConfig(
+        text_config=_text_config(tokenizer, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           patch_size=8, num_patches=16, spatial_merge_size=2),
+        projector_hidden_size=32, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(seed)
+    images = Cosmos3EdgeImageProcessorPil(size={"shortest_edge": 16 * 16, "longest_edge": 32 * 32}, patch_size=8,
+                                          merge_size=2, temporal_patch_size=1)
+    return _save_parts(path, Cosmos3EdgeForConditionalGeneration(config), tokenizer, images, QWEN_TEMPLATE,
+                       "Cosmos3EdgeProcessor")
+
+
 # family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
 # trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
 MORE_SAVERS = {
     "cohere_compass": save_cohere_compass,
+    "cosmos3_edge": save_cosmos3_edge,
     "granite4_vision": save_granite4_vision,
     "hunyuan_vl": save_hunyuan_vl,
     "hy_v4_vl_moe": save_hy_v4_vl,

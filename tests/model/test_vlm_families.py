@@ -601,6 +601,7 @@ def test_gemma3n_without_timm_is_refused_at_plan_time_in_one_line(tmp_path):
 
 # families of tests/kits/vlm_more.py: image tokens a demo image (32x32) expands to, as their processors write them
 MORE_IMAGE_TOKENS = {
+    "cosmos3_edge": 4,  # Qwen's tokens, image_grid_thw and modality ids (which its processor gives when asked)
     "cohere_compass": 4,  # Qwen3-VL's layout: with image_grid_thw and modality ids
     "granite4_vision": 4 + 2 * 2 + 2,  # anyres: the whole image, one tile unpadded, a newline per row (1/2 downsampled)
     "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
@@ -613,7 +614,8 @@ MORE_IMAGE_TOKENS = {
 
 @pytest.mark.parametrize("family", list(MORE_IMAGE_TOKENS))
 def test_more_batches_are_what_the_processor_gives(family, vlms):
-    """Our batch of a record == what the family's processor gives for the same conversation: HunyuanOCR's
+    """Our batch of a record == what the family's processor gives for the same conversation: Cosmos 3 Edge's
+    (modality ids asked for: its model needs them, its processor names them among its inputs), HunyuanOCR's
     (`<image>`s expanded between its start and end tokens, `image_grid_thw`, modality ids for its multimodal
     RoPE), LightOnOCR's, Hy4-VL's and MiniCPM-V 4.6's and 4.7's (built for images only), whose `__call__` also writes
     each image's index in its record before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader
@@ -624,7 +626,10 @@ def test_more_batches_are_what_the_processor_gives(family, vlms):
     data = vlms[family]
     _, images = load_chat(data["model"])
     images = pickle.loads(pickle.dumps(images))
-    theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
+    processor = _processor(data["model"], False)
+    if family == "cosmos3_edge":  # its model needs the modality ids, which its processor gives when asked
+        processor.return_mm_token_type_ids = True
+    theirs, ours = _processor_batch(data, images, processor)
     assert int((theirs["input_ids"] == images.image_token_id).sum()) == MORE_IMAGE_TOKENS[family]
     if family.startswith("minicpmv"):
         text = "".join(images.tokenizer.convert_ids_to_tokens(theirs["input_ids"][0]))
@@ -757,9 +762,10 @@ def test_granite4_vision_projector_is_its_q_formers_together(vlms):
 
 
 def test_more_projectors_are_found_whole(vlms):
-    """The projector of each family, as find_parts names it: HunyuanOCR's and Hy4-VL's is their tower's patch
-    merger, LightOnOCR's its `vision_projection` (not the patch merger inside it), MiniCPM-V 4.6's its merger."""
+    """The projector of each family, as find_parts names it: Cosmos 3 Edge's is its `projector`, HunyuanOCR's and
+    Hy4-VL's their tower's patch merger, LightOnOCR's its `vision_projection` (not the patch merger inside it), MiniCPM-V 4.6's its merger."""
     found = {family: vlms_parts(vlms[family]["model"]).projector
-             for family in ("hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6")}
-    assert found == {"hunyuan_vl": "model.vision_tower.patch_merger", "hy_v4_vl_moe": "model.vision_tower.patch_merger",
-                     "lighton_ocr": "model.vision_projection", "minicpmv4_6": "model.merger"}, found
+             for family in ("cosmos3_edge", "hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6")}
+    assert found == {"cosmos3_edge": "model.projector", "hunyuan_vl": "model.vision_tower.patch_merger",
+                     "hy_v4_vl_moe": "model.vision_tower.patch_merger", "lighton_ocr": "model.vision_projection",
+                     "minicpmv4_6": "model.merger"}, found
