@@ -4,7 +4,8 @@
 processors of Qwen2-VL, Qwen3-VL, Qwen3.5, SmolVLM2, InternVL, GLM-4.1V and
 Gemma 4 hold a video processor that needs torchvision; without it, the same
 processor class is built from its tokenizer, image processor and saved settings,
-with a stand-in for the video half that refuses any use (`_image_only`). A
+with a stand-in for the video half that refuses any use but gives its saved
+settings (`_image_only`: MiniCPM-V 4.6's processor reads its `slice_mode`). A
 processor class that transformers hides without torchvision although it needs it
 only for a helper (Pixtral's) is imported all the same (`processor_class`). A
 processor that cannot be built even so (an image processor that exists only for

@@ -22,7 +22,9 @@ model's own `AutoProcessor`:
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
   InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
-  tokens of the cache always match the features. Where the model takes
+  tokens of the cache always match the features; a processor that writes each
+  image's index in its record before it (MiniCPM-V 4.6: `<image_id>0</image_id>`,
+  `image_ids`) has it written too. Where the model takes
   ``batch_num_images`` (LLaVA-OneVision: a record of several images has no
   tiles), a record's images are processed together for both (`per_record`).
 * cross-attention (Llama 3.2 Vision, `cross_attention`): an image stays the one

@@ -3,10 +3,16 @@ mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE,
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
 GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
 Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
-under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor). Refused at tokenize
-time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
-processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
-call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
+under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor); and
+(`tests/kits/vlm_more.py`) Granite 4 Vision (its projector two lists of Q-Formers), HunyuanOCR, Hy4-VL
+(experts), MiniCPM-V 4.6 and 4.7 (each image's id in its record written as the processor writes it),
+LightOnOCR, Cohere Compass and Cosmos 3 Edge, each also batched as its processor batches. Mistral Large 4
+trains and merges, but stock peft does not load its adapter's mixture-of-experts layers, which verify-merge
+reports. Refused at tokenize time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5,
+PerceptionLM, MiniMax-M3-VL, Gemma 4 Unified, Molmo2, Step 3.7, Apertus 1.5 and Nemotron-H Omni without
+torchvision (their image processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor
+expands image tokens in its own call. Refused at plan time in one line: Gemma 3n, whose vision tower needs
+timm (not installed here).
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
