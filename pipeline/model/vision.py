@@ -28,7 +28,8 @@ from pipeline.errors import UserError
 # Module names of each part across families, most common first.
 TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder")
 PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector", "embed_vision", "patch_merger",
-                   "vision_projection", "projector", "layerwise_projectors", "spatial_projectors")
+                   "vision_projection", "projector", "visual_embeddings_table", "layerwise_projectors",
+                   "spatial_projectors")
 LANGUAGE_NAMES = ("language_model", "text_model")
 
 

@@ -266,6 +266,35 @@ def save_cosmos3_edge(path: Path, *, seed: int = 0) -> Path:
                        "Cosmos3EdgeProcessor")
 
 
+
+OVIS2_INDICATORS = ("<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>")
+OVIS2_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+
+
+def save_ovis2(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Ovis2 (`Ovis2ForConditionalGeneration`: a 1-layer tower on 32x32 images, 8x8 patches strided
+    2x2 into 4 visual words, embedded through its visual embedding table; 2 Qwen2 layers) with its own processor and
+    PIL image processor: an image is `<IMG_START>`, 4 `<IMG_ATOM>`s, `<IMG_GRID>`, `<IMG_END>`, its indicator
+    tokens' features the table's last rows."""
+    from transformers import Ovis2Config, Ovis2ForConditionalGeneration, Ovis2Processor
+    from transformers.models.ovis2.image_processing_pil_ovis2 import Ovis2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<image>", "<IMG_ATOM>", *OVIS2_INDICATORS], bos="<s>", eos="<|end|>",
+                                  template=OVIS2_TEMPLATE)
+    config = Ovis2Config(
+        text_config=_text_config(tokenizer, model_type="qwen2"),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8, hidden_stride=2, vocab_size=16),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_ATOM>"),
+        visual_indicator_token_ids=[tokenizer.convert_tokens_to_ids(t) for t in OVIS2_INDICATORS],
+        vocab_size=len(tokenizer), hidden_size=32)
+    torch.manual_seed(seed)
+    Ovis2ForConditionalGeneration(config).save_pretrained(path)
+    Ovis2Processor(image_processor=Ovis2ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=tokenizer,
+                   chat_template=OVIS2_TEMPLATE, image_seq_length=4).save_pretrained(path)
+    return path
+
+
 # family -> saver, as tests/model/test_vlm_families.py's SAVERS take them (a `_moe` family's experts are asserted
 # trained). Mistral Large 4 (`save_mistral_large4`) has its own test: stock peft does not load its adapter.
 MORE_SAVERS = {
@@ -277,6 +306,7 @@ MORE_SAVERS = {
     "lighton_ocr": save_lighton_ocr,
     "minicpmv4_6": save_minicpmv,
     "minicpmv4_7": lambda path: save_minicpmv(path, version="4_7"),
+    "ovis2": save_ovis2,
 }
 
 

@@ -6,7 +6,7 @@ Granite text models: the loss's head check finds that), Llama 3.2 Vision (images
 under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor); and
 (`tests/kits/vlm_more.py`) Granite 4 Vision (its projector two lists of Q-Formers), HunyuanOCR, Hy4-VL
 (experts), MiniCPM-V 4.6 and 4.7 (each image's id in its record written as the processor writes it),
-LightOnOCR, Cohere Compass and Cosmos 3 Edge, each also batched as its processor batches. Mistral Large 4
+LightOnOCR, Ovis2, Cohere Compass and Cosmos 3 Edge, each also batched as its processor batches. Mistral Large 4
 trains and merges, but stock peft does not load its adapter's mixture-of-experts layers, which verify-merge
 reports. Refused at tokenize time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5,
 PerceptionLM, MiniMax-M3-VL, Gemma 4 Unified, Molmo2, Step 3.7, Apertus 1.5 and Nemotron-H Omni without
@@ -615,6 +615,7 @@ MORE_IMAGE_TOKENS = {
     "lighton_ocr": 2 * 2,  # Pixtral's image processor, its patch the tower's x the merge: no [IMG_BREAK] rows
     "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
     "minicpmv4_7": 4,  # likewise, with modality ids
+    "ovis2": 4,  # visual words between <IMG_START> and <IMG_GRID>, <IMG_END> after
 }
 
 
@@ -623,9 +624,10 @@ def test_more_batches_are_what_the_processor_gives(family, vlms):
     """Our batch of a record == what the family's processor gives for the same conversation: Cosmos 3 Edge's
     (modality ids asked for: its model needs them, its processor names them among its inputs), HunyuanOCR's
     (`<image>`s expanded between its start and end tokens, `image_grid_thw`, modality ids for its multimodal
-    RoPE), LightOnOCR's, Hy4-VL's and MiniCPM-V 4.6's and 4.7's (built for images only), whose `__call__` also writes
-    each image's index in its record before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader
-    worker started by spawn gets it."""
+    RoPE), Granite 4 Vision's, LightOnOCR's, Ovis2's, Cohere Compass's, Hy4-VL's and MiniCPM-V 4.6's and 4.7's
+    (those with a video processor built for images only); MiniCPM-V's `__call__` also writes each image's index in its record
+    before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader worker started
+    by spawn gets it."""
     from pipeline.data.processors import build_processor as _processor
     from pipeline.data.tokenize import load_chat
 
@@ -769,9 +771,10 @@ def test_granite4_vision_projector_is_its_q_formers_together(vlms):
 
 def test_more_projectors_are_found_whole(vlms):
     """The projector of each family, as find_parts names it: Cosmos 3 Edge's is its `projector`, HunyuanOCR's and
-    Hy4-VL's their tower's patch merger, LightOnOCR's its `vision_projection` (not the patch merger inside it), MiniCPM-V 4.6's its merger."""
+    Hy4-VL's their tower's patch merger, LightOnOCR's its `vision_projection` (not the patch merger inside it),
+    MiniCPM-V 4.6's its merger, Ovis2's its visual embedding table."""
     found = {family: vlms_parts(vlms[family]["model"]).projector
-             for family in ("cosmos3_edge", "hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6")}
+             for family in ("cosmos3_edge", "hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6", "ovis2")}
     assert found == {"cosmos3_edge": "model.projector", "hunyuan_vl": "model.vision_tower.patch_merger",
                      "hy_v4_vl_moe": "model.vision_tower.patch_merger", "lighton_ocr": "model.vision_projection",
-                     "minicpmv4_6": "model.merger"}, found
+                     "minicpmv4_6": "model.merger", "ovis2": "model.visual_embeddings_table"}, found
