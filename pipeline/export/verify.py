@@ -40,6 +40,11 @@ it is measured and reported beside the quantization error of the base alone
 merged model is as far from what trained as quantization makes any model, and
 not a pass criterion. The report names the base each side used.
 
+The reference must hold the adapter as saved: LoRA tensors that stock peft
+leaves out or changes on loading (its key conversion for some families:
+Mistral Large 4's mixture-of-experts layers) are listed in the report
+(`adapter_not_loaded`), and the check fails.
+
 Writes `--out` (JSON: max_abs_diff, tolerance, passed, and what was compared)
 in every case; exits 0 when passed, 1 otherwise. `--out` may not lie inside
 the base or adapter dir.
@@ -224,9 +229,9 @@ def verify(
         report["passed"] = False
         report["adapter_not_loaded"] = {
             "count": len(left_out), "first": left_out[:4],
-            "why": "stock PeftModel.from_pretrained leaves these adapter tensors out (it renames an adapter's keys "
-                   "with the base family's checkpoint conversion, which for this family does not map the adapter's "
-                   "own names back to themselves): stock base + adapter is not what trained, the merge is"}
+            "why": "stock PeftModel.from_pretrained does not hold these adapter tensors as saved (peft renames an "
+                   "adapter's keys by the base family's checkpoint conversion, which need not map the adapter's own "
+                   "names back to themselves): stock base + adapter is not the model that trained"}
         log.error("%s: stock peft loads %d tensor(s) of the adapter not as saved (first: %s), so the reference "
                   "is not base + adapter", adapter, len(left_out), left_out[0])
     if quantized is not None:
