@@ -4,7 +4,8 @@
 processors of Qwen2-VL, Qwen3-VL, Qwen3.5, SmolVLM2, InternVL, GLM-4.1V and
 Gemma 4 hold a video processor that needs torchvision; without it, the same
 processor class is built from its tokenizer, image processor and saved settings,
-with a stand-in for the video half that refuses any use (`_image_only`). A
+with a stand-in for the video half that refuses any use but gives its saved
+settings (`_image_only`: MiniCPM-V 4.6's processor reads its `slice_mode`). A
 processor class that transformers hides without torchvision although it needs it
 only for a helper (Pixtral's) is imported all the same (`processor_class`). A
 processor that cannot be built even so (an image processor that exists only for
@@ -69,7 +70,7 @@ def _image_only(model, trust_remote_code: bool, missing: ImportError):
             parts[name] = AutoFeatureExtractor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
         elif name not in parts and "video" not in name:
             raise missing
-        args.append(parts.get(name) or _Absent(name, reason))
+        args.append(parts.get(name) or _Absent(name, reason, _part_settings(model, name)))
 
     class ImageOnly(cls):
         def check_argument_for_proper_class(self, argument_name, argument):
@@ -131,15 +132,39 @@ def processor_class(name: str):
 
 class _Absent:
     """Stands in for a processor part that cannot be built here (a video processor without torchvision):
-    it contributes no model inputs and refuses any use, saying why."""
+    it contributes no model inputs and refuses any use, saying why. Its saved `settings` can be read as
+    attributes: a processor's `__init__` may copy some (MiniCPM-V 4.6's reads its video processor's
+    `slice_mode`)."""
 
     model_input_names: tuple = ()
 
-    def __init__(self, name: str, reason: str):
-        self.name, self.reason = name, reason
+    def __init__(self, name: str, reason: str, settings: dict | None = None):
+        self.name, self.reason, self.settings = name, reason, dict(settings or {})
+
+    def __getattr__(self, key: str):
+        settings = self.__dict__.get("settings", {})
+        if key in settings:
+            return settings[key]
+        raise AttributeError(f"the processor's {self.__dict__.get('name')} cannot be built here "
+                             f"({self.__dict__.get('reason')}) and its saved settings have no {key!r}")
 
     def __call__(self, *args, **kwargs):
         raise UserError(f"the processor's {self.name} cannot be used here: {self.reason}")
+
+
+def _part_settings(model, name: str) -> dict:
+    """The saved settings of the processor part `name` of a local dir: its own file
+    (`video_preprocessor_config.json` for the video processor), else its section of processor_config.json."""
+    from transformers.utils import VIDEO_PROCESSOR_NAME
+
+    root = Path(model)
+    own = root / VIDEO_PROCESSOR_NAME if name == "video_processor" else None
+    if own is not None and own.is_file():
+        return json.loads(own.read_text())
+    if (root / "processor_config.json").is_file():
+        section = json.loads((root / "processor_config.json").read_text()).get(name)
+        return section if isinstance(section, dict) else {}
+    return {}
 
 
 def _processor_settings(model) -> dict:

@@ -24,7 +24,9 @@ model's own `AutoProcessor`:
   The expansion and the pixels come from the same image processor with the same
   settings (the processor's own image kwargs too: SmolVLM's row/col layout,
   InternVL's tiling, LLaVA-NeXT's padding of its anyres tiles), so the image
-  tokens of the cache always match the features. Where the model takes
+  tokens of the cache always match the features; a processor that writes each
+  image's index in its record before it (MiniCPM-V 4.6: `<image_id>0</image_id>`,
+  `image_ids`) has it written too. Where the model takes
   ``batch_num_images`` (LLaVA-OneVision: a record of several images has no
   tiles), a record's images are processed together for both (`per_record`).
 * cross-attention (Llama 3.2 Vision, `cross_attention`): an image stays the one
@@ -127,6 +129,9 @@ class ImageText:
     # more inputs the processor builds from the token ids alone, by name: its own `create_<name>(input_ids)`
     # (ERNIE 4.5 VL's `moe_mm_token_type_ids`, which route image tokens and their bounds to its vision experts)
     derived: dict[str, Callable] = field(default_factory=dict)
+    # the processor's prefix to each image's text by the image's index in its record, or None (`_image_ids`:
+    # MiniCPM-V 4.6 writes `<image_id>k</image_id>` before the k-th image), called as the processor calls it
+    image_ids: Callable[..., list[str]] | None = None
     _expansions: dict[str, str] = field(default_factory=dict, repr=False)
     _records: dict[tuple[str, ...], list[str]] = field(default_factory=dict, repr=False)  # `per_record` layouts
 
@@ -190,9 +195,12 @@ class ImageText:
         if found > len(paths) or (complete and found != len(paths)):
             raise DataError(f"the chat template wrote {found} image token(s) {self.image_token!r} "
                             f"for {len(paths)} image(s)")
+        expanded = self.expansions(paths) if found else []
+        if expanded and self.image_ids is not None:
+            expanded = self.image_ids([text], expanded, self.image_token)
         out = [pieces[0]]
-        for expanded, piece in zip(self.expansions(paths) if found else [], pieces[1:]):
-            out += [expanded, piece]
+        for image, piece in zip(expanded, pieces[1:]):
+            out += [image, piece]
         return "".join(out)
 
     # --- batch time -------------------------------------------------------------------------
@@ -276,7 +284,8 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor),
-                     cross_attention="cross_attention_mask" in names, derived=_derived(processor, names))
+                     cross_attention="cross_attention_mask" in names, derived=_derived(processor, names),
+                     image_ids=_image_ids(processor))
 
 
 def _expands_each_image(cls) -> bool:
@@ -289,8 +298,9 @@ def _expands_each_image(cls) -> bool:
 
 def _token_types(cls, names) -> str | None:
     """The name a processor class gives the modality ids it returns (`names`: its instance's input names),
-    or None when it returns none."""
-    if not getattr(cls, "return_mm_token_type_ids", False):
+    or None when it returns none. A processor that returns them only when asked, but names them among the
+    model's inputs (Cosmos 3 Edge's, whose model needs them for its 3-D RoPE), is taken at its word."""
+    if not getattr(cls, "return_mm_token_type_ids", False) and MM_TOKEN_TYPE_IDS not in names:
         return None
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 
@@ -326,6 +336,20 @@ def _images_kwargs(processor) -> dict:
     """What the processor passes its image processor on every call (SmolVLM's `return_row_col_info`,
     InternVL's `crop_to_patches`, LLaVA-NeXT's `do_pad`), without the tensor type, which each call chooses."""
     return {k: v for k, v in _call_kwargs(processor, "images_kwargs").items() if k != "return_tensors"}
+
+
+def _image_ids(processor):
+    """The processor's own step that prefixes each image's text with the image's index in its record, where
+    the processor has one (`_prepend_local_ids`, which its `__call__` runs after `_process_images`) and its
+    settings turn it on (`use_image_id`: MiniCPM-V 4.6's default); else None."""
+    prepend = getattr(processor, "_prepend_local_ids", None)
+    if prepend is None:
+        return None
+    merged = processor._merge_kwargs(processor.valid_processor_kwargs,
+                                     tokenizer_init_kwargs=processor.tokenizer.init_kwargs)
+    use = merged["images_kwargs"].get("use_image_id", merged.get("use_image_id"))
+    use = getattr(processor, "default_use_image_id", False) if use is None else use
+    return prepend if use else None
 
 
 def _added_bos(processor) -> str:

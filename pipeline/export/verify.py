@@ -40,6 +40,11 @@ it is measured and reported beside the quantization error of the base alone
 merged model is as far from what trained as quantization makes any model, and
 not a pass criterion. The report names the base each side used.
 
+The reference must hold the adapter as saved: LoRA tensors that stock peft
+leaves out or changes on loading (its key conversion for some families:
+Mistral Large 4's mixture-of-experts layers) are listed in the report
+(`adapter_not_loaded`), and the check fails.
+
 Writes `--out` (JSON: max_abs_diff, tolerance, passed, and what was compared)
 in every case; exits 0 when passed, 1 otherwise. `--out` may not lie inside
 the base or adapter dir.
@@ -187,6 +192,8 @@ def verify(
         if vocab > base_vocab:  # the new rows' values come from the adapter (all of them are trained)
             model.resize_token_embeddings(vocab, mean_resizing=False)
         model = PeftModel.from_pretrained(model, adapter)
+        if quantization is None:
+            left_out.extend(_not_loaded(model, adapter))
         with_adapter, alone = _logits(model, inputs, device), None
         if quantized is not None:  # the base alone: what quantization does to it
             with model.disable_adapter():
@@ -196,6 +203,7 @@ def verify(
         return with_adapter, alone
 
     # One model in memory at a time: each reference is freed before the next model loads.
+    left_out: list[str] = []
     expected, float_base = base_plus_adapter()
     candidate = model_class.from_pretrained(merged, dtype=compute, device_map=device)
     actual = _logits(candidate, inputs, device)
@@ -217,6 +225,15 @@ def verify(
         "reference": f"{base} ({dtypes.config_name(compute)}, unquantized, from its files) + {adapter}",
         "candidate": f"{merged} ({dtypes.config_name(compute)})",
     }
+    if left_out:  # the reference is not base + adapter: say so, not only that the logits differ
+        report["passed"] = False
+        report["adapter_not_loaded"] = {
+            "count": len(left_out), "first": left_out[:4],
+            "why": "stock PeftModel.from_pretrained does not hold these adapter tensors as saved (peft renames an "
+                   "adapter's keys by the base family's checkpoint conversion, which need not map the adapter's own "
+                   "names back to themselves): stock base + adapter is not the model that trained"}
+        log.error("%s: stock peft loads %d tensor(s) of the adapter not as saved (first: %s), so the reference "
+                  "is not base + adapter", adapter, len(left_out), left_out[0])
     if quantized is not None:
         settings, quantization = quantized
         trained, quantized_base = base_plus_adapter(quantization)
@@ -232,6 +249,27 @@ def verify(
         }
     write_json(out, report)
     return report
+
+
+def _not_loaded(model, adapter: Path) -> list[str]:
+    """The LoRA tensors of `adapter`'s file that the peft `model` does not hold as saved (stock
+    `PeftModel.from_pretrained` drops a tensor whose key its conversion renames to no module), sorted."""
+    from peft import get_peft_model_state_dict
+    from safetensors import safe_open
+
+    path = adapter / "adapter_model.safetensors"
+    if not path.is_file():
+        return []
+    held = get_peft_model_state_dict(model)
+    out = []
+    with safe_open(str(path), framework="pt") as f:
+        for key in f.keys():
+            if ".lora_" not in key:
+                continue
+            mine = held.get(key)
+            if mine is None or not torch.equal(mine.detach().cpu(), f.get_tensor(key).to(mine.dtype)):
+                out.append(key)
+    return sorted(out)
 
 
 def _fixed_tolerance(tolerance: str) -> float | None:

@@ -49,7 +49,7 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
         if targets and parameters and peft_unscopes_regex(model, targets):  # kept in scope as a list of names
             targets = vision.matching_modules(model, targets)
         parameters = vision.scoped_parameters(model, parts, parameters, tower=cfg.vision.train_tower)
-        extra["modules_to_save"] = [parts.projector] if cfg.vision.train_projector else None
+        extra["modules_to_save"] = _wrappable(model, parts.projectors) if cfg.vision.train_projector else None
     if parameters:
         extra["target_parameters"] = parameters
     lora = LoraConfig(
@@ -84,3 +84,19 @@ def no_input_casts(model) -> None:
     for module in model.modules():
         if hasattr(module, "cast_input_dtype_enabled"):
             module.cast_input_dtype_enabled = False
+
+
+def _wrappable(model, names) -> list[str]:
+    """`names` as peft's modules_to_save takes them: peft wraps a module, not a container of modules, so a
+    ModuleList or ModuleDict (Granite 4 Vision's Q-Former projectors) is named by its children."""
+    import torch
+
+    modules = dict(model.named_modules())
+    out = []
+    for name in names:
+        module = modules[name]
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            out += [f"{name}.{child}" for child, _ in module.named_children()]
+        else:
+            out.append(name)
+    return out

@@ -106,12 +106,17 @@ class LogitMap:
 
 # Text model type -> its causal LM's step after the head, from its config, as the stock forward does it
 # (transformers' modeling_<type>.py). Granite divides by `logits_scaling`; HyperCLOVA X multiplies by it.
-_SOFTCAP = ("gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "mistral_large4", "nanochat")
+# A composite's step is read off its text config's type: Mistral Large 4's is `mistral_large4_text`.
+_SOFTCAP = ("gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "mistral_large4", "mistral_large4_text",
+            "nanochat")
 _LOGIT_MAPS = {
     **{t: lambda c: LogitMap(cap=getattr(c, "final_logit_softcapping", None) or None) for t in _SOFTCAP},
     **{t: lambda c: LogitMap(scale=float(c.logit_scale)) for t in ("cohere", "cohere2", "cohere2_moe")},
     **{t: lambda c: LogitMap(scale=1.0 / float(c.logits_scaling))
-       for t in ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granitemoe_swa")},
+       for t in ("granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granitemoe_swa",
+                 "granite4_vision_text")},
+    # Cohere Compass's composite multiplies by its text model's logit_scale where one is set
+    "cohere_compass_text": lambda c: LogitMap(scale=float(c.logit_scale) if c.logit_scale is not None else 1.0),
     "falcon_h1": lambda c: LogitMap(scale=float(c.lm_head_multiplier)),
     "hyperclovax": lambda c: LogitMap(scale=float(c.logits_scaling)),
 }

@@ -6,7 +6,8 @@ and the language model. Transformers names them per family (LLaVA:
 `model.vision_tower`, `model.multi_modal_projector`, `model.language_model`;
 Qwen2-VL: `model.visual`, `model.visual.merger`, `model.language_model`; Gemma 4's
 projector is `model.embed_vision`);
-`find_parts` finds the shallowest module under each known name.
+`find_parts` finds the shallowest module under each known name (Granite 4 Vision's projector is
+several modules at that depth: `layerwise_projectors`, `spatial_projectors`).
 
 What is trained (`vision` config group, `lora` group for the language model):
 
@@ -26,17 +27,26 @@ from pipeline.errors import UserError
 
 # Module names of each part across families, most common first.
 TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder")
-PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector", "embed_vision")
+PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector", "embed_vision", "patch_merger",
+                   "vision_projection", "projector", "visual_embeddings_table", "layerwise_projectors",
+                   "spatial_projectors")
 LANGUAGE_NAMES = ("language_model", "text_model")
 
 
 @dataclass(frozen=True)
 class VisionParts:
-    """Qualified module names of the three parts (as `model.named_modules()` gives them)."""
+    """Qualified module names of the three parts (as `model.named_modules()` gives them). A projector made of
+    several modules side by side (Granite 4 Vision's deepstack and spatial Q-Formers) is `projector` and
+    `more_projectors`."""
 
     language: str
     tower: str
     projector: str
+    more_projectors: tuple[str, ...] = ()
+
+    @property
+    def projectors(self) -> tuple[str, ...]:
+        return (self.projector, *self.more_projectors)
 
 
 def find_parts(model) -> VisionParts:
@@ -52,7 +62,10 @@ def find_parts(model) -> VisionParts:
             matches = _sole_sibling(model, found["tower"], found["language"]) or matches
         if not matches:
             raise UserError(f"cannot find the {part} of {type(model).__name__} (a module named one of {names})")
-        found[part] = min(matches, key=lambda n: n.count("."))
+        depth = min(n.count(".") for n in matches)
+        found[part], *more = [n for n in matches if n.count(".") == depth]
+        if part == "projector":
+            found["more_projectors"] = tuple(more)
     return VisionParts(**found)
 
 
@@ -71,7 +84,7 @@ def _sole_sibling(model, tower: str, language: str) -> list[str]:
 def in_lora_scope(parts: VisionParts, name: str, *, tower: bool) -> bool:
     """Is module `name` one LoRA may adapt: inside the language model (or, with `tower`, the vision
     tower), never inside the projector (which trains in full or not at all)?"""
-    if name.startswith(parts.projector + "."):
+    if name.startswith(tuple(p + "." for p in parts.projectors)):
         return False
     return name.startswith(parts.language + ".") or (tower and name.startswith(parts.tower + "."))
 
@@ -84,7 +97,7 @@ def lora_targets(parts: VisionParts, target_modules: list[str], *, tower: bool) 
     q_proj, k_proj, v_proj); PEFT full-matches a string against module names.
     """
     scopes = [parts.language] + ([parts.tower] if tower else [])
-    return (rf"(?!{re.escape(parts.projector)}\.)(?:{'|'.join(map(re.escape, scopes))})\..*\."
+    return (rf"(?!(?:{'|'.join(map(re.escape, parts.projectors))})\.)(?:{'|'.join(map(re.escape, scopes))})\..*\."
             rf"(?:{'|'.join(map(re.escape, target_modules))})")
 
 
@@ -118,4 +131,5 @@ def freeze_for_full_finetuning(model, parts: VisionParts, *, train_projector: bo
     modules = dict(model.named_modules())
     model.requires_grad_(True)
     modules[parts.tower].requires_grad_(train_tower)
-    modules[parts.projector].requires_grad_(train_projector)
+    for projector in parts.projectors:
+        modules[projector].requires_grad_(train_projector)

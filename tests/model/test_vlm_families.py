@@ -3,10 +3,16 @@ mixture of experts: its checkpoints are all this composite class), Qwen3-VL-MoE,
 with experts), Mistral Small 3 (Pixtral's processor), SmolVLM2, Idefics3, InternVL3, LLaVA-NeXT, LLaVA-OneVision,
 GLM-4.1V, GLM-4.5V, Aya Vision and Granite Vision (their composites take no logit scale of their Cohere 2 /
 Granite text models: the loss's head check finds that), Llama 3.2 Vision (images read by cross-attention layers
-under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor). Refused at tokenize
-time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5 and PerceptionLM without torchvision (their image
-processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor expands image tokens in its own
-call. Refused at plan time in one line: Gemma 3n, whose vision tower needs timm (not installed here).
+under the processor's `cross_attention_mask`), LFM3-VL (Qwen2-VL's PIL image processor); and
+(`tests/kits/vlm_more.py`) Granite 4 Vision (its projector two lists of Q-Formers), HunyuanOCR, Hy4-VL
+(experts), MiniCPM-V 4.6 and 4.7 (each image's id in its record written as the processor writes it),
+LightOnOCR, Ovis2, Cohere Compass and Cosmos 3 Edge, each also batched as its processor batches. Mistral Large 4
+trains and merges, but stock peft does not load its adapter's mixture-of-experts layers, which verify-merge
+reports. Refused at tokenize time, each in one line: LFM2-VL, Command A Vision (cohere2_vision), Kimi K2.5,
+PerceptionLM, MiniMax-M3-VL, Gemma 4 Unified, Molmo2, Step 3.7, Apertus 1.5 and Nemotron-H Omni without
+torchvision (their image processors exist only for it); PaliGemma, a prefix-LM; Idefics2, whose processor
+expands image tokens in its own call. Refused at plan time in one line: Gemma 3n, whose vision tower needs
+timm (not installed here).
 The families new in Transformers 5.24 (`tests/kits/vlm_grid.py`): GLM-4.6V, EXAONE 4.5, HyperCLOVA X Vision v2,
 PaddleOCR-VL, and with experts Qwen4-Exp, GLM-5 Next, dots3-note (experts in its tower too) and ERNIE 4.5 VL
 (`moe_mm_token_type_ids` route its image tokens to its vision experts); their batches are compared with their
@@ -48,6 +54,7 @@ from kits.vlm import (GEMMA3_TEMPLATE, make_vlm_data, save_aya_vision, save_gemm
                       save_internvl, save_llama4, save_llava_next, save_llava_onevision, save_lfm3_vl, save_mistral3,
                       save_mllama, save_qwen_vl, save_smolvlm)
 from kits.vlm_grid import GRID_SAVERS
+from kits.vlm_more import MORE_SAVERS
 
 SAVERS = {
     "qwen2_5_vl": lambda path: save_qwen_vl(path, "qwen2_5_vl"),
@@ -71,6 +78,7 @@ SAVERS = {
     "mllama": save_mllama,
     "lfm3_vl": save_lfm3_vl,
     **GRID_SAVERS,
+    **MORE_SAVERS,
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160}
@@ -681,3 +689,178 @@ def test_ernie_vl_image_tokens_train_its_vision_experts(vlms):
 
     assert reached(batch.inputs) == {"text_moe", "vision_moe"}
     assert reached({k: v for k, v in batch.inputs.items() if k != "moe_mm_token_type_ids"}) == {"text_moe"}
+
+
+# families of tests/kits/vlm_more.py: image tokens a demo image (32x32) expands to, as their processors write them
+MORE_IMAGE_TOKENS = {
+    "cosmos3_edge": 4,  # Qwen's tokens, image_grid_thw and modality ids (which its processor gives when asked)
+    "cohere_compass": 4,  # Qwen3-VL's layout: with image_grid_thw and modality ids
+    "granite4_vision": 4 + 2 * 2 + 2,  # anyres: the whole image, one tile unpadded, a newline per row (1/2 downsampled)
+    "hunyuan_vl": 2 * (2 + 1) + 2,  # 2 rows of 2 merged patches and a newline, between begin and end features
+    "hy_v4_vl_moe": 2 * (2 + 1),  # 2 rows of 2 merged patches and a newline
+    "lighton_ocr": 2 * 2,  # Pixtral's image processor, its patch the tower's x the merge: no [IMG_BREAK] rows
+    "minicpmv4_6": 4,  # kept whole, between <image> and </image>, after its id in the record
+    "minicpmv4_7": 4,  # likewise, with modality ids
+    "ovis2": 4,  # visual words between <IMG_START> and <IMG_GRID>, <IMG_END> after
+}
+
+
+@pytest.mark.parametrize("family", list(MORE_IMAGE_TOKENS))
+def test_more_batches_are_what_the_processor_gives(family, vlms):
+    """Our batch of a record == what the family's processor gives for the same conversation: Cosmos 3 Edge's
+    (modality ids asked for: its model needs them, its processor names them among its inputs), HunyuanOCR's
+    (`<image>`s expanded between its start and end tokens, `image_grid_thw`, modality ids for its multimodal
+    RoPE), Granite 4 Vision's, LightOnOCR's, Ovis2's, Cohere Compass's, Hy4-VL's and MiniCPM-V 4.6's and 4.7's
+    (those with a video processor built for images only); MiniCPM-V's `__call__` also writes each image's index in its record
+    before it (`<image_id>0</image_id>`), which the pipeline writes too. Pickled first, as a loader worker started
+    by spawn gets it."""
+    from pipeline.data.processors import build_processor as _processor
+    from pipeline.data.tokenize import load_chat
+
+    data = vlms[family]
+    _, images = load_chat(data["model"])
+    images = pickle.loads(pickle.dumps(images))
+    processor = _processor(data["model"], False)
+    if family == "cosmos3_edge":  # its model needs the modality ids, which its processor gives when asked
+        processor.return_mm_token_type_ids = True
+    theirs, ours = _processor_batch(data, images, processor)
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == MORE_IMAGE_TOKENS[family]
+    if family.startswith("minicpmv"):
+        text = "".join(images.tokenizer.convert_ids_to_tokens(theirs["input_ids"][0]))
+        assert "<image_id>0</image_id><image>" + "<|image_pad|>" * 4 + "</image>" in text
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+
+
+def test_a_stand_in_video_processor_gives_its_saved_settings(vlms):
+    """MiniCPM-V 4.6's processor reads its video processor's `slice_mode` when it is built: without torchvision
+    the stand-in gives the saved setting, and refuses a setting it was not saved with, naming what is missing."""
+    from pipeline.data.processors import build_processor as _processor
+
+    processor = _processor(vlms["minicpmv4_6"]["model"], False)
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: the video processor is built")
+    assert processor.video_slice_mode is True and processor.video_processor.downsample_mode == "16x"
+    with pytest.raises(AttributeError, match="(?i)video_processor.*torchvision.*'no_such_setting'"):
+        processor.video_processor.no_such_setting
+
+
+def test_mistral_large4_trains_and_merges_but_stock_peft_drops_its_moe_adapter(tmp_path):
+    """Mistral Large 4 (Pixtral's processor; multi-head latent attention with a sparse-attention indexer; experts
+    stored fused; logits soft-capped) trains with its experts adapted, and the streaming merge is base + adapter:
+    its logits on verify-merge's probes are those of the base with the adapter's every tensor loaded as saved.
+    Stock `PeftModel.from_pretrained` does not load the adapter of its mixture-of-experts layers (peft renames
+    the adapter's keys by the family's checkpoint conversion, which maps `mlp.shared_experts` to
+    `mlp.mlp.shared_experts`), so verify-merge fails, saying which tensors stock peft left out."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from kits.vlm_more import save_mistral_large4
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import image_probes, verify
+    from pipeline.train import stage
+
+    data = make_vlm_data(tmp_path / "data", save_mistral_large4(tmp_path / "model"))
+    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    settings = json.loads((export / "adapter" / "adapter_config.json").read_text())
+    assert {"experts.gate_up_proj", "experts.down_proj"} <= set(settings["target_parameters"])
+    merge_dirs(data["model"], export / "adapter", export / "merged")
+
+    report = verify(data["model"], export / "adapter", export / "merged", export / "verification.json", device="cpu")
+    left_out = report["adapter_not_loaded"]["first"]
+    assert not report["passed"] and left_out and all(".layers.1.mlp." in k for k in left_out), report
+
+    # the base with the adapter's tensors put in as saved (no key conversion): the merged model's logits
+    base = AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(**{k: v for k, v in settings.items() if k in (
+        "r", "lora_alpha", "target_modules", "target_parameters", "lora_dropout")}))
+    saved = load_file(export / "adapter" / "adapter_model.safetensors")
+    missing, unexpected = model.load_state_dict(
+        {k.replace(".lora_A.", ".lora_A.default.").replace(".lora_B.", ".lora_B.default."): v
+         for k, v in saved.items()}, strict=False)
+    assert not unexpected and not [k for k in missing if ".lora_" in k], (unexpected, missing)
+    probes = image_probes(data["model"], AutoConfig.from_pretrained(data["model"]), 2, 8, 0, tmp_path)
+    merged, info = AutoModelForImageTextToText.from_pretrained(export / "merged", output_loading_info=True)
+    assert not any(info.values()), info
+    with torch.no_grad():
+        torch.testing.assert_close(merged.eval()(**probes).logits, model.eval()(**probes).logits,
+                                   rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["molmo2", "step3p7"])
+def test_more_torchvision_only_image_processors_are_refused_in_one_line(family, tmp_path):
+    """MiniMax-M3-VL, Gemma 4 Unified, Molmo2, Step 3.7, Apertus 1.5 and Nemotron-H Omni have image processors
+    for torchvision only (transformers 5.24 has no PIL backend for them): without torchvision, tokenizing for one
+    stops with one line naming the model and the package. Two of them stand for all six here."""
+    from kits.vlm_more import save_torchvision_only
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: this is the refusal without it")
+    assert "torchvision" in refusal_line(save_torchvision_only(tmp_path / family, family))
+
+
+def test_composites_steps_after_the_head_are_read_off_their_text_configs():
+    """Mistral Large 4's composite soft-caps its logits, Granite 4 Vision's divides them by its text model's
+    `logits_scaling`, Cohere Compass's multiplies them by its `logit_scale` (their stock forwards): the loss takes
+    the same step, read off the text config's type (`mistral_large4_text`, ...). At a tiny model's small logits
+    the head probe cannot tell a soft-cap of 30 from none, so the map itself is checked."""
+    from transformers import CohereCompassConfig, Granite4VisionConfig, MistralLarge4Config
+
+    from pipeline.model.loss import logit_map
+
+    assert logit_map(MistralLarge4Config(text_config={"final_logit_softcapping": 30.0})).cap == 30.0
+    assert logit_map(Granite4VisionConfig(text_config={"logits_scaling": 8.0})).scale == 1 / 8
+    assert logit_map(CohereCompassConfig(text_config={"logit_scale": 0.25})).scale == 0.25
+    assert not logit_map(CohereCompassConfig(text_config={"logit_scale": None}))
+
+
+def test_granite4_vision_projector_is_its_q_formers_together(vlms):
+    """Granite 4 Vision's projector is two module lists side by side (the deepstack and the spatial Window
+    Q-Formers): LoRA reaches neither, vision.train_projector trains both in full (peft modules_to_save), and full
+    fine-tuning freezes both unless asked."""
+    import dataclasses
+
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.config import TrainConfig
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.vision import find_parts, freeze_for_full_finetuning
+
+    base = vlms["granite4_vision"]["model"]
+    model = AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32)
+    parts = find_parts(model)
+    assert parts.projectors == ("model.layerwise_projectors", "model.spatial_projectors"), parts
+    freeze_for_full_finetuning(model, parts, train_projector=False, train_tower=False)
+    frozen = [n for n, p in model.named_parameters() if n.startswith(parts.projectors) and not p.requires_grad]
+    assert frozen and not [n for n, p in model.named_parameters() if n.startswith(parts.projectors) and p.requires_grad]
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=str(base)),
+                              vision=dataclasses.replace(cfg.vision, train_projector=True))
+    peft = attach_lora(AutoModelForImageTextToText.from_pretrained(base, dtype=torch.float32), cfg)
+    # peft wraps modules, not module lists: each Q-Former is saved whole
+    assert {f"{p}.{k}" for p, k in [(parts.projector, 0), *((p, k) for p in parts.more_projectors for k in range(4))]
+            } <= set(peft.peft_config["default"].modules_to_save), peft.peft_config["default"].modules_to_save
+    trained = {n.split(".modules_to_save.")[0].removeprefix("base_model.model.") for n, p in peft.named_parameters()
+               if p.requires_grad and ".modules_to_save." in n}
+    assert {n.rsplit(".", 1)[0] for n in trained} == set(parts.projectors), sorted(trained)
+    assert not [n for n, _ in peft.named_parameters() if ".lora_" in n and n.split("base_model.model.")[1].startswith(
+        parts.projectors)]
+
+
+def test_more_projectors_are_found_whole(vlms):
+    """The projector of each family, as find_parts names it: Cosmos 3 Edge's is its `projector`, HunyuanOCR's and
+    Hy4-VL's their tower's patch merger, LightOnOCR's its `vision_projection` (not the patch merger inside it),
+    MiniCPM-V 4.6's its merger, Ovis2's its visual embedding table."""
+    found = {family: vlms_parts(vlms[family]["model"]).projector
+             for family in ("cosmos3_edge", "hunyuan_vl", "hy_v4_vl_moe", "lighton_ocr", "minicpmv4_6", "ovis2")}
+    assert found == {"cosmos3_edge": "model.projector", "hunyuan_vl": "model.vision_tower.patch_merger",
+                     "hy_v4_vl_moe": "model.vision_tower.patch_merger", "lighton_ocr": "model.vision_projection",
+                     "minicpmv4_6": "model.merger", "ovis2": "model.visual_embeddings_table"}, found
