@@ -55,7 +55,7 @@ def _image_only(model, trust_remote_code: bool, missing: ImportError):
     runs, so its `replace_image_token` reads what it always reads. Only the type check of the parts is
     relaxed, for the stand-ins (5.2x checks a video processor against a class it does not export without
     torchvision)."""
-    from transformers import AutoFeatureExtractor, AutoImageProcessor, AutoTokenizer
+    from transformers import AutoFeatureExtractor, AutoTokenizer
 
     settings = _processor_settings(model)
     cls = processor_class(str(settings.pop("processor_class", None)))
@@ -63,7 +63,7 @@ def _image_only(model, trust_remote_code: bool, missing: ImportError):
         raise missing
     reason = _first_line(missing)
     parts = {"tokenizer": AutoTokenizer.from_pretrained(str(model), trust_remote_code=trust_remote_code),
-             "image_processor": AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)}
+             "image_processor": image_processor(model, trust_remote_code)}
     args = []
     for name in cls.get_attributes():
         if name == "feature_extractor":  # an audio half (Gemma 4's): built as it is, if it can be
@@ -89,6 +89,60 @@ def _image_only(model, trust_remote_code: bool, missing: ImportError):
     return ImageOnly.from_args_and_dict(args, settings)
 
 
+def image_processor(model, trust_remote_code: bool):
+    """The model's `AutoImageProcessor`, or, where that needs torchvision, the PIL class of the family.
+
+    Transformers 5.17 without torchvision hides `AutoImageProcessor` itself (a placeholder that raises), and
+    a saved `image_processor_type` may name the torchvision class (Qwen2-VL's `Qwen2VLImageProcessor`, whose
+    PIL twin is `Qwen2VLImageProcessorPil`): then the family's PIL class, as the auto mapping names it for the
+    model type, is built from the same saved settings."""
+    import transformers
+
+    try:
+        return transformers.AutoImageProcessor.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except ImportError as err:
+        missing = err
+    cls = _pil_image_processor(model)
+    if cls is None:
+        raise missing
+    log.info("%s: the image processor needs torchvision; built as its PIL twin %s", model, cls.__name__)
+    return cls.from_pretrained(str(model))
+
+
+def _pil_image_processor(model):
+    """The PIL image processor class of the model's family (the auto mapping's `pil` entry for its model
+    type, else the saved `image_processor_type` + `Pil`), or None where transformers has none here."""
+    import importlib
+
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.utils.import_utils import DummyObject
+
+    root = Path(model)
+    saved = json.loads((root / "preprocessor_config.json").read_text()) \
+        if (root / "preprocessor_config.json").is_file() else {}
+    config = json.loads((root / "config.json").read_text()) if (root / "config.json").is_file() else {}
+    names = []
+    entry = IMAGE_PROCESSOR_MAPPING_NAMES.get(config.get("model_type"))
+    if isinstance(entry, dict) and entry.get("pil"):
+        names.append(entry["pil"])
+    if saved.get("image_processor_type"):
+        names.append(str(saved["image_processor_type"]).removesuffix("Fast") + "Pil")
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if cls is not None and not isinstance(cls, DummyObject):
+            return cls
+    # 5.17 marks some PIL classes as needing torchvision at the top level (SmolVLM's, Ovis2's) although their
+    # module imports without it: the family's PIL module itself
+    model_type = str(config.get("model_type", ""))
+    try:
+        module = importlib.import_module(f"transformers.models.{model_type}.image_processing_pil_{model_type}")
+    except ImportError:
+        return None
+    found = [getattr(module, name, None) for name in names]
+    return next((cls for cls in found if isinstance(cls, type)), None)
+
+
 def processor_class(name: str):
     """Transformers' processor class `name`, or None where there is none.
 
@@ -106,10 +160,17 @@ def processor_class(name: str):
     import transformers
     from transformers.utils.import_utils import DummyObject
 
-    cls = getattr(transformers, name, None)
-    if not isinstance(cls, DummyObject):
-        return cls
-    package, module = cls.__module__.rsplit(".", 1)
+    try:
+        cls = getattr(transformers, name, None)
+    except ImportError:  # 5.17: the lazy import itself fails (Gemma 4's module imports its torchvision half)
+        where = _processor_module(name)
+    else:
+        if not isinstance(cls, DummyObject):
+            return cls
+        where = cls.__module__
+    if where is None:
+        return None
+    package, module = where.rsplit(".", 1)
     stem = module.removeprefix("processing_")
     torchvision_half = f"{package}.image_processing_{stem}"
     try:
@@ -119,7 +180,7 @@ def processor_class(name: str):
     before = sys.modules.get(torchvision_half)
     sys.modules[torchvision_half] = twin
     try:
-        found = getattr(importlib.import_module(cls.__module__), name, None)
+        found = getattr(importlib.import_module(where), name, None)
     except ImportError:
         return None
     finally:
@@ -128,6 +189,14 @@ def processor_class(name: str):
         else:
             sys.modules[torchvision_half] = before
     return None if isinstance(found, DummyObject) else found
+
+
+def _processor_module(name: str) -> str | None:
+    """The module of processor class `name`, by the model type the auto mapping gives it, or None."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    types = [t for t, n in PROCESSOR_MAPPING_NAMES.items() if n == name]
+    return f"transformers.models.{types[0]}.processing_{types[0]}" if types else None
 
 
 class _Absent:

@@ -283,7 +283,7 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
-                     _token_types(type(processor), names), _images_kwargs(processor), _added_bos(processor),
+                     _token_types(processor, names), _images_kwargs(processor), _added_bos(processor),
                      cross_attention="cross_attention_mask" in names, derived=_derived(processor, names),
                      image_ids=_image_ids(processor))
 
@@ -296,11 +296,14 @@ def _expands_each_image(cls) -> bool:
     return getattr(cls, "replace_image_token", None) is not ProcessorMixin.replace_image_token
 
 
-def _token_types(cls, names) -> str | None:
-    """The name a processor class gives the modality ids it returns (`names`: its instance's input names),
-    or None when it returns none. A processor that returns them only when asked, but names them among the
-    model's inputs (Cosmos 3 Edge's, whose model needs them for its 3-D RoPE), is taken at its word."""
-    if not getattr(cls, "return_mm_token_type_ids", False) and MM_TOKEN_TYPE_IDS not in names:
+def _token_types(processor, names) -> str | None:
+    """The name a processor gives the modality ids it returns (`names`: its input names), or None when it
+    returns none. It returns them where its class says so (`return_mm_token_type_ids`, 5.2x) or its default
+    text kwargs do (5.17: Gemma 3's, Qwen2-VL's). A processor that returns them only when asked, but names them
+    among the model's inputs (Cosmos 3 Edge's, whose model needs them for its 3-D RoPE), is taken at its word."""
+    asked = getattr(type(processor), "return_mm_token_type_ids", False) \
+        or _call_kwargs(processor, "text_kwargs").get("return_mm_token_type_ids", False)
+    if not asked and MM_TOKEN_TYPE_IDS not in names:
         return None
     return next((n for n in (MM_TOKEN_TYPE_IDS, TOKEN_TYPE_IDS) if n in names), MM_TOKEN_TYPE_IDS)
 

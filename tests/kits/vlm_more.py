@@ -165,7 +165,8 @@ def save_granite4_vision(path: Path, *, seed: int = 0) -> Path:
         text_config=_text_config(tokenizer, logits_scaling=8.0),
         vision_config=dict(model_type="clip_vision_model", hidden_size=64, intermediate_size=32, num_hidden_layers=1,
                            num_attention_heads=2, image_size=32, patch_size=8, projection_dim=16),
-        qformer_config=dict(intermediate_size=32), image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        qformer_config=dict(hidden_size=64, num_attention_heads=2, encoder_hidden_size=64, intermediate_size=32),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         image_grid_pinpoints=GRANITE4_VISION_PINPOINTS, vision_feature_select_strategy="default",
         vision_feature_layer=-1, downsample_rate="1/2", deepstack_layer_map=[[-1, 0]], spatial_vision_layer=-1,
         spatial_target_layers=[1, 1, 1, 1], projector_dropout=0.0)
