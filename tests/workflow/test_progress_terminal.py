@@ -59,11 +59,13 @@ def _on_a_terminal(workdir, *args, timeout=300) -> tuple[int, str]:
 
 
 def _content(text: str) -> list[str]:
-    """A log's lines without what depends on timing: rates, ETAs, tqdm's speeds, log timestamps."""
+    """A log's lines without what depends on timing: rates, ETAs, tqdm's speeds, log timestamps, and the
+    throughput-drop alert (a busy machine, as CI's two workers make it, can slow one update enough to raise
+    it: its line and the quick evaluation it starts)."""
     text = re.sub(r"\d+ tok/s \S+ upd/s stage ETA \S+ run ETA \S+", "<rate>", text)
     text = re.sub(r"\[[^\]]*it/s\]", "", text)
     text = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ ", "", text, flags=re.M)
-    return text.splitlines()
+    return [line for line in text.splitlines() if "throughput drop:" not in line]
 
 
 def test_progress_line_on_the_terminal_log_unchanged(done, tmp_path):
