@@ -279,7 +279,9 @@ def _composed(keys: BaseKeys, weights: TrainedWeights, main: TrainedWeights, bas
 def _assembled(key: str, held: list, base_file: Path) -> torch.Tensor:
     """The stored tensor `key` with the trained rows put where the base keeps them (rows no trained weight
     holds keep the base's values), in the first trained weight's dtype."""
-    tensors = {name: tensor for src, name, _ in held for _, tensor in src.fetch([name])}
+    tensors = {}
+    for src in {id(src): src for src, _, _ in held}.values():  # one read per set of weights
+        tensors.update(src.fetch(sorted({name for held_by, name, _ in held if held_by is src})))
     dtype = tensors[held[0][1]].dtype
     out = read_tensor(base_file, key).to(dtype, copy=True)
     for _, name, rows in held:

@@ -292,13 +292,11 @@ def plan_targets(
         placed = (stored_rows(f"{module}.weight") if stored_rows is not None and kind == "linear"
                   and base_key not in base_shapes else None)
         if placed:
-            extra = [what for what, there in (("a DoRA magnitude", module in magnitudes),
-                                              ("a saved base layer", module in base_layers),
-                                              ("fan_in_fan_out", settings.fan_in_fan_out)) if there]
-            if extra:
-                raise UserError(f"adapter's {module} has {extra[0]}, which the merge cannot split into the rows "
-                                f"the base stores it as ({placed[0].key})")
-            row_math.add_part(plan, module, pair, placed, adapter_shapes, base_shapes, *scaling_for(settings, module))
+            row_math.add_part(plan, module, pair, placed, adapter_shapes, base_shapes, *scaling_for(settings, module),
+                              unsplittable=[what for what, there in (("a DoRA magnitude", module in magnitudes),
+                                                                     ("a saved base layer", module in base_layers),
+                                                                     ("fan_in_fan_out", settings.fan_in_fan_out))
+                                            if there])
             continue
         if base_key not in base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "

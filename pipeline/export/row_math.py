@@ -42,9 +42,13 @@ class StoredRowsTarget:
 
 
 def add_part(plan: dict, module: str, pair: Mapping[str, str], placed, adapter_shapes: Mapping[str, tuple],
-             base_shapes: Mapping[str, tuple], rank: int, scaling: float) -> None:
+             base_shapes: Mapping[str, tuple], rank: int, scaling: float, unsplittable: list[str] = ()) -> None:
     """Put the LoRA pair of `module` into `plan` (base key -> target) at the rows `placed` (`StoredRows`
-    of the live weight); UserError where the shapes do not fit or another kind of target holds the tensor."""
+    of the live weight); UserError where the shapes do not fit, another kind of target holds the tensor, or
+    the module has what the merge cannot split into rows (`unsplittable`: a DoRA magnitude, ...)."""
+    if unsplittable:
+        raise UserError(f"adapter's {module} has {unsplittable[0]}, which the merge cannot split into the rows "
+                        f"the base stores it as ({placed[0].key})")
     a, b = tuple(adapter_shapes[pair["A"]]), tuple(adapter_shapes[pair["B"]])
     if len(a) != 2 or len(b) != 2 or a[0] != rank or b[1] != rank:
         raise UserError(f"{module}: lora_A {a} / lora_B {b} disagree with the config's rank {rank}")
