@@ -58,8 +58,8 @@ def session_has_cuda() -> bool:
 # out whole groups (`--dist loadgroup`, pyproject's addopts) in the order below. A group is one
 # module, so that a module's fixtures (a whole-DAG run shared by its tests) are made once, except:
 # - "slurm": the SLURM suite, one at a time on the one local cluster;
-# - "default_run": the tests that read `local_default_run` (made once per worker that needs it:
-#   here and in the SLURM suite, which compares with it).
+# - "default_run": the tests that read `local_default_run` (made once, shared with the SLURM suite,
+#   which compares with it).
 # These two and then the other snakemake modules are handed out first: the long groups start at
 # once and the short unit-test modules fill the end.
 SLURM_GROUP, DEFAULT_RUN_GROUP = "slurm", "default_run"
@@ -102,13 +102,38 @@ def _session_gpus_for_gpu_tests(request, monkeypatch):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", SESSION_VISIBLE_DEVICES)
 
 
-@pytest.fixture(scope="session")
-def local_default_run(tmp_path_factory) -> Path:
-    """A cold local run of the embedded default, as the README's quickstart does it."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("local-run"))
+def _cold_default_run(root: Path) -> Path:
+    workdir = copy_workflow(root)
     proc = snakemake(workdir, "--cores", "all")
     assert proc.returncode == 0, proc.stderr[-6000:]
     return workdir
+
+
+@pytest.fixture(scope="session")
+def local_default_run(tmp_path_factory, worker_id) -> Path:
+    """A cold local run of the embedded default, as the README's quickstart does it.
+
+    Under pytest-xdist the workers share one: the first to ask makes it in the session's common
+    temporary directory while holding a lock, and a worker that asks meanwhile waits for it. (The
+    SLURM suite asks after its own run of several minutes, by which time the other worker has
+    usually made it.) A failed run is reported to every worker that asks, with its log."""
+    if worker_id == "master":
+        return _cold_default_run(tmp_path_factory.mktemp("local-run"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "local-default-run"
+    failed, complete = shared.with_suffix(".failed"), shared.with_suffix(".complete")
+    with FileLock(str(shared.with_suffix(".lock"))):
+        if failed.exists():
+            pytest.fail(f"the shared default run failed in another worker:\n{failed.read_text()}")
+        if not complete.exists():
+            try:
+                _cold_default_run(shared)
+            except AssertionError as err:
+                failed.write_text(str(err))
+                raise
+            complete.touch()
+    return shared
 
 
 @pytest.fixture(scope="session")
