@@ -26,8 +26,10 @@ pytestmark = pytest.mark.workflow
 
 RUN = "results/demo"
 # Short enough for CI (4 variants x 3 stages: pilot 0-6, chunk01 6-33, chunk02 33-60), long enough
-# that the variants differ.
-SMALL = {"schedule": {"total_updates": 60, "pilot_fraction": 0.1, "num_chunks": 2}, "evaluate": {"max_test": 16}}
+# that the variants differ. No lm-eval benchmarks in the cold sweep (13 jobs that no comparison reads):
+# how a sweep schedules them is shown by a dry run (test_benchmarks_run_the_base_once_and_each_variant_once).
+SCHEDULE = {"schedule": {"total_updates": 60, "pilot_fraction": 0.1, "num_chunks": 2}}
+SMALL = {**SCHEDULE, "evaluate": {"max_test": 16, "benchmarks": {"tasks": []}}}
 GRID = ["lr-0.001_r-8", "lr-0.001_r-16", "lr-0.002_r-8", "lr-0.002_r-16"]
 ADAPTER = "stages/chunk02/checkpoint/adapter/adapter_model.safetensors"
 
@@ -97,6 +99,18 @@ def test_comparison_names_the_best_variant_and_its_merged_model_loads_fresh(swee
             "out = m.generate(**ids, max_new_tokens=4, do_sample=False); print(out.shape[1] > ids['input_ids'].shape[1])")
     loaded = subprocess.run([sys.executable, "-c", code, str(merged)], capture_output=True, text=True, cwd=workdir)
     assert loaded.returncode == 0 and loaded.stdout.strip() == "True", loaded.stderr[-3000:]
+
+
+def test_benchmarks_run_the_base_once_and_each_variant_once(tmp_path):
+    workdir = copy_workflow(tmp_path / "wf")
+    (workdir / "small.yaml").write_text(yaml.safe_dump(SCHEDULE))  # the default benchmarks: [embedded]
+    _, planned = _sweep(workdir, dry=True)
+    rules = Counter(rule for rule, _ in planned)
+    assert rules["benchmark_base"] == rules["demo_benchmark"] == 1, rules  # the base model's, shared
+    runs = Counter(w["vrun"] for rule, w in planned if rule == "benchmark")
+    assert runs == {_vrun(name): 1 for name in GRID}, runs
+    for rule in ("benchmark_report", "benchmark_card"):
+        assert sorted(w["vrun"] for r, w in planned if r == rule) == sorted(map(_vrun, GRID)), rule
 
 
 def test_report_holds_the_comparison(sweep, tmp_path):
