@@ -26,7 +26,7 @@ pytestmark = pytest.mark.workflow
 
 RUN = "results/demo"
 # Short enough for CI (4 variants x 3 stages: pilot 0-6, chunk01 6-33, chunk02 33-60), long enough
-# that the variants differ. No lm-eval benchmarks in the cold sweep (13 jobs that no comparison reads):
+# that the variants differ. No lm-eval benchmarks in the cold sweep (14 jobs that no comparison reads):
 # how a sweep schedules them is shown by a dry run (test_benchmarks_run_the_base_once_and_each_variant_once).
 SCHEDULE = {"schedule": {"total_updates": 60, "pilot_fraction": 0.1, "num_chunks": 2}}
 SMALL = {**SCHEDULE, "evaluate": {"max_test": 16, "benchmarks": {"tasks": []}}}
