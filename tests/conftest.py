@@ -8,6 +8,8 @@ and export tests (helpers to run stages on it: kits/train.py). `tiny_llava` and
 one cold `snakemake --cores all` of the embedded default in a copy of the
 workflow, made once per test session (about 2-4 minutes on 2 cores). No test
 may change it: a test that edits or retrains takes a copy (`copy_run`).
+`embedded_base`: the embedded default's base model and demo dataset alone, as
+`prepare_base` makes them, for the other whole-DAG tests of that default.
 
 GPUs: every test runs on the CPU unless it is marked `gpu`. The tests' CPU
 figures (fp32 under `precision.mode=auto`, gloo ranks on one machine, bitwise
@@ -28,7 +30,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from kits.run import copy_workflow, snakemake
+from kits.run import EMBEDDED_RESULTS, copy_workflow, snakemake
+
+from pipeline.layout import RunTree
 
 # Before any test module imports torch: CUDA reads the variable once, when first asked.
 SESSION_VISIBLE_DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -109,31 +113,54 @@ def _cold_default_run(root: Path) -> Path:
     return workdir
 
 
-@pytest.fixture(scope="session")
-def local_default_run(tmp_path_factory, worker_id) -> Path:
-    """A cold local run of the embedded default, as the README's quickstart does it.
-
-    Under pytest-xdist the workers share one: the first to ask makes it in the session's common
-    temporary directory while holding a lock, and a worker that asks meanwhile waits for it. (The
-    SLURM suite asks after its own run of several minutes, by which time the other worker has
-    usually made it.) A failed run is reported to every worker that asks, with its log."""
+def _made_once(tmp_path_factory, worker_id, name: str, make) -> Path:
+    """`make(directory)` once per test session. Under pytest-xdist the workers share it: the first to
+    ask makes it in the session's common temporary directory while holding a lock, and a worker that
+    asks meanwhile waits for it. A failure (a timeout too) is reported to every worker that asks
+    later, with its message, not made again over its remains."""
     if worker_id == "master":
-        return _cold_default_run(tmp_path_factory.mktemp("local-run"))
+        made = tmp_path_factory.mktemp(name)
+        make(made)
+        return made
     from filelock import FileLock
 
-    shared = tmp_path_factory.getbasetemp().parent / "local-default-run"
+    shared = tmp_path_factory.getbasetemp().parent / name
     failed, complete = shared.with_suffix(".failed"), shared.with_suffix(".complete")
     with FileLock(str(shared.with_suffix(".lock"))):
         if failed.exists():
-            pytest.fail(f"the shared default run failed in another worker:\n{failed.read_text()}")
+            pytest.fail(f"{name}, made once for the session, failed in another worker:\n{failed.read_text()}")
         if not complete.exists():
             try:
-                _cold_default_run(shared)
-            except Exception as err:  # a failed or timed-out run: the other worker reports it, not retries it
+                make(shared)
+            except Exception as err:
                 failed.write_text(f"{type(err).__name__}: {err}")
                 raise
             complete.touch()
     return shared
+
+
+@pytest.fixture(scope="session")
+def local_default_run(tmp_path_factory, worker_id) -> Path:
+    """A cold local run of the embedded default, as the README's quickstart does it, shared by the
+    workers (`_made_once`). The SLURM suite asks after its own run of several minutes, by which
+    time the other worker has usually made it."""
+    return _made_once(tmp_path_factory, worker_id, "local-default-run", _cold_default_run)
+
+
+def _prepared_embedded_base(root: Path) -> None:
+    workdir = copy_workflow(root)
+    tree = RunTree(EMBEDDED_RESULTS)
+    targets = [tree.base_model, *(tree.demo_split(split) for split in ("train", "val", "test"))]
+    proc = snakemake(workdir, *map(str, targets), "--cores", "1")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+
+
+@pytest.fixture(scope="session")
+def embedded_base(tmp_path_factory, worker_id) -> Path:
+    """results/embedded/ of the embedded default as its `prepare_base` job writes it (base model and
+    demo dataset, ~40 s), made once for the session's whole-DAG tests that are not about making it
+    and shared by the workers (`_made_once`); kits.run.seed_embedded_base puts it into a workflow copy."""
+    return _made_once(tmp_path_factory, worker_id, "embedded-base", _prepared_embedded_base) / EMBEDDED_RESULTS
 
 
 @pytest.fixture(scope="session")

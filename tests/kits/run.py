@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 # The final adapter of the default run ("demo"): what the equality checks compare.
 FINAL_ADAPTER = "results/demo/stages/tail/checkpoint/adapter/adapter_model.safetensors"
+# Where the embedded default's base model and dataset live in a workflow copy (rule prepare_base).
+EMBEDDED_RESULTS = Path("results") / "embedded"
 
 
 def copy_workflow(dest: Path) -> Path:
@@ -23,6 +25,13 @@ def copy_workflow(dest: Path) -> Path:
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
     return dest
+
+
+def seed_embedded_base(workdir: Path, base: Path) -> Path:
+    """workdir with a copy of a prepared embedded base (conftest's `embedded_base`: results/embedded/,
+    mtimes kept), which snakemake then takes as its `prepare_base` job's outputs, done."""
+    shutil.copytree(base, workdir / EMBEDDED_RESULTS)
+    return workdir
 
 
 def copy_run(done: Path, dest: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from pipeline.evaluate.skipped import GATE_BASIS, NO_VAL
 from pipeline.layout import RunTree, log_file
-from kits.run import copy_workflow, jobs_in_log, snakemake
+from kits.run import copy_workflow, jobs_in_log, seed_embedded_base, snakemake
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.workflow
@@ -23,12 +23,14 @@ OVERRIDES = ["optim.lr=2e-3", "optim.global_batch=32", "optim.micro_batch=16", "
 
 
 @pytest.fixture(scope="module")
-def dora_run(tmp_path_factory) -> tuple[Path, str]:
-    """(workdir, snakemake's output) of the finished run."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("dora") / "wf")
+def dora_run(embedded_base, tmp_path_factory) -> tuple[Path, str]:
+    """(workdir, snakemake's output) of the finished run (on the session's embedded base; no lm-eval
+    benchmarks, which no test here reads)."""
+    workdir = seed_embedded_base(copy_workflow(tmp_path_factory.mktemp("dora") / "wf"), embedded_base)
     (workdir / "dora.yaml").write_text(yaml.safe_dump({
         "run": RUN,
         "data": {"val": None},
+        "evaluate": {"benchmarks": {"tasks": []}},
         "schedule": {"total_updates": 30, "pilot_fraction": 0.2, "num_chunks": 2},
         "train": {"overrides": OVERRIDES},
     }))

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from kits.run import copy_workflow, jobs_in_log, snakemake
+from kits.run import copy_workflow, jobs_in_log, seed_embedded_base, snakemake
 from safetensors.torch import load_file
 
 from pipeline import layout
@@ -30,8 +30,8 @@ SCHEDULE = {"total_updates": 30, "pilot_fraction": 0.2, "num_chunks": 2}  # pilo
 
 
 @pytest.fixture(scope="module")
-def nf4_run(tmp_path_factory):
-    workdir = copy_workflow(tmp_path_factory.mktemp("nf4-run"))
+def nf4_run(embedded_base, tmp_path_factory):
+    workdir = seed_embedded_base(copy_workflow(tmp_path_factory.mktemp("nf4-run")), embedded_base)
     default = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     variant = {"run": RUN, "data": {**default["data"], "test": None}, "schedule": SCHEDULE,
                "train": {**default["train"], "overrides": [*default["train"]["overrides"], "model.quantization=nf4"]}}

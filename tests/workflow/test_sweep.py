@@ -1,9 +1,9 @@
 """Sweeps (config `sweep`): several runs as one DAG, shared data work, one comparison, pruning.
 
 One cold sweep of the embedded default (config/sweep.yaml: 2 learning rates x
-2 LoRA ranks) on a shorter schedule, made once for this module; the tests that
-change it take a copy. A variant of run `demo` lives in
-results/demo/variants/<name>/; results/demo/ keeps what they share (data, the
+2 LoRA ranks) on a shorter schedule, on the session's prepared embedded base,
+made once for this module; the tests that change it take a copy. A variant of
+run `demo` lives in results/demo/variants/<name>/; results/demo/ keeps what they share (data, the
 base model's evaluation) and the comparison (sweep/).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from kits.run import copy_run, copy_workflow, jobs_with_wildcards, sha256, snakemake
+from kits.run import copy_run, copy_workflow, jobs_with_wildcards, seed_embedded_base, sha256, snakemake
 
 pytestmark = pytest.mark.workflow
 
@@ -49,9 +49,9 @@ def _vrun(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
-    """The cold sweep: (its directory, the jobs it ran)."""
-    workdir = copy_workflow(tmp_path_factory.mktemp("sweep"))
+def sweep(embedded_base, tmp_path_factory):
+    """The cold sweep on the prepared embedded base: (its directory, the jobs it ran)."""
+    workdir = seed_embedded_base(copy_workflow(tmp_path_factory.mktemp("sweep")), embedded_base)
     (workdir / "small.yaml").write_text(yaml.safe_dump(SMALL))
     _, jobs = _sweep(workdir)
     return workdir, jobs
@@ -60,9 +60,11 @@ def sweep(tmp_path_factory):
 def test_one_command_runs_every_variant_on_data_prepared_once(sweep):
     workdir, jobs = sweep
     rules = Counter(rule for rule, _ in jobs)
-    # Shared work once: the base, the dataset check, tokenization, the base model's evaluation.
-    for rule in ("prepare_base", "validate_dataset", "tokenize_dataset", "evaluate_base", "plan_base", "sweep_compare"):
+    # Shared work once: the dataset check, tokenization, the base model's evaluation (the base itself:
+    # the dry run of test_benchmarks_run_the_base_once_and_each_variant_once).
+    for rule in ("validate_dataset", "tokenize_dataset", "evaluate_base", "plan_base", "sweep_compare"):
         assert rules[rule] == 1, (rule, rules)
+    assert rules["prepare_base"] == 0, rules  # the session's prepared base was taken as done
     # Per variant: its plan, 3 stages and their evaluations, its exports.
     trained = Counter(w["vrun"] for rule, w in jobs if rule == "train_stage")
     assert trained == {_vrun(name): 3 for name in GRID}
@@ -106,6 +108,7 @@ def test_benchmarks_run_the_base_once_and_each_variant_once(tmp_path):
     (workdir / "small.yaml").write_text(yaml.safe_dump(SCHEDULE))  # the default benchmarks: [embedded]
     _, planned = _sweep(workdir, dry=True)
     rules = Counter(rule for rule, _ in planned)
+    assert rules["prepare_base"] == 1, rules
     assert rules["benchmark_base"] == rules["demo_benchmark"] == 1, rules  # the base model's, shared
     runs = Counter(w["vrun"] for rule, w in planned if rule == "benchmark")
     assert runs == {_vrun(name): 1 for name in GRID}, runs
