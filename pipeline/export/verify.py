@@ -155,7 +155,6 @@ def verify(
 ) -> dict:
     """Compare logits, write the JSON report to `out` and return it (`train_config`: the run's resolved
     trainer config; with `model.quantization` the quantized base + adapter is measured too)."""
-    from peft import PeftModel
     from transformers import AutoConfig
 
     base, adapter, merged, out = Path(base), Path(adapter), Path(merged), Path(out)
@@ -171,40 +170,18 @@ def verify(
     config = AutoConfig.from_pretrained(base)
     vocab = AutoConfig.from_pretrained(merged).get_text_config().vocab_size
     base_vocab = config.get_text_config().vocab_size
-    token_rows = _trained_token_rows(adapter)
-    if vocab != base_vocab and not (vocab > base_vocab and set(range(base_vocab, vocab)) <= set(token_rows)):
-        raise UserError(f"--merged has vocab size {vocab}, --base {base_vocab}: not the same model")
     vision = config_is_vision_language(config)
-    with tempfile.TemporaryDirectory() as workdir:
-        if vision:
-            inputs = image_probes(base, config, probes, seq_len, seed, Path(workdir))
-        else:
-            inputs = _text_probes(vocab, token_rows, probes, seq_len, seed)
+    inputs = _probe_inputs(base, config, adapter, vocab, probes=probes, seq_len=seq_len, seed=seed)
     model_class = auto_class(config)
     quantized = _quantized_base(train_config, compute)
 
     def base_plus_adapter(quantization=None):
-        """(logits of base + adapter, logits of the base alone) on the probes; the model is freed after."""
-        model = model_class.from_pretrained(base, dtype=compute, device_map=device if quantization is None
-                                            else {"": device}, quantization_config=quantization)
-        if quantization is not None:
-            one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
-        if vocab > base_vocab:  # the new rows' values come from the adapter (all of them are trained)
-            model.resize_token_embeddings(vocab, mean_resizing=False)
-        model = PeftModel.from_pretrained(model, adapter)
-        if quantization is None:
-            left_out.extend(_not_loaded(model, adapter))
-        with_adapter, alone = _logits(model, inputs, device), None
-        if quantized is not None:  # the base alone: what quantization does to it
-            with model.disable_adapter():
-                alone = _logits(model, inputs, device)
-        del model
-        gc.collect()
-        return with_adapter, alone
+        return _base_plus_adapter(model_class, base, adapter, inputs, compute=compute, device=device,
+                                  resize_to=vocab if vocab > base_vocab else None, quantization=quantization,
+                                  base_alone=quantized is not None)
 
     # One model in memory at a time: each reference is freed before the next model loads.
-    left_out: list[str] = []
-    expected, float_base = base_plus_adapter()
+    expected, float_base, left_out = base_plus_adapter()
     candidate = model_class.from_pretrained(merged, dtype=compute, device_map=device)
     actual = _logits(candidate, inputs, device)
     del candidate
@@ -227,28 +204,80 @@ def verify(
     }
     if left_out:  # the reference is not base + adapter: say so, not only that the logits differ
         report["passed"] = False
-        report["adapter_not_loaded"] = {
-            "count": len(left_out), "first": left_out[:4],
+        report["adapter_not_loaded"] = _not_loaded_entry(adapter, left_out)
+    if quantized is not None:
+        settings, quantization = quantized
+        trained, quantized_base, _ = base_plus_adapter(quantization)
+        report["quantized_reference"] = _quantized_entry(
+            f"{base} quantized ({settings}, bitsandbytes, as the stages trained) + {adapter}", actual, trained,
+            quantized_base - float_base)
+    write_json(out, report)
+    return report
+
+
+def _base_plus_adapter(model_class, base: Path, adapter: Path, inputs: dict, *, compute: torch.dtype, device: str,
+                       resize_to: int | None = None, quantization=None, base_alone: bool = False):
+    """(logits of stock base + adapter on the probes, the base's alone when `base_alone` else None, the adapter
+    tensors stock peft did not load as saved); the model is freed before this returns. `resize_to`: the merged
+    vocabulary, larger than the base's; `quantization`: a transformers quantization config to load the base
+    with (then the tensors are not checked)."""
+    from peft import PeftModel
+
+    model = model_class.from_pretrained(base, dtype=compute, device_map=device if quantization is None
+                                        else {"": device}, quantization_config=quantization)
+    if quantization is not None:
+        one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
+    if resize_to is not None:  # the new rows' values come from the adapter (all of them are trained)
+        model.resize_token_embeddings(resize_to, mean_resizing=False)
+    model = PeftModel.from_pretrained(model, adapter)
+    left_out = _not_loaded(model, adapter) if quantization is None else []
+    with_adapter, alone = _logits(model, inputs, device), None
+    if base_alone:  # what quantization does to the base
+        with model.disable_adapter():
+            alone = _logits(model, inputs, device)
+    del model
+    gc.collect()
+    return with_adapter, alone, left_out
+
+
+def _probe_inputs(base: Path, config, adapter: Path, vocab: int, *, probes: int, seq_len: int, seed: int) -> dict:
+    """The probe batch both sides run: (image, prompt) inputs for a vision-language base, else random ids
+    starting with the rows the adapter trained as tokens. A merged `vocab` larger than the base's must be
+    exactly those rows."""
+    base_vocab = config.get_text_config().vocab_size
+    token_rows = _trained_token_rows(adapter)
+    if vocab != base_vocab and not (vocab > base_vocab and set(range(base_vocab, vocab)) <= set(token_rows)):
+        raise UserError(f"--merged has vocab size {vocab}, --base {base_vocab}: not the same model")
+    if not config_is_vision_language(config):
+        return _text_probes(vocab, token_rows, probes, seq_len, seed)
+    with tempfile.TemporaryDirectory() as workdir:
+        return image_probes(base, config, probes, seq_len, seed, Path(workdir))
+
+
+def _not_loaded_entry(adapter: Path, left_out: list[str]) -> dict:
+    """The report's `adapter_not_loaded`: what stock peft did not load as saved, and why that fails the check."""
+    log.error("%s: stock peft loads %d tensor(s) of the adapter not as saved (first: %s), so the reference "
+              "is not base + adapter", adapter, len(left_out), left_out[0])
+    return {"count": len(left_out), "first": left_out[:4],
             "why": "stock PeftModel.from_pretrained does not hold these adapter tensors as saved (peft renames an "
                    "adapter's keys by the base family's checkpoint conversion, which need not map the adapter's own "
                    "names back to themselves): stock base + adapter is not the model that trained"}
-        log.error("%s: stock peft loads %d tensor(s) of the adapter not as saved (first: %s), so the reference "
-                  "is not base + adapter", adapter, len(left_out), left_out[0])
-    if quantized is not None:
-        settings, quantization = quantized
-        trained, quantized_base = base_plus_adapter(quantization)
-        report["quantized_reference"] = {
-            "reference": f"{base} quantized ({settings}, bitsandbytes, as the stages trained) + {adapter}",
-            "max_abs_diff": float((actual - trained).abs().max()),
-            "mean_abs_diff": float((actual - trained).abs().mean()),
-            "base_quantization_error": float((quantized_base - float_base).abs().max()),
-            "gated": False,
-            "why": "the merge adds the adapter to the unquantized base: the merged model differs from the "
-                   "quantized base + adapter by the base's quantization error, shown beside it "
-                   "(base_quantization_error: quantized vs unquantized base alone); not a pass criterion",
-        }
-    write_json(out, report)
-    return report
+
+
+def _quantized_entry(reference: str, actual: torch.Tensor, trained: torch.Tensor,
+                     quantization_error: torch.Tensor) -> dict:
+    """The report's `quantized_reference`: the merged model's logits (`actual`) against the quantized base +
+    adapter's (`trained`), beside the quantized base's own error (quantized minus float base, adapters off)."""
+    return {
+        "reference": reference,
+        "max_abs_diff": float((actual - trained).abs().max()),
+        "mean_abs_diff": float((actual - trained).abs().mean()),
+        "base_quantization_error": float(quantization_error.abs().max()),
+        "gated": False,
+        "why": "the merge adds the adapter to the unquantized base: the merged model differs from the "
+               "quantized base + adapter by the base's quantization error, shown beside it "
+               "(base_quantization_error: quantized vs unquantized base alone); not a pass criterion",
+    }
 
 
 def _not_loaded(model, adapter: Path) -> list[str]:
