@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--kind", choices=KINDS, default="text", help="text: the demo LM; vlm: the demo LLaVA")
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--data-dir", type=Path, required=True)
-    ap.add_argument("--pretrain-steps", type=int, default=None, help="default: 400 (text), 300 (vlm)")
+    ap.add_argument("--pretrain-steps", type=int, default=None, help="default: 200 (text), 300 (vlm)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)

@@ -114,7 +114,7 @@ def train_from_scratch(model, batches, *, steps: int, lr: float, seed: int) -> f
     return round(time.time() - t0, 1)
 
 
-def pretrain(model, tokenizer, *, steps=400, batch=64, lr=3e-3, seed=0) -> dict:
+def pretrain(model, tokenizer, *, steps=200, batch=64, lr=3e-3, seed=0) -> dict:
     """Teach the base the raw copy skill; returns its held-out exact match."""
     def copy_lines(rng):
         lines = [
@@ -199,7 +199,7 @@ def build_mixed_dataset(out_dir: Path, *, lengths: tuple[int, int] = (32, 512), 
     return paths
 
 
-def prepare_base(model_dir: Path, data_dir: Path, *, pretrain_steps: int = 400, seed: int = 0) -> dict:
+def prepare_base(model_dir: Path, data_dir: Path, *, pretrain_steps: int = 200, seed: int = 0) -> dict:
     """Build, pre-train and save the embedded base model and the demo dataset."""
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
