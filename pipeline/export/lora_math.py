@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 import torch
@@ -218,6 +218,9 @@ def _saved_module(key: str, modules: tuple[str, ...]) -> bool:
     return any(p == m or p.endswith("." + m) for p in prefixes for m in modules)
 
 
+Target = LoraTarget | Replacement | TokenRows | ExpertTarget | StoredRowsTarget
+
+
 def plan_targets(
     adapter_shapes: Mapping[str, tuple[int, ...]],
     base_shapes: Mapping[str, tuple[int, ...]],
@@ -225,7 +228,7 @@ def plan_targets(
     stored_key: Callable[[str], str] = lambda name: name,
     fused: Mapping[str, FusedWeight] | None = None,
     stored_rows: Callable[[str], tuple | None] | None = None,
-) -> dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget | StoredRowsTarget]:
+) -> dict[str, Target]:
     """Map every adapter tensor to the base tensor it modifies (keyed by base key).
 
     Checks, each a UserError naming the keys: every adapter key is a LoRA
@@ -237,90 +240,123 @@ def plan_targets(
     `target_parameters` needs (`pipeline.model.expert_keys`). `stored_rows`: live weight name -> where
     the base stores its rows, when not under a key of its own (`BaseKeys.rows`).
     """
-    fused = dict(fused or {})
     if settings.target_parameters and not fused:
         raise UserError(f"adapter adapts target_parameters {list(settings.target_parameters)} (fused expert "
                         "weights): merging it needs the base's architecture (pipeline.export.merge.merge_dirs)")
-    plan: dict[str, LoraTarget | Replacement | TokenRows | ExpertTarget] = {}
-    halves: dict[tuple[str, str], dict[str, str]] = {}
-    base_layers: dict[str, str] = {}
-    magnitudes: dict[str, str] = {}
-    unknown = []
-    for key in adapter_shapes:
-        if _saved_module(key, settings.modules_to_save) and not _LINEAR_KEY.fullmatch(key):
-            base_key = stored_key(key[len(ADAPTER_PREFIX):])
-            if base_key not in base_shapes:
-                raise UserError(f"adapter saves {key} (modules_to_save), but the base stores no tensor {base_key!r}")
-            if tuple(adapter_shapes[key]) != tuple(base_shapes[base_key]):
-                raise UserError(f"adapter's {key} is {tuple(adapter_shapes[key])}, the base's {base_key} "
-                                f"{tuple(base_shapes[base_key])}")
-            plan[base_key] = Replacement(base_key, key)
-            continue
-        if match := _BASE_LAYER_KEY.fullmatch(key):
-            base_layers[match["module"]] = key
-            continue
-        if match := _MAGNITUDE_KEY.fullmatch(key):
-            magnitudes[match["module"]] = key
-            continue
-        if match := _TOKENS_KEY.fullmatch(key):
-            target = token_rows(key, match["module"], tuple(adapter_shapes[key]), base_shapes,
-                                settings.rows_for(match["module"]), stored_key)
-            plan[target.base_key] = target
-            continue
-        match = _LINEAR_KEY.fullmatch(key)
-        kind = "linear"
-        if match is None:
-            match, kind = _EMBEDDING_KEY.fullmatch(key), "embedding"
-        if match is None:
-            unknown.append(key)
-            continue
-        halves.setdefault((match["module"], kind), {})[match["half"][-1]] = key
-    if unknown:
-        raise UserError(f"adapter has {len(unknown)} tensor(s) that are not LoRA A/B weights, e.g. "
-                        f"{', '.join(sorted(unknown)[:3])}; they would be silently dropped")
-    for (module, kind), pair in sorted(halves.items()):
+    planner = _Planner(adapter_shapes, base_shapes, settings, stored_key, dict(fused or {}), stored_rows)
+    for (module, kind), pair in sorted(planner.sort_keys().items()):
+        planner.add_pair(module, kind, pair)
+    planner.check_nothing_left()
+    return planner.plan
+
+
+@dataclass
+class _Planner:
+    """`plan_targets`' state: the plan so far, and the DoRA magnitudes, saved base layers and fused weights
+    not yet claimed by a LoRA pair (each must be, by the end)."""
+
+    adapter_shapes: Mapping[str, tuple[int, ...]]
+    base_shapes: Mapping[str, tuple[int, ...]]
+    settings: LoraSettings
+    stored_key: Callable[[str], str]
+    fused: dict[str, FusedWeight]
+    stored_rows: Callable[[str], tuple | None] | None
+    plan: dict[str, Target] = field(default_factory=dict)
+    base_layers: dict[str, str] = field(default_factory=dict)
+    magnitudes: dict[str, str] = field(default_factory=dict)
+
+    def sort_keys(self) -> dict[tuple[str, str], dict[str, str]]:
+        """Plan the whole-tensor replacements and token rows; collect saved base layers and magnitudes; return
+        the LoRA halves by (module, "linear" | "embedding") -> {"A": key, "B": key}."""
+        halves: dict[tuple[str, str], dict[str, str]] = {}
+        unknown = []
+        for key in self.adapter_shapes:
+            if _saved_module(key, self.settings.modules_to_save) and not _LINEAR_KEY.fullmatch(key):
+                self._replace(key)
+            elif match := _BASE_LAYER_KEY.fullmatch(key):
+                self.base_layers[match["module"]] = key
+            elif match := _MAGNITUDE_KEY.fullmatch(key):
+                self.magnitudes[match["module"]] = key
+            elif match := _TOKENS_KEY.fullmatch(key):
+                target = token_rows(key, match["module"], tuple(self.adapter_shapes[key]), self.base_shapes,
+                                    self.settings.rows_for(match["module"]), self.stored_key)
+                self.plan[target.base_key] = target
+            elif match := _LINEAR_KEY.fullmatch(key):
+                halves.setdefault((match["module"], "linear"), {})[match["half"][-1]] = key
+            elif match := _EMBEDDING_KEY.fullmatch(key):
+                halves.setdefault((match["module"], "embedding"), {})[match["half"][-1]] = key
+            else:
+                unknown.append(key)
+        if unknown:
+            raise UserError(f"adapter has {len(unknown)} tensor(s) that are not LoRA A/B weights, e.g. "
+                            f"{', '.join(sorted(unknown)[:3])}; they would be silently dropped")
+        return halves
+
+    def _replace(self, key: str) -> None:
+        """A tensor of a `modules_to_save` module: it replaces the base's tensor of that name."""
+        base_key = self.stored_key(key[len(ADAPTER_PREFIX):])
+        if base_key not in self.base_shapes:
+            raise UserError(f"adapter saves {key} (modules_to_save), but the base stores no tensor {base_key!r}")
+        if tuple(self.adapter_shapes[key]) != tuple(self.base_shapes[base_key]):
+            raise UserError(f"adapter's {key} is {tuple(self.adapter_shapes[key])}, the base's {base_key} "
+                            f"{tuple(self.base_shapes[base_key])}")
+        self.plan[base_key] = Replacement(base_key, key)
+
+    def add_pair(self, module: str, kind: str, pair: dict[str, str]) -> None:
+        """Plan one module's LoRA pair: onto a fused weight's stored tensors, onto rows the base stores inside
+        another tensor, or onto `<module>.weight`."""
         if set(pair) != {"A", "B"}:
             raise UserError(f"adapter module {module} has only its lora_{''.join(pair)} tensor")
-        if module in fused:  # a ParamWrapper: the stored tensors holding its weight
-            for target in expert_math.targets(module, pair, fused.pop(module), adapter_shapes,
-                                              *scaling_for(settings, module)):
-                if target.base_key in plan:
+        if module in self.fused:  # a ParamWrapper: the stored tensors holding its weight
+            for target in expert_math.targets(module, pair, self.fused.pop(module), self.adapter_shapes,
+                                              *scaling_for(self.settings, module)):
+                if target.base_key in self.plan:
                     raise UserError(f"base tensor {target.base_key} is targeted twice")
-                plan[target.base_key] = target
-            continue
-        base_key = stored_key(f"{module}.weight")
-        placed = (stored_rows(f"{module}.weight") if stored_rows is not None and kind == "linear"
-                  and base_key not in base_shapes else None)
+                self.plan[target.base_key] = target
+            return
+        base_key = self.stored_key(f"{module}.weight")
+        placed = (self.stored_rows(f"{module}.weight") if self.stored_rows is not None and kind == "linear"
+                  and base_key not in self.base_shapes else None)
         if placed:
-            row_math.add_part(plan, module, pair, placed, adapter_shapes, base_shapes, *scaling_for(settings, module),
-                              unsplittable=[what for what, there in (("a DoRA magnitude", module in magnitudes),
-                                                                     ("a saved base layer", module in base_layers),
-                                                                     ("fan_in_fan_out", settings.fan_in_fan_out))
-                                            if there])
-            continue
-        if base_key not in base_shapes:
+            unsplittable = [what for what, there in (("a DoRA magnitude", module in self.magnitudes),
+                                                     ("a saved base layer", module in self.base_layers),
+                                                     ("fan_in_fan_out", self.settings.fan_in_fan_out)) if there]
+            row_math.add_part(self.plan, module, pair, placed, self.adapter_shapes, self.base_shapes,
+                              *scaling_for(self.settings, module), unsplittable=unsplittable)
+            return
+        self.plan[base_key] = self._weight_target(module, kind, pair, base_key)
+
+    def _weight_target(self, module: str, kind: str, pair: dict[str, str], base_key: str) -> LoraTarget:
+        """The pair's target on the base's `base_key`, its shapes, rank and DoRA magnitude checked."""
+        if base_key not in self.base_shapes:
             raise UserError(f"adapter targets {module}, but the base stores no tensor {base_key!r} "
                             "(different architecture, or a tied weight that is not stored)")
-        if base_key in plan:
+        if base_key in self.plan:
             raise UserError(f"base tensor {base_key} is targeted twice (LoRA and trainable tokens?)")
-        rank, scaling = scaling_for(settings, module)
+        rank, scaling = scaling_for(self.settings, module)
         target = LoraTarget(module, base_key, pair["A"], pair["B"], kind, rank, scaling,
-                            settings.fan_in_fan_out and kind == "linear", base_layers.pop(module, None),
-                            magnitudes.pop(module, None))
-        _check_shapes(target, adapter_shapes[target.a_key], adapter_shapes[target.b_key], base_shapes[base_key])
-        check_magnitude(target, settings.use_dora, adapter_shapes)
-        if target.base_layer_key and tuple(adapter_shapes[target.base_layer_key]) != tuple(base_shapes[base_key]):
-            raise UserError(f"adapter's saved {module} is {tuple(adapter_shapes[target.base_layer_key])}, the base's "
-                            f"{tuple(base_shapes[base_key])}: a resized vocabulary is not supported")
-        plan[base_key] = target
-    if base_layers:
-        raise UserError(f"adapter saves full base layers of non-LoRA modules: {', '.join(sorted(base_layers))}")
-    if magnitudes:
-        raise UserError(f"adapter has DoRA magnitudes of modules without a LoRA pair: {', '.join(sorted(magnitudes))}")
-    if fused:
-        raise UserError(f"adapter config's target_parameters adapt {', '.join(f.param for f in fused.values())}, "
-                        "but the adapter has no LoRA pair for them")
-    return plan
+                            self.settings.fan_in_fan_out and kind == "linear", self.base_layers.pop(module, None),
+                            self.magnitudes.pop(module, None))
+        base_shape = self.base_shapes[base_key]
+        _check_shapes(target, self.adapter_shapes[target.a_key], self.adapter_shapes[target.b_key], base_shape)
+        check_magnitude(target, self.settings.use_dora, self.adapter_shapes)
+        if target.base_layer_key and tuple(self.adapter_shapes[target.base_layer_key]) != tuple(base_shape):
+            raise UserError(f"adapter's saved {module} is {tuple(self.adapter_shapes[target.base_layer_key])}, the "
+                            f"base's {tuple(base_shape)}: a resized vocabulary is not supported")
+        return target
+
+    def check_nothing_left(self) -> None:
+        """Every saved base layer, DoRA magnitude and fused weight went with a LoRA pair."""
+        if self.base_layers:
+            raise UserError("adapter saves full base layers of non-LoRA modules: "
+                            f"{', '.join(sorted(self.base_layers))}")
+        if self.magnitudes:
+            raise UserError("adapter has DoRA magnitudes of modules without a LoRA pair: "
+                            f"{', '.join(sorted(self.magnitudes))}")
+        if self.fused:
+            adapted = ", ".join(f.param for f in self.fused.values())
+            raise UserError(f"adapter config's target_parameters adapt {adapted}, but the adapter has no LoRA pair "
+                            "for them")
 
 
 def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
@@ -335,7 +371,7 @@ def _check_shapes(target: LoraTarget, a: tuple, b: tuple, w: tuple) -> None:
         raise UserError(f"{target.module}: base weight {tuple(w)} does not fit the LoRA delta {expected}")
 
 
-def merged(target: LoraTarget | Replacement | TokenRows | ExpertTarget | StoredRowsTarget, base_weight: torch.Tensor,
+def merged(target: Target, base_weight: torch.Tensor,
            adapter: Mapping[str, torch.Tensor], out_dtype: torch.dtype | None = None,
            pieces: expert_math.Pieces | None = None) -> torch.Tensor:
     """The merged tensor of one planned base key: W + s * B @ A, the saved module's copy, the base
