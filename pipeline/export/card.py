@@ -158,75 +158,98 @@ def build_card(dst: Path, *, run: str | None, plan: dict, stats: dict, config: d
              f"{'A LoRA adapter (PEFT)' if kind == 'adapter' else 'A Hugging Face model'}: {what}.",
              "It carries the run's tokenizer and chat template (prompts render as in training; generation "
              "stops at the template's end-of-turn marker).", ""]
+    lines += _base_section(base, revision, chat, added)
+    lines += _data_section(stats)
+    lines += _training_section(dst, config)
+    lines += _schedule_section(plan)
+    lines += _evaluation_section(evals)
+    lines += _usage_section(dst.name, kind, base, revision, added)
+    return "\n".join(lines).replace("\n\n\n", "\n\n")
 
-    lines += ["## Base model", "", f"- {base}" + (f" at revision `{revision}`" if revision else "")]
+
+def _base_section(base: str, revision: str | None, chat: dict, added: dict) -> list[str]:
+    lines = ["## Base model", "", f"- {base}" + (f" at revision `{revision}`" if revision else "")]
     if chat.get("template"):
         marker = f"`{chat['end_of_turn']}`" if chat.get("end_of_turn") else "the template's own"
         lines.append(f"- chat template: {chat['template']} (see chat_template.jinja); end-of-turn marker: {marker}")
     if added:
         lines.append(f"- tokens added to the base's vocabulary: {', '.join(f'`{t}`' for t in added)} "
                      f"(vocabulary {chat.get('base_vocab_size')} -> {chat.get('vocab_size')})")
-    lines.append("")
+    return [*lines, ""]
 
+
+def _data_section(stats: dict) -> list[str]:
     splits = stats.get("splits") or {}
-    if splits:
-        lines += ["## Data", ""]
-        lines += _table(["split", "file", "records", "records trained on", "tokens", "supervised tokens"],
-                        [[name, s.get("source"), s.get("records_in"), s.get("records"), s.get("tokens"),
-                          s.get("supervised_tokens")] for name, s in splits.items()])
-        if stats.get("max_length"):
-            lines += ["", f"Maximum sequence length {stats['max_length']} tokens (longer records: {stats.get('too_long')})."]
-        lines.append("")
+    if not splits:
+        return []
+    lines = ["## Data", ""]
+    lines += _table(["split", "file", "records", "records trained on", "tokens", "supervised tokens"],
+                    [[name, s.get("source"), s.get("records_in"), s.get("records"), s.get("tokens"),
+                      s.get("supervised_tokens")] for name, s in splits.items()])
+    if stats.get("max_length"):
+        lines += ["", f"Maximum sequence length {stats['max_length']} tokens (longer records: {stats.get('too_long')})."]
+    return [*lines, ""]
 
-    if config:
-        lines += ["## Training", ""]
-        lines += _table(["setting", "value"], [[label, _get(config, key)] for label, key in _HYPERPARAMETERS
-                                               if _get(config, key) is not None])
-        lines.append("")
-        adapted = _read_json(dst / "adapter_config.json")
-        if adapted.get("target_parameters"):  # a mixture of experts: say that the experts are adapted too
-            lines += [f"LoRA adapts the layers {', '.join(sorted(adapted.get('target_modules') or []))} and the fused "
-                      f"weights {', '.join(sorted(adapted['target_parameters']))} (experts; peft target_parameters).", ""]
 
-    if plan.get("stages"):
-        lines += ["## Schedule", "", f"{plan.get('total_updates')} optimizer updates in {len(plan['stages'])} stages "
-                  "(one learning-rate schedule, EMA and data order across all of them):", ""]
-        lines += _table(["stage", "first update", "last update", "updates"],
-                        [[s["name"], s["start"] + 1, s["end"], s["end"] - s["start"]] for s in plan["stages"]])
-        lines.append("")
+def _training_section(dst: Path, config: dict) -> list[str]:
+    if not config:
+        return []
+    lines = ["## Training", ""]
+    lines += _table(["setting", "value"], [[label, _get(config, key)] for label, key in _HYPERPARAMETERS
+                                           if _get(config, key) is not None])
+    lines.append("")
+    adapted = _read_json(dst / "adapter_config.json")
+    if adapted.get("target_parameters"):  # a mixture of experts: say that the experts are adapted too
+        lines += [f"LoRA adapts the layers {', '.join(sorted(adapted.get('target_modules') or []))} and the fused "
+                  f"weights {', '.join(sorted(adapted['target_parameters']))} (experts; peft target_parameters).", ""]
+    return lines
 
+
+def _schedule_section(plan: dict) -> list[str]:
+    if not plan.get("stages"):
+        return []
+    lines = ["## Schedule", "", f"{plan.get('total_updates')} optimizer updates in {len(plan['stages'])} stages "
+             "(one learning-rate schedule, EMA and data order across all of them):", ""]
+    lines += _table(["stage", "first update", "last update", "updates"],
+                    [[s["name"], s["start"] + 1, s["end"], s["end"] - s["start"]] for s in plan["stages"]])
+    return [*lines, ""]
+
+
+def _evaluation_section(evals: list[dict]) -> list[str]:
     rows = evaluation_rows(evals)
-    if rows:
-        lines += ["## Evaluation", "",
-                  "Validation loss and exact match on held-out prompts (greedy decoding) at each stage's end, "
-                  "for the raw weights and each EMA rate:", ""]
-        lines += _table(["stage", "update", "weights", "val loss", "perplexity", "exact match", "n"], rows)
-        lines.append("")
+    if not rows:
+        return []
+    lines = ["## Evaluation", "",
+             "Validation loss and exact match on held-out prompts (greedy decoding) at each stage's end, "
+             "for the raw weights and each EMA rate:", ""]
+    lines += _table(["stage", "update", "weights", "val loss", "perplexity", "exact match", "n"], rows)
+    return [*lines, ""]
 
-    lines += ["## How to use", "", "With this workflow (chat template of training, greedy by default):", "",
-              "```bash", f"python -m pipeline chat {dst.name} --prompt \"...\"", "```", ""]
-    if kind == "adapter":
-        resize = ("model.resize_token_embeddings(len(tokenizer))  # the run added tokens: grow the embeddings first\n"
-                  if added else "")
-        lines += ["With transformers and peft:", "", "```python",
-                  "from transformers import AutoModelForCausalLM, AutoTokenizer",
-                  "from peft import PeftModel", "",
-                  f'tokenizer = AutoTokenizer.from_pretrained("{dst.name}")  # this dir: the run\'s tokenizer and chat template',
-                  f'model = AutoModelForCausalLM.from_pretrained("{base}"'
-                  + (f', revision="{revision}"' if revision else "") + ")",
-                  resize + f'model = PeftModel.from_pretrained(model, "{dst.name}")',
-                  'prompt = tokenizer.apply_chat_template([{"role": "user", "content": "..."}], tokenize=False, add_generation_prompt=True)',
-                  'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)',
-                  "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))",
-                  "```", "",
-                  "For serving (vLLM, TGI) use the merged dir, or load this adapter as a LoRA module on the base.", ""]
-    else:
-        lines += ["With transformers (also served as is by vLLM or TGI):", "", "```python",
-                  "from transformers import pipeline", "",
-                  f'chat = pipeline("text-generation", model="{dst.name}", tokenizer="{dst.name}")',
-                  'print(chat([{"role": "user", "content": "..."}], max_new_tokens=64)[0]["generated_text"][-1]["content"])',
-                  "```", ""]
-    return "\n".join(lines).replace("\n\n\n", "\n\n")
+
+def _usage_section(name: str, kind: str, base: str, revision: str | None, added: dict) -> list[str]:
+    lines = ["## How to use", "", "With this workflow (chat template of training, greedy by default):", "",
+             "```bash", f"python -m pipeline chat {name} --prompt \"...\"", "```", ""]
+    if kind != "adapter":
+        return lines + [
+            "With transformers (also served as is by vLLM or TGI):", "", "```python",
+            "from transformers import pipeline", "",
+            f'chat = pipeline("text-generation", model="{name}", tokenizer="{name}")',
+            'print(chat([{"role": "user", "content": "..."}], max_new_tokens=64)[0]["generated_text"][-1]["content"])',
+            "```", ""]
+    resize = ("model.resize_token_embeddings(len(tokenizer))  # the run added tokens: grow the embeddings first\n"
+              if added else "")
+    return lines + [
+        "With transformers and peft:", "", "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "from peft import PeftModel", "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}")  # this dir: the run\'s tokenizer and chat template',
+        f'model = AutoModelForCausalLM.from_pretrained("{base}"' + (f', revision="{revision}"' if revision else "") + ")",
+        resize + f'model = PeftModel.from_pretrained(model, "{name}")',
+        'prompt = tokenizer.apply_chat_template([{"role": "user", "content": "..."}], tokenize=False, add_generation_prompt=True)',
+        'inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)',
+        "print(tokenizer.decode(model.generate(**inputs, max_new_tokens=64)[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))",
+        "```", "",
+        "For serving (vLLM, TGI) use the merged dir, or load this adapter as a LoRA module on the base.", ""]
 
 
 def benchmark_lines(rows: list[dict]) -> list[str]:
