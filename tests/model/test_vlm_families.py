@@ -969,13 +969,15 @@ def test_deepseek_ocr2_trains_and_merges_but_stock_peft_misnames_its_adapter(vlm
 # image tokens a 32x32 image of the demo expands to in the families of `kits.vlm_ocr`, as their processors write them
 OCR_IMAGE_TOKENS = {
     "deepseek_ocr2_moe": 12 * 12 + 1,  # not cropped: its global view's 144 queries and the view separator
+    "glm_ocr": 4,  # GLM-4.6V's processor: with image_grid_thw and modality ids
 }
 
 
 @pytest.mark.parametrize("family", list(OCR_IMAGE_TOKENS))
 def test_ocr_batches_are_what_the_processor_gives(family, vlms):
-    """Our batch of a record == what the family's processor (stock `AutoProcessor`) gives for the same
-    conversation: DeepSeek-OCR 2's tokens, its global view's pixels and `num_local_patches`. Pickled first, as a
+    """Our batch of a record == what the family's processor gives for the same conversation: DeepSeek-OCR 2's
+    (stock `AutoProcessor`): tokens, its global view's pixels and `num_local_patches`; GLM-OCR's (GLM-4.6V's
+    processor built for images only): tokens, pixels, `image_grid_thw` and modality ids. Pickled first, as a
     loader worker started by spawn gets it."""
     from pipeline.data.processors import build_processor as _processor
     from pipeline.data.tokenize import load_chat
@@ -985,5 +987,8 @@ def test_ocr_batches_are_what_the_processor_gives(family, vlms):
     images = pickle.loads(pickle.dumps(images))
     theirs, ours = _processor_batch(data, images, _processor(data["model"], False))
     assert int((theirs["input_ids"] == images.image_token_id).sum()) == OCR_IMAGE_TOKENS[family]
+    if family == "glm_ocr":  # GLM-4.1V's turns end none: the labeller appends the eos to the last
+        assert int(ours["input_ids"][0, -1]) == images.tokenizer.eos_token_id
+        ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
