@@ -105,7 +105,8 @@ class ImageText:
     `image_token` is what the chat template writes for an image, the processor's
     `image_token`: the token the features replace (`image_token_id`, the config's)
     for most families, Gemma 3's `<start_of_image>`, which the expansion turns into
-    `<start_of_image>`, its `<image_soft_token>`s and `<end_of_image>`.
+    `<start_of_image>`, its `<image_soft_token>`s and `<end_of_image>`; or the
+    processor's `image_placeholder_token` where it has one (Qianfan-OCR's `<image>`).
     """
 
     tokenizer: object
@@ -280,12 +281,19 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
     names = set(processor.model_input_names)
-    return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
+    return ImageText(tokenizer, processor.image_processor, template, _template_image_token(processor) or token,
                      token_id, processor._process_images,
                      tuple(n for n in processor.image_processor.model_input_names if n in names),
                      _token_types(processor, names), _images_kwargs(processor), _added_bos(processor),
                      cross_attention="cross_attention_mask" in names, derived=_derived(processor, names),
                      image_ids=_image_ids(processor))
+
+
+def _template_image_token(processor) -> str | None:
+    """What the processor's chat template writes for an image, which its call expands: its placeholder where it
+    keeps one apart from the token the features replace (Qianfan-OCR's `image_placeholder_token`, `<image>`,
+    becomes `<img>`, its `<IMG_CONTEXT>`s and `</img>`), else its `image_token`; None where it names neither."""
+    return getattr(processor, "image_placeholder_token", None) or getattr(processor, "image_token", None)
 
 
 def _expands_each_image(cls) -> bool:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from kits.vlm import GLM4V_TEMPLATE, GLM4V_TOKENS, QWEN_TEMPLATE, _family_tokenizer, _save_parts, _text_config
+from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, INTERNVL_TOKENS, QWEN_TEMPLATE, _family_tokenizer, _save_parts,
+                      _text_config)
 
 # DeepSeek-OCR 2's turns, an image as its processor's `<image>`: not the shipped template, not at hand here
 DEEPSEEK_OCR2_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
@@ -75,7 +76,36 @@ def save_glm_ocr(path: Path, *, seed: int = 0) -> Path:
                        "Glm46VProcessor")
 
 
+# Qianfan-OCR's turns, an image as its processor's placeholder `<image>` (which it expands to InternVL's
+# `<img>`, `<IMG_CONTEXT>`s, `</img>`): not the shipped template, not at hand here
+QIANFAN_OCR_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+
+
+def save_qianfan_ocr(path: Path, *, seed: int = 0) -> Path:
+    """A tiny random Qianfan-OCR (`QianfanOCRForConditionalGeneration`: InternVL's layout, a 1-layer InternViT-style
+    tower on 32x32 images, 8x8 patches, pixel shuffle 0.5; 2 Qwen3 layers) with its own processor and GOT-OCR2's
+    image processor (PIL, one 32x32 tile): the template's `<image>` becomes `<img>`, 4 `<IMG_CONTEXT>`s,
+    `</img>`."""
+    from transformers import QianfanOCRConfig, QianfanOCRForConditionalGeneration, QianfanOCRProcessor
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    tokenizer = _family_tokenizer(["<|im_start|>", "<|im_end|>", "<image>", *INTERNVL_TOKENS.values()], bos="<s>",
+                                  eos="<|end|>", template=QIANFAN_OCR_TEMPLATE, named=INTERNVL_TOKENS)
+    config = QianfanOCRConfig(
+        text_config=_text_config(tokenizer, model_type="qwen3", head_dim=16),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=[32, 32], patch_size=[8, 8]),
+        image_token_id=tokenizer.convert_tokens_to_ids("<IMG_CONTEXT>"), image_seq_length=4, downsample_ratio=0.5)
+    torch.manual_seed(seed)
+    QianfanOCRForConditionalGeneration(config).save_pretrained(path)
+    images = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=1)
+    QianfanOCRProcessor(image_processor=images, tokenizer=tokenizer, image_seq_length=4,
+                        chat_template=QIANFAN_OCR_TEMPLATE).save_pretrained(path)
+    return path
+
+
 OCR_SAVERS = {
     "deepseek_ocr2_moe": save_deepseek_ocr2,  # its text model's sparse layers mixtures of experts
     "glm_ocr": save_glm_ocr,
+    "qianfan_ocr": save_qianfan_ocr,
 }

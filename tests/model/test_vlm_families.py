@@ -970,6 +970,7 @@ def test_deepseek_ocr2_trains_and_merges_but_stock_peft_misnames_its_adapter(vlm
 OCR_IMAGE_TOKENS = {
     "deepseek_ocr2_moe": 12 * 12 + 1,  # not cropped: its global view's 144 queries and the view separator
     "glm_ocr": 4,  # GLM-4.6V's processor: with image_grid_thw and modality ids
+    "qianfan_ocr": 4,  # one tile, between <img> and </img>
 }
 
 
@@ -977,8 +978,9 @@ OCR_IMAGE_TOKENS = {
 def test_ocr_batches_are_what_the_processor_gives(family, vlms):
     """Our batch of a record == what the family's processor gives for the same conversation: DeepSeek-OCR 2's
     (stock `AutoProcessor`): tokens, its global view's pixels and `num_local_patches`; GLM-OCR's (GLM-4.6V's
-    processor built for images only): tokens, pixels, `image_grid_thw` and modality ids. Pickled first, as a
-    loader worker started by spawn gets it."""
+    processor built for images only): tokens, pixels, `image_grid_thw` and modality ids; Qianfan-OCR's (stock
+    `AutoProcessor`), whose template writes its placeholder `<image>`, not the `<IMG_CONTEXT>` the features
+    replace: tokens and pixels. Pickled first, as a loader worker started by spawn gets it."""
     from pipeline.data.processors import build_processor as _processor
     from pipeline.data.tokenize import load_chat
 
