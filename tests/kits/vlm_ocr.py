@@ -104,6 +104,28 @@ def save_qianfan_ocr(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+# OCR families whose image processors exist only for torchvision (transformers 5.24 has no PIL backend for them):
+# their config, processor and image processor classes
+OCR_TORCHVISION_ONLY = {
+    "minicpm_ocr": ("MiniCPMOcrConfig", "MiniCPMOcrProcessor", "MiniCPMOcrImageProcessor"),
+    "unlimited_ocr": ("UnlimitedOcrConfig", "UnlimitedOcrProcessor", "UnlimitedOcrImageProcessor"),
+}
+
+
+def save_ocr_torchvision_only(path: Path, family: str) -> Path:
+    """A dir of an `OCR_TORCHVISION_ONLY` family as far as tokenizing reads it: the family's default config (no
+    weights: the refusal comes before any), the demo tokenizer with Qwen's vision tokens, and its processor's and
+    image processor's configs naming their classes."""
+    import transformers
+
+    from kits.vlm import QWEN_TOKENS, _save_without_image_processor
+
+    config_cls, processor_cls, image_cls = OCR_TORCHVISION_ONLY[family]
+    tokenizer = _family_tokenizer(list(QWEN_TOKENS), bos="<s>", eos="<|end|>", template=QWEN_TEMPLATE)
+    return _save_without_image_processor(path, getattr(transformers, config_cls)(), tokenizer,
+                                         {"image_processor_type": image_cls}, QWEN_TEMPLATE, processor_cls)
+
+
 OCR_SAVERS = {
     "deepseek_ocr2_moe": save_deepseek_ocr2,  # its text model's sparse layers mixtures of experts
     "glm_ocr": save_glm_ocr,

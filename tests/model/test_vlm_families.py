@@ -994,3 +994,16 @@ def test_ocr_batches_are_what_the_processor_gives(family, vlms):
         ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
+
+
+@pytest.mark.parametrize("family", ["minicpm_ocr", "unlimited_ocr"])
+def test_ocr_torchvision_only_image_processors_are_refused_in_one_line(family, tmp_path):
+    """MiniCPM-OCR's and Unlimited-OCR's image processors exist only for torchvision (transformers 5.24 has no PIL
+    backend for them): without torchvision, tokenizing for one stops with one line naming the model and the
+    package."""
+    from kits.vlm_ocr import OCR_TORCHVISION_ONLY, save_ocr_torchvision_only
+
+    _needs(OCR_TORCHVISION_ONLY[family][0])
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed: this is the refusal without it")
+    assert "torchvision" in refusal_line(save_ocr_torchvision_only(tmp_path / family, family))
