@@ -104,6 +104,44 @@ def save_qianfan_ocr(path: Path, *, seed: int = 0) -> Path:
     return path
 
 
+# DeepSeek-VL's image token, which its processor reads off the tokenizer by name, and its turns with an image as
+# that token: not the shipped template, not at hand here
+DEEPSEEK_VL_TOKENS = {"image_token": "<image_placeholder>"}
+DEEPSEEK_VL_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image_placeholder>")
+
+
+def save_deepseek_vl(path: Path, *, seed: int = 0, hybrid: bool = False) -> Path:
+    """A tiny random DeepSeek-VL (`DeepseekVLForConditionalGeneration`: a 1-layer SigLIP tower on 32x32 images,
+    8x8 patches, a 2-layer MLP aligner; 2 Llama layers) with its own processor and image processor (PIL): a 32x32
+    image is 16 `<image_placeholder>`s (a feature a patch). `hybrid`: DeepSeek-VL hybrid
+    (`DeepseekVLHybridForConditionalGeneration`), a 1-layer SAM tower beside it on a high-resolution copy of the
+    image (32x32 here, its 8x8 patches resized and downsampled 4x to the SigLIP grid), the two views' features
+    concatenated by its aligner: the same 16 tokens, `high_res_pixel_values` too."""
+    import transformers
+
+    prefix = "DeepseekVLHybrid" if hybrid else "DeepseekVL"
+    module = "deepseek_vl_hybrid" if hybrid else "deepseek_vl"
+    image_cls = getattr(__import__(f"transformers.models.{module}.image_processing_pil_{module}",
+                                   fromlist=["_"]), f"{prefix}ImageProcessorPil")
+    tokenizer = _family_tokenizer(list(DEEPSEEK_VL_TOKENS.values()), bos="<s>", eos="<|end|>",
+                                  template=DEEPSEEK_VL_TEMPLATE, named=DEEPSEEK_VL_TOKENS)
+    high_res = dict(high_res_vision_config=dict(hidden_size=16, output_channels=8, num_hidden_layers=1,
+                                                num_attention_heads=2, image_size=32, patch_size=8, window_size=2,
+                                                global_attn_indexes=[0], mlp_dim=32)) if hybrid else {}
+    config = getattr(transformers, f"{prefix}Config")(
+        text_config=_text_config(tokenizer, model_type="llama"),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=8),
+        image_token_id=tokenizer.convert_tokens_to_ids(DEEPSEEK_VL_TOKENS["image_token"]), **high_res)
+    torch.manual_seed(seed)
+    getattr(transformers, f"{prefix}ForConditionalGeneration")(config).save_pretrained(path)
+    sizes = dict(high_res_size={"height": 32, "width": 32}) if hybrid else {}
+    images = image_cls(size={"height": 32, "width": 32}, **sizes)
+    getattr(transformers, f"{prefix}Processor")(image_processor=images, tokenizer=tokenizer, num_image_tokens=16,
+                                                chat_template=DEEPSEEK_VL_TEMPLATE).save_pretrained(path)
+    return path
+
+
 # OCR families whose image processors exist only for torchvision (transformers 5.24 has no PIL backend for them):
 # their config, processor and image processor classes
 OCR_TORCHVISION_ONLY = {
@@ -130,4 +168,6 @@ OCR_SAVERS = {
     "deepseek_ocr2_moe": save_deepseek_ocr2,  # its text model's sparse layers mixtures of experts
     "glm_ocr": save_glm_ocr,
     "qianfan_ocr": save_qianfan_ocr,
+    "deepseek_vl": save_deepseek_vl,
+    "deepseek_vl_hybrid": lambda path: save_deepseek_vl(path, hybrid=True),
 }

@@ -971,6 +971,8 @@ OCR_IMAGE_TOKENS = {
     "deepseek_ocr2_moe": 12 * 12 + 1,  # not cropped: its global view's 144 queries and the view separator
     "glm_ocr": 4,  # GLM-4.6V's processor: with image_grid_thw and modality ids
     "qianfan_ocr": 4,  # one tile, between <img> and </img>
+    "deepseek_vl": 16,  # a feature a patch
+    "deepseek_vl_hybrid": 16,  # likewise, with the high-resolution view's pixels
 }
 
 
@@ -1007,3 +1009,28 @@ def test_ocr_torchvision_only_image_processors_are_refused_in_one_line(family, t
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("torchvision is installed: this is the refusal without it")
     assert "torchvision" in refusal_line(save_ocr_torchvision_only(tmp_path / family, family))
+
+
+def test_deepseek_vl_hybrid_high_resolution_view_is_part_of_its_tower(vlms):
+    """DeepSeek-VL's projector is its `aligner`; its hybrid's SAM path on the high-resolution copy of the image
+    (an encoder, a neck, a projection and a bare mixing weight beside the SigLIP tower) is part of the tower:
+    full fine-tuning freezes it with the tower unless vision.train_tower, and LoRA stays out of it."""
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.model.vision import find_parts, freeze_for_full_finetuning, in_lora_scope
+
+    assert vlms_parts(vlms["deepseek_vl"]["model"]).projector == "model.aligner"
+    model = AutoModelForImageTextToText.from_pretrained(vlms["deepseek_vl_hybrid"]["model"], dtype=torch.float32)
+    parts = find_parts(model)
+    assert parts.tower == "model.vision_model" and parts.projector == "model.aligner", parts
+    assert parts.more_towers == ("model.high_res_vision_model", "model.high_res_vision_neck",
+                                 "model.high_res_vision_proj", "model.high_res_vision_alpha"), parts
+    high_res = [n for n, _ in model.named_parameters() if n.startswith("model.high_res_vision_")]
+    assert "model.high_res_vision_alpha" in high_res
+    for train_tower in (False, True):
+        freeze_for_full_finetuning(model, parts, train_projector=False, train_tower=train_tower)
+        trained = {n for n, p in model.named_parameters() if p.requires_grad}
+        assert trained.isdisjoint(high_res) != train_tower, (train_tower, sorted(trained))
+        assert any(n.startswith("model.language_model.") for n in trained)
+    assert not in_lora_scope(parts, "model.high_res_vision_model.layers.0.attn.qkv", tower=False)
+    assert in_lora_scope(parts, "model.high_res_vision_model.layers.0.attn.qkv", tower=True)
