@@ -115,7 +115,7 @@ class ImageText:
     image_token: str
     image_token_id: int
     process: Callable[..., tuple[dict, list[str]]]
-    pixel_names: tuple[str, ...]  # image-processor outputs the model takes
+    pixel_names: tuple[str, ...]  # image-processor outputs the model takes (declared, or pixels its forward takes)
     # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
     # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
     token_types: str | None
@@ -281,12 +281,28 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
     names = set(processor.model_input_names)
+    declared = tuple(n for n in processor.image_processor.model_input_names if n in names)
     return ImageText(tokenizer, processor.image_processor, template, _template_image_token(processor) or token,
                      token_id, processor._process_images,
-                     tuple(n for n in processor.image_processor.model_input_names if n in names),
+                     declared + tuple(n for n in _forward_pixels(config) if n not in declared),
                      _token_types(processor, names), _images_kwargs(processor), _added_bos(processor),
                      cross_attention="cross_attention_mask" in names, derived=_derived(processor, names),
                      image_ids=_image_ids(processor))
+
+
+def _forward_pixels(config) -> tuple[str, ...]:
+    """The pixel inputs (`pixel_values*`) the model's forward takes, some of which its image processor may give
+    without declaring them (DeepSeek-OCR 2's `pixel_values_local`, the crops of an image larger than a tile, beside
+    the declared global view); () where the class is not known (remote code)."""
+    import inspect
+
+    from transformers import AutoModelForImageTextToText
+
+    try:
+        forward = AutoModelForImageTextToText._model_mapping[type(config)].forward
+    except (KeyError, ValueError):
+        return ()
+    return tuple(n for n in inspect.signature(forward).parameters if n.startswith("pixel_values"))
 
 
 def _template_image_token(processor) -> str | None:

@@ -1034,3 +1034,44 @@ def test_deepseek_vl_hybrid_high_resolution_view_is_part_of_its_tower(vlms):
         assert any(n.startswith("model.language_model.") for n in trained)
     assert not in_lora_scope(parts, "model.high_res_vision_model.layers.0.attn.qkv", tower=False)
     assert in_lora_scope(parts, "model.high_res_vision_model.layers.0.attn.qkv", tower=True)
+
+
+def test_deepseek_ocr2_image_larger_than_a_tile_is_cropped_as_its_processor_crops_it(vlms, tmp_path):
+    """DeepSeek-OCR 2 crops an image larger than its tile (48 px here, 768 shipped) into tiles, read by the same
+    tower before the global view: a 64x32 image is 2 tiles of 144 queries, the global view's 144 and the view
+    separator, the tiles' pixels in `pixel_values_local`, which its image processor gives but does not declare.
+    Our batch of such a record == what its processor gives, and the model reads it (features == tokens)."""
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText
+
+    from pipeline.data.cache import TokenCache
+    from pipeline.data.images import open_rgb
+    from pipeline.data.processors import build_processor as _processor
+    from pipeline.data.tokenize import load_chat, tokenize_file, tokenizer_fingerprint
+    from pipeline.model import loading
+    from pipeline.model.batch import Collator
+
+    data = vlms["deepseek_ocr2_moe"]
+    tokenizer, images = load_chat(data["model"])
+    Image.new("RGB", (64, 32), (0, 128, 255)).save(tmp_path / "wide.png")
+    row = {"messages": [{"role": "user", "content": "<image>\nread it"}, {"role": "assistant", "content": "blue"}],
+           "images": [str(tmp_path / "wide.png")]}
+    (tmp_path / "wide.jsonl").write_text(json.dumps(row) + "\n")
+    tokenize_file(tmp_path / "wide.jsonl", tokenizer, out_path=tmp_path / "wide.safetensors", max_length=480,
+                  too_long="error", fingerprint=tokenizer_fingerprint(data["model"]), split="train", images=images)
+    again = pickle.loads(pickle.dumps(images))  # as a loader worker started fresh gets it
+    ours = Collator(TokenCache(tmp_path / "wide.safetensors"), loading.pad_token_id(data["model"]),
+                    images=again)([0]).inputs
+    processor = _processor(data["model"], False)
+    text = processor.tokenizer.apply_chat_template(images.conversation(row["messages"]), tokenize=False,
+                                                   chat_template=images.chat_template)
+    theirs = processor(text=[text], images=[[open_rgb(row["images"][0])]], return_tensors="pt")
+    assert bool(theirs.pop("attention_mask").all())
+    assert set(theirs) == set(ours), (sorted(theirs), sorted(ours))
+    assert int((theirs["input_ids"] == images.image_token_id).sum()) == 3 * 144 + 1
+    assert theirs["num_local_patches"].tolist() == [2] and tuple(theirs["pixel_values_local"].shape) == (2, 3, 48, 48)
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
+    model = AutoModelForImageTextToText.from_pretrained(data["model"], dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert model(**ours).logits.shape[1] == ours["input_ids"].shape[1]
