@@ -291,9 +291,9 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
 
 
 def _forward_pixels(config) -> tuple[str, ...]:
-    """The pixel inputs (`pixel_values*`) the model's forward takes, some of which its image processor may give
-    without declaring them (DeepSeek-OCR 2's `pixel_values_local`, the crops of an image larger than a tile, beside
-    the declared global view); () where the class is not known (remote code)."""
+    """The image pixel inputs (`pixel_values*`, not a video's) the model's forward takes, some of which its image
+    processor may give without declaring them (DeepSeek-OCR 2's `pixel_values_local`, the crops of an image larger
+    than a tile, beside the declared global view); () where the class is not known (remote code)."""
     import inspect
 
     from transformers import AutoModelForImageTextToText
@@ -302,7 +302,8 @@ def _forward_pixels(config) -> tuple[str, ...]:
         forward = AutoModelForImageTextToText._model_mapping[type(config)].forward
     except (KeyError, ValueError):
         return ()
-    return tuple(n for n in inspect.signature(forward).parameters if n.startswith("pixel_values"))
+    # a video's pixels (`pixel_values_videos`) come from the video processor, never from the image one
+    return tuple(n for n in inspect.signature(forward).parameters if n.startswith("pixel_values") and "video" not in n)
 
 
 def _template_image_token(processor) -> str | None:

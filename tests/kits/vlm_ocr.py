@@ -1,9 +1,12 @@
 """Tiny random OCR vision-language models of Transformers 5.24, saved as real HF dirs.
 
-DeepSeek-OCR 2 (`save_deepseek_ocr2`). Built as `tests/kits/vlm_grid.py` builds its families: the family's stock
-transformers class at test size, the demo's character tokenizer with the family's special tokens
-(`kits.vlm._family_tokenizer`), the family's own processor class with its PIL image processor and a chat template
-that writes its image token (not the shipped template, none of which is at hand here). Nothing is downloaded.
+DeepSeek-OCR 2 (`save_deepseek_ocr2`), GLM-OCR (`save_glm_ocr`), Qianfan-OCR (`save_qianfan_ocr`), DeepSeek-VL
+and DeepSeek-VL hybrid (`save_deepseek_vl`); MiniCPM-OCR and Unlimited-OCR, whose image processors exist only for
+torchvision, as far as tokenizing reads them (`save_ocr_torchvision_only`). Built as `tests/kits/vlm_grid.py`
+builds its families: the family's stock transformers class at test size, the demo's character tokenizer with the
+family's special tokens (`kits.vlm._family_tokenizer`), the family's own processor class (GLM-OCR: GLM-4.6V's, as
+it ships) with its PIL image processor and a chat template that writes its image token (not the shipped template,
+none of which is at hand here). Nothing is downloaded.
 `OCR_SAVERS` maps each family, as `tests/model/test_vlm_families.py` names it (`_moe`: a mixture of experts, whose
 experts are adapted), to its saver.
 """

@@ -17,6 +17,15 @@ The families new in Transformers 5.24 (`tests/kits/vlm_grid.py`): GLM-4.6V, EXAO
 PaddleOCR-VL, and with experts Qwen4-Exp, GLM-5 Next, dots3-note (experts in its tower too) and ERNIE 4.5 VL
 (`moe_mm_token_type_ids` route its image tokens to its vision experts); their batches are compared with their
 processors' (`test_grid_batches_are_what_the_processor_gives`).
+The OCR families (`tests/kits/vlm_ocr.py`): GLM-OCR (GLM-4.6V's processor), Qianfan-OCR (its template writes the
+processor's placeholder `<image>`, not the token the features replace), DeepSeek-VL and DeepSeek-VL hybrid (its
+SAM path on a high-resolution view part of the tower), each batched as its processor batches
+(`test_ocr_batches_are_what_the_processor_gives`); DeepSeek-OCR 2 (SAM and Qwen2-style encoders, 144 learned
+queries an image or tile, a DeepSeek text model with experts) batches as its processor does, an image larger than
+a tile cropped with its tiles' `pixel_values_local`, trains with its experts adapted and merges, but stock peft
+misnames its adapter's keys (its checkpoint conversion's `layers.` renaming matches inside `language_model.layers.`),
+which verify-merge reports. Refused at tokenize time without torchvision, each in one line: MiniCPM-OCR and
+Unlimited-OCR.
 
 Each family's tiny random model, built from its stock transformers class with
 a real processor (`tests/kits/vlm.py`), is taken through what the workflow's
