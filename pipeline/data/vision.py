@@ -105,7 +105,8 @@ class ImageText:
     `image_token` is what the chat template writes for an image, the processor's
     `image_token`: the token the features replace (`image_token_id`, the config's)
     for most families, Gemma 3's `<start_of_image>`, which the expansion turns into
-    `<start_of_image>`, its `<image_soft_token>`s and `<end_of_image>`.
+    `<start_of_image>`, its `<image_soft_token>`s and `<end_of_image>`; or the
+    processor's `image_placeholder_token` where it has one (Qianfan-OCR's `<image>`).
     """
 
     tokenizer: object
@@ -114,7 +115,7 @@ class ImageText:
     image_token: str
     image_token_id: int
     process: Callable[..., tuple[dict, list[str]]]
-    pixel_names: tuple[str, ...]  # image-processor outputs the model takes
+    pixel_names: tuple[str, ...]  # image-processor outputs the model takes (declared, or pixels its forward takes)
     # the model's input of modality ids (1 on image tokens), or None: MM_TOKEN_TYPE_IDS (Qwen2-VL, for its
     # 3-D RoPE) or TOKEN_TYPE_IDS (Gemma 3, whose attention is bidirectional within an image)
     token_types: str | None
@@ -280,12 +281,36 @@ def load_image_text(model: str | Path, trust_remote_code: bool = False) -> Image
     if token_id is None or token is None:
         raise UserError(f"{model}: the config's image_token_id {token_id} is not a token of its tokenizer")
     names = set(processor.model_input_names)
-    return ImageText(tokenizer, processor.image_processor, template, getattr(processor, "image_token", None) or token,
+    declared = tuple(n for n in processor.image_processor.model_input_names if n in names)
+    return ImageText(tokenizer, processor.image_processor, template, _template_image_token(processor) or token,
                      token_id, processor._process_images,
-                     tuple(n for n in processor.image_processor.model_input_names if n in names),
+                     declared + tuple(n for n in _forward_pixels(config) if n not in declared),
                      _token_types(processor, names), _images_kwargs(processor), _added_bos(processor),
                      cross_attention="cross_attention_mask" in names, derived=_derived(processor, names),
                      image_ids=_image_ids(processor))
+
+
+def _forward_pixels(config) -> tuple[str, ...]:
+    """The image pixel inputs (`pixel_values*`, not a video's) the model's forward takes, some of which its image
+    processor may give without declaring them (DeepSeek-OCR 2's `pixel_values_local`, the crops of an image larger
+    than a tile, beside the declared global view); () where the class is not known (remote code)."""
+    import inspect
+
+    from transformers import AutoModelForImageTextToText
+
+    try:
+        forward = AutoModelForImageTextToText._model_mapping[type(config)].forward
+    except (KeyError, ValueError):
+        return ()
+    # a video's pixels (`pixel_values_videos`) come from the video processor, never from the image one
+    return tuple(n for n in inspect.signature(forward).parameters if n.startswith("pixel_values") and "video" not in n)
+
+
+def _template_image_token(processor) -> str | None:
+    """What the processor's chat template writes for an image, which its call expands: its placeholder where it
+    keeps one apart from the token the features replace (Qianfan-OCR's `image_placeholder_token`, `<image>`,
+    becomes `<img>`, its `<IMG_CONTEXT>`s and `</img>`), else its `image_token`; None where it names neither."""
+    return getattr(processor, "image_placeholder_token", None) or getattr(processor, "image_token", None)
 
 
 def _expands_each_image(cls) -> bool:

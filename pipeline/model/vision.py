@@ -7,7 +7,8 @@ and the language model. Transformers names them per family (LLaVA:
 Qwen2-VL: `model.visual`, `model.visual.merger`, `model.language_model`; Gemma 4's
 projector is `model.embed_vision`);
 `find_parts` finds the shallowest module under each known name (Granite 4 Vision's projector is
-several modules at that depth: `layerwise_projectors`, `spatial_projectors`).
+several modules at that depth: `layerwise_projectors`, `spatial_projectors`; DeepSeek-VL hybrid's
+tower has its SAM path on a high-resolution view beside it, `more_towers`).
 
 What is trained (`vision` config group, `lora` group for the language model):
 
@@ -29,7 +30,10 @@ from pipeline.errors import UserError
 TOWER_NAMES = ("vision_tower", "visual", "vision_model", "vision_encoder")
 PROJECTOR_NAMES = ("multi_modal_projector", "merger", "mm_projector", "connector", "embed_vision", "patch_merger",
                    "vision_projection", "projector", "visual_embeddings_table", "layerwise_projectors",
-                   "spatial_projectors")
+                   "spatial_projectors", "aligner")
+# A second view's encoder beside the tower, under the tower's parent, modules or a bare parameter: DeepSeek-VL
+# hybrid's SAM path on a high-resolution copy of the image (its encoder, neck, projection and their mixing weight)
+MORE_TOWER_NAMES = ("high_res_vision_model", "high_res_vision_neck", "high_res_vision_proj", "high_res_vision_alpha")
 LANGUAGE_NAMES = ("language_model", "text_model")
 
 
@@ -37,16 +41,22 @@ LANGUAGE_NAMES = ("language_model", "text_model")
 class VisionParts:
     """Qualified module names of the three parts (as `model.named_modules()` gives them). A projector made of
     several modules side by side (Granite 4 Vision's deepstack and spatial Q-Formers) is `projector` and
-    `more_projectors`."""
+    `more_projectors`; a second view's encoder beside the tower (DeepSeek-VL hybrid's SAM path) is
+    `more_towers`, modules or a bare parameter."""
 
     language: str
     tower: str
     projector: str
     more_projectors: tuple[str, ...] = ()
+    more_towers: tuple[str, ...] = ()
 
     @property
     def projectors(self) -> tuple[str, ...]:
         return (self.projector, *self.more_projectors)
+
+    @property
+    def towers(self) -> tuple[str, ...]:
+        return (self.tower, *self.more_towers)
 
 
 def find_parts(model) -> VisionParts:
@@ -66,7 +76,17 @@ def find_parts(model) -> VisionParts:
         found[part], *more = [n for n in matches if n.count(".") == depth]
         if part == "projector":
             found["more_projectors"] = tuple(more)
+        if part == "tower":
+            found["more_towers"] = _beside(model, found["tower"], MORE_TOWER_NAMES)
     return VisionParts(**found)
+
+
+def _beside(model, tower: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The qualified names of the tower's parent's own modules and parameters named one of `names`."""
+    parent = tower.rpartition(".")[0]
+    module = model.get_submodule(parent)
+    own = [n for n, _ in module.named_children()] + [n for n, _ in module.named_parameters(recurse=False)]
+    return tuple(f"{parent}.{n}" if parent else n for n in own if n in names)
 
 
 def _sole_sibling(model, tower: str, language: str) -> list[str]:
@@ -86,7 +106,7 @@ def in_lora_scope(parts: VisionParts, name: str, *, tower: bool) -> bool:
     tower), never inside the projector (which trains in full or not at all)?"""
     if name.startswith(tuple(p + "." for p in parts.projectors)):
         return False
-    return name.startswith(parts.language + ".") or (tower and name.startswith(parts.tower + "."))
+    return name.startswith(parts.language + ".") or (tower and name.startswith(tuple(t + "." for t in parts.towers)))
 
 
 def lora_targets(parts: VisionParts, target_modules: list[str], *, tower: bool) -> str:
@@ -96,7 +116,7 @@ def lora_targets(parts: VisionParts, target_modules: list[str], *, tower: bool) 
     A plain list would match the same names in the vision tower too (CLIP has
     q_proj, k_proj, v_proj); PEFT full-matches a string against module names.
     """
-    scopes = [parts.language] + ([parts.tower] if tower else [])
+    scopes = [parts.language] + (list(parts.towers) if tower else [])
     return (rf"(?!(?:{'|'.join(map(re.escape, parts.projectors))})\.)(?:{'|'.join(map(re.escape, scopes))})\..*\."
             rf"(?:{'|'.join(map(re.escape, target_modules))})")
 
@@ -126,10 +146,12 @@ def scoped_parameters(model, parts: VisionParts, names: list[str], *, tower: boo
 
 
 def freeze_for_full_finetuning(model, parts: VisionParts, *, train_projector: bool, train_tower: bool) -> None:
-    """Full fine-tuning: everything trains but the tower and projector, unless asked (tower first:
-    a projector may live inside it, Qwen2-VL's merger does)."""
+    """Full fine-tuning: everything trains but the tower (with any second view's encoder beside it) and
+    projector, unless asked (tower first: a projector may live inside it, Qwen2-VL's merger does)."""
     modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
     model.requires_grad_(True)
-    modules[parts.tower].requires_grad_(train_tower)
+    for tower in parts.towers:
+        (modules[tower] if tower in modules else params[tower]).requires_grad_(train_tower)
     for projector in parts.projectors:
         modules[projector].requires_grad_(train_projector)
