@@ -93,6 +93,10 @@ SAVERS = {
 }
 # Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens, DeepSeek-OCR 2's 145
 MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160, "deepseek_ocr2_moe": 240}
+# Families whose processor under an older transformers (the floors env's 5.17, what GPU machines carry) is a form
+# the pipeline refuses at tokenize time, and what the one line says: DeepSeek-OCR 2's expands its image tokens in
+# its own call, over the whole text, before 5.24
+OLDER_FORM_REFUSED = {"deepseek_ocr2_moe": "expands the image tokens inside its own call"}
 
 pytestmark = pytest.mark.usefixtures("own_signal_handlers")
 
@@ -117,6 +121,9 @@ class _Families(dict):
                 raise
             pytest.skip(f"transformers {transformers.__version__} cannot build the kit's {family}: "
                         f"{type(err).__name__}: {' '.join(str(err).split())[:120]}")
+        if family in OLDER_FORM_REFUSED and Version(transformers.__version__) < Version("5.24"):
+            pytest.skip(f"transformers {transformers.__version__}'s processor of {family} is an older form, refused "
+                        "at tokenize time (test_an_older_processor_form_is_refused_in_one_line)")
         self[family] = make_vlm_data(self.factory.mktemp(family), model, max_length=MAX_LENGTH.get(family, 96))
         return self[family]
 
@@ -449,6 +456,18 @@ def refusal_line(model) -> str:
     message = str(refused.value)
     assert str(model) in message and "\n" not in message, message
     return message
+
+
+@pytest.mark.parametrize("family", list(OLDER_FORM_REFUSED))
+def test_an_older_processor_form_is_refused_in_one_line(family, tmp_path):
+    """Under a transformers older than 5.24, a family in OLDER_FORM_REFUSED builds, and tokenizing for it stops
+    with one line naming the model and why (from 5.24 the family's own tests run instead)."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) >= Version("5.24"):
+        pytest.skip(f"transformers {transformers.__version__}: {family} tokenizes (its own tests)")
+    assert OLDER_FORM_REFUSED[family] in refusal_line(SAVERS[family](tmp_path / "model"))
 
 
 @pytest.mark.parametrize("family", ["lfm2_vl", "cohere2_vision", "kimi_k25", "perception_lm"])
