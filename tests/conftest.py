@@ -106,11 +106,9 @@ def _session_gpus_for_gpu_tests(request, monkeypatch):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", SESSION_VISIBLE_DEVICES)
 
 
-def _cold_default_run(root: Path) -> Path:
-    workdir = copy_workflow(root)
-    proc = snakemake(workdir, "--cores", "all")
+def _cold_default_run(root: Path) -> None:
+    proc = snakemake(copy_workflow(root), "--cores", "all")
     assert proc.returncode == 0, proc.stderr[-6000:]
-    return workdir
 
 
 def _made_once(tmp_path_factory, worker_id, name: str, make) -> Path:
