@@ -125,9 +125,9 @@ def test_a_pin_of_two_shards_reads_as_one_dataset_in_order(cache, offline, tmp_p
     assert [(r.index, r.messages) for r in from_hub.records] == [(r.index, r.messages) for r in from_file.records]
     assert len(from_hub.records) == len(RECORDS)
     # Records are numbered on across the files: what a shard job owns is asked by that number.
-    odd = [raw["prompt"] for _, raw in readers.read_raw(pin, "parquet", [], lambda i: i % 2 == 1)
-           if raw is not readers.SKIPPED]
-    assert odd == [r["prompt"] for r in RECORDS[1::2]]
+    owned = [raw["prompt"] for _, raw in readers.read_raw(pin, "parquet", [], lambda i: i % 3 == 2)
+             if raw is not readers.SKIPPED]
+    assert owned == [r["prompt"] for r in RECORDS[2::3]]  # records 2 and 5 (the second file's 1)
     # Sharding counts the files' bytes, not the pin's.
     size = sum(Path(f).stat().st_size for f in json.loads(pin.read_text())["files"])
     assert shard_count(pin, size / 2**20 / 2) == 2
@@ -146,9 +146,24 @@ def test_a_bad_record_of_a_hub_shard_is_named_by_the_url_record_and_key(cache, o
 
 def test_a_pin_whose_files_left_the_cache_says_how_to_fetch_them_again(cache, offline, tmp_path):
     cache_dir, snapshot = cache
-    pin = _pin(tmp_path, cache_dir, f"hf://datasets/{REPO_ID}/data/train-00001.parquet")
+    pin_url = f"hf://datasets/{REPO_ID}/data/train-00001.parquet"
+    pin = _pin(tmp_path, cache_dir, pin_url)
     (snapshot / "data/train-00001.parquet").unlink()
     problem, = parse_file(pin).problems
-    assert (problem.reason, problem.message) == (
+    assert (problem.file, problem.reason, problem.message) == (
+        pin_url,
         "file_not_found", f"{snapshot / 'data/train-00001.parquet'} is no longer in the Hugging Face cache: "
                           f"delete {pin} and run the workflow again to fetch it")
+
+
+def test_the_run_reads_each_hub_dataset_through_its_pin_and_local_files_as_given():
+    from pipeline.data.datasets import RunData
+    from pipeline.layout import RunTree
+
+    url = f"hf://datasets/{REPO_ID}/data/train-*.parquet"
+    data = {"train": [{"path": url}, {"path": "more.jsonl"}], "val": "hf://datasets/org/v/val.jsonl", "test": None}
+    run = RunData({"data": data}, RunTree.of("r"), lambda value, split: value)
+    assert {name: s.path for name, s in run.sets.items()} == {
+        "chat-data": "results/r/data/hub/train/chat-data.hub.json", "more": "more.jsonl"}
+    assert run.split_path("val") == "results/r/data/hub/val.hub.json" and run.split_path("test") is None
+    assert run.hub == {"train/chat-data": url, "val": "hf://datasets/org/v/val.jsonl"}
