@@ -215,5 +215,5 @@ def load_records(path: str | Path, fields: FieldMap | None = None) -> list[Recor
     """All records of `path`, normalized; raises `DataError` listing the problems if any."""
     parsed = parse_file(path, fields)
     if parsed.problems:
-        raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
+        raise DataError(format_problems(parsed.problems, header=f"{readers.display_name(path)} is not a valid dataset"))
     return parsed.records

@@ -12,9 +12,9 @@ from huggingface_hub import constants
 from kits.hub import add_to_cache, write_parquet_shards
 
 from pipeline.data import readers
-from pipeline.data.formats import parse_file
+from pipeline.data.formats import load_records, parse_file
 from pipeline.data.shards import shard_count
-from pipeline.errors import UserError
+from pipeline.errors import DataError, UserError
 from pipeline.storage import hub_data
 from pipeline.workflow_config import default_name, path_problems
 
@@ -53,7 +53,9 @@ def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pat
 def test_a_malformed_hub_url_is_refused_naming_the_key(url):
     assert hub_data.parse(url) is None
     problems = path_problems({"model": "embedded", "data": {"train": url, "val": None, "test": None}})
-    assert problems == [hub_data.url_problem("data.train", url)] if url.startswith("hf://") else problems
+    local = f"data.train: {url} does not exist"  # not hf://...: a local path, which does not exist
+    expected = hub_data.url_problem("data.train", url) if url.startswith("hf://") else local
+    assert problems == [expected]
 
 
 def test_fetching_offline_finds_the_matched_shards_in_the_cache_sorted(cache, offline):
@@ -142,6 +144,9 @@ def test_a_bad_record_of_a_hub_shard_is_named_by_the_url_record_and_key(cache, o
     parsed = parse_file(_pin(tmp_path, cache_dir, url))
     assert [(p.file, p.index, p.field) for p in parsed.problems] == [(url, 4, "completion")]
     assert parsed.problems[0].where().startswith(f"{url} (Parquet) record 4")
+    with pytest.raises(DataError) as err:  # what evaluation reads the test split with
+        load_records(_pin(tmp_path, cache_dir, url))
+    assert str(err.value).startswith(f"{url} is not a valid dataset")
 
 
 def test_a_pin_whose_files_left_the_cache_says_how_to_fetch_them_again(cache, offline, tmp_path):
@@ -167,3 +172,16 @@ def test_the_run_reads_each_hub_dataset_through_its_pin_and_local_files_as_given
         "chat-data": "results/r/data/hub/train/chat-data.hub.json", "more": "more.jsonl"}
     assert run.split_path("val") == "results/r/data/hub/val.hub.json" and run.split_path("test") is None
     assert run.hub == {"train/chat-data": url, "val": "hf://datasets/org/v/val.jsonl"}
+
+
+def test_a_pin_over_files_of_several_kinds_is_one_problem_naming_them(tmp_path, offline):
+    repo = tmp_path / "mixed-repo"
+    write_parquet_shards(repo, RECORDS, 1, pattern="data/b-{:05d}.parquet")
+    (repo / "data" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    cache_dir = tmp_path / "mixed-cache"
+    add_to_cache(cache_dir, "org/mixed", repo, repo_type="dataset")
+    url = "hf://datasets/org/mixed/data/*"
+    problem, = parse_file(_pin(tmp_path, cache_dir, url)).problems
+    assert (problem.file, problem.reason, problem.message) == (
+        url, "mixed_kinds", "the files matched are of several kinds: a.jsonl (JSON Lines), b-00000.parquet (Parquet); "
+                            "match files of one kind")
