@@ -5,7 +5,8 @@
 `data.train` / `data.val` / `data.test` (and a `data.train` list entry's `path`)
 may be the URL the hub's "Use this dataset" pandas snippet shows, huggingface_hub's
 HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``,
-the path a file or a glob over several (``data/train-*.parquet``). One job,
+the path a file or a glob over several (``data/train-*.parquet``; matched as
+`hf download --include` matches, so ``*`` also crosses ``/``). One job,
 `fetch_data`, run where Snakemake runs (compute nodes often have no network),
 downloads the matching files of that revision into the Hugging Face cache as
 `hf download --repo-type dataset` leaves them and writes a pin
