@@ -137,6 +137,8 @@ VAL_STATS_FILE = "val_stats.json"  # the validation set's own tokenization stats
 DATA_SHARDS_FILE = "shards.json"  # data/shards.json: every training dataset's shards and their times
 CACHE_SUFFIX = ".safetensors"  # data/<split>.safetensors: a tokenized split
 DEMO_SPLIT_SUFFIX = ".jsonl"  # data/<split>.jsonl: an embedded demo's dataset split
+HUB_DATA_DIR = "hub"  # data/hub/<split>.hub.json, data/hub/train/<name>.hub.json: a hub dataset's pin (`fetch_data`)
+HUB_PIN_SUFFIX = ".hub.json"
 
 # eval/: <stage>.json per evaluation, the base model's as BASE_EVAL
 BASE_EVAL = "base"
@@ -223,6 +225,10 @@ class RunTree:
 
     def demo_split(self, split: str) -> Path:
         return self.root / DATA_DIR / f"{split}{DEMO_SPLIT_SUFFIX}"
+
+    def hub_data(self, key: str) -> Path:
+        """The pin of a dataset given by hub URL (`fetch_data`): key `val`, `test` or `train/<name>`."""
+        return self.root / DATA_DIR / HUB_DATA_DIR / f"{key}{HUB_PIN_SUFFIX}"
 
     def cache(self, split: str) -> Path:
         return self.root / DATA_DIR / f"{split}{CACHE_SUFFIX}"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.storage import hub
+from pipeline.storage import hub, hub_data
 
 EMBEDDED = "embedded"
 # The embedded defaults a `model` (or a data split) may name, each built by `prepare_base` into
@@ -227,6 +227,9 @@ def path_problems(config: dict) -> list[str]:
     for key, value in named:
         if value is None or value in EMBEDDED_KINDS:
             continue
+        if hub_data.is_url(value):
+            problems += _hub_data_problems(key, value)
+            continue
         path = Path(value).expanduser()
         if not path.exists():
             problems.append(f"{key}: {value} does not exist")
@@ -236,6 +239,17 @@ def path_problems(config: dict) -> list[str]:
         elif not path.is_file() and not path.is_dir():
             problems.append(f"{key}: {value} is neither a dataset file nor a directory")
     return problems + train_set_problems(data)
+
+
+def _hub_data_problems(key: str, value: str) -> list[str]:
+    """A dataset given by hub URL: a malformed URL; offline, files the cache does not hold (the workflow
+    stops as it loads, not in `fetch_data`)."""
+    files = hub_data.parse(value)
+    if files is None:
+        return [hub_data.url_problem(key, value)]
+    if hub.offline() and hub_data.cached(files) is None:
+        return [f"{key}: {hub_data.not_cached_message(files)}"]
+    return []
 
 
 def train_sets(data: Mapping) -> dict[str, dict] | None:
@@ -257,9 +271,10 @@ def train_sets(data: Mapping) -> dict[str, dict] | None:
 
 def default_name(path: str) -> str:
     """A training dataset's name when the config gives none: its file name without the extension (a dir's
-    whole name), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
-    name = Path(str(path).rstrip("/")).name
-    stem = name if Path(path).is_dir() else Path(name).stem
+    whole name, a hub URL's dataset name), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
+    files = hub_data.parse(path) if hub_data.is_url(path) else None
+    name = files.repo_id.split("/")[1] if files else Path(str(path).rstrip("/")).name
+    stem = name if files or Path(path).is_dir() else Path(name).stem
     return re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip("._-") or "dataset"
 
 

@@ -8,7 +8,8 @@ is split into shards (`pipeline.data.shards`), each validated and tokenized by
 a job of its own and merged. The run's ``data/validation.json``,
 ``validation.csv`` and ``stats.json`` are merged from the datasets' own
 (`pipeline.data.mixed_reports`); ``val`` and ``test`` are checked with every
-training dataset and tokenized once.
+training dataset and tokenized once. A dataset given by hub URL
+(`pipeline.storage.hub_data`) is read through the pin `fetch_data` writes.
 
 `RunData` is what the Snakefile asks: each dataset's path, shards and files,
 the data flags every data command takes (built once: `flags`), the inputs of
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from pipeline import layout
 from pipeline.data.shards import DEFAULT_SHARD_MB, shard_count
+from pipeline.storage import hub_data
 from pipeline.workflow_config import train_sets
 
 SPLITS = ("train", "val", "test")
@@ -55,13 +57,26 @@ class RunData:
         entries = train_sets(data) or train_sets({**data, "train": [{"path": data["train"],
                                                                       "name": layout.SINGLE_TRAIN_SET}]})
         shard_mb = data.get("shard_mb", DEFAULT_SHARD_MB)
+        self.hub: dict[str, str] = {}  # `fetch_data`'s key -> the hub URL it fetches
         self.sets = {}
         for name, entry in entries.items():
-            path = resolve(entry["path"], "train")
+            path = self._pinned(resolve(entry["path"], "train"), f"train/{name}")
             self.sets[name] = TrainSet(name, path, entry["weight"], entry["records"], entry["columns"],
                                        entry["roles"], shard_count(path, shard_mb))
         self.mixed = isinstance(data["train"], list)  # several datasets (or a list of one): tokens.mix
-        self.held_out = {split: resolve(data[split], split) for split in ("val", "test")}
+        self.held_out = {split: self._pinned(resolve(data[split], split), split) for split in ("val", "test")}
+
+    def _pinned(self, path: str | None, key: str) -> str | None:
+        """A dataset given by hub URL is read from its pin (`layout.RunTree.hub_data(key)`, written by `fetch_data`);
+        any other path is itself."""
+        if not hub_data.is_url(path):
+            return path
+        self.hub[key] = path
+        return str(self.tree.hub_data(key))
+
+    def hub_wildcard(self) -> str:
+        """The `fetch_data` rule's `key` wildcard: one of the keys of the datasets given by hub URL."""
+        return "|".join(re.escape(key) for key in self.hub)
 
     def split_path(self, split: str) -> str | None:
         """The val / test file, None when the config says null."""

@@ -109,7 +109,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
     """
     path = Path(path)
     fields = fields or FieldMap()
-    name = str(path)
+    name = readers.display_name(path)  # a hub pin: its URL
     parsed = ParsedFile(path, "unknown", "")
     if not path.exists():
         parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
@@ -130,7 +130,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
 
 def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -> Iterator[Record]:
     """The clean records of `parsed.path` (those `owns` keeps); its problems and counts go to `parsed` on the way."""
-    path, name = parsed.path, str(parsed.path)
+    path, name = parsed.path, readers.display_name(parsed.path)
     base_dir = os.path.dirname(os.path.abspath(path))
     state = parsed.state = FileState()
     cells = base_kind(kind) in ("csv", "tsv")
@@ -215,5 +215,5 @@ def load_records(path: str | Path, fields: FieldMap | None = None) -> list[Recor
     """All records of `path`, normalized; raises `DataError` listing the problems if any."""
     parsed = parse_file(path, fields)
     if parsed.problems:
-        raise DataError(format_problems(parsed.problems, header=f"{path} is not a valid dataset"))
+        raise DataError(format_problems(parsed.problems, header=f"{readers.display_name(path)} is not a valid dataset"))
     return parsed.records

@@ -9,6 +9,11 @@
   ones that hold JSON (a ``messages`` column).
 * ``parquet`` / ``arrow``: `pipeline.data.columnar`.
 
+A pin of dataset files from the Hugging Face hub (`pipeline.storage.hub_data`: a
+``.hub.json`` written by ``fetch-data``) is read as one dataset: its files, in the
+pin's (sorted) order, one after another, records numbered on across them; they
+must be of one kind, and messages name the dataset by its hub URL (`display_name`).
+
 A compressed text kind (``jsonl.gz``, ...) is decompressed as it streams. Every
 record keeps its place in the file: `read_raw` numbers records from 0 and
 JSON Lines / CSV records carry their 1-based line.
@@ -33,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.data import columnar
-from pipeline.data.kinds import BOM, KindError, base_kind, describe_kind, is_columnar, open_binary, sniff
+from pipeline.data import kinds
+from pipeline.data.kinds import BOM, KindError, base_kind, describe_kind, is_columnar, open_binary
+from pipeline.storage import hub_data
 
-__all__ = ["KindError", "describe_kind", "sniff"]  # re-exported: the kind of a path is asked here
+__all__ = ["KindError", "describe_kind"]  # re-exported: the kind of a path is asked here
 
 EMPTY = ("empty_file", "the file is empty (or only whitespace)", None)
 SKIPPED = object()  # yielded for a record another shard owns
@@ -52,13 +59,42 @@ class Unreadable:
     message: str
 
 
+def sniff(path: Path) -> str:
+    """The kind of the dataset at `path` (`kinds.sniff`); a hub pin's: that of its files, which must share one."""
+    files = hub_data.pinned_files(path)
+    if files is None:
+        return kinds.sniff(Path(path))
+    found = {}
+    for f in files:
+        if not f.is_file():
+            raise KindError("file_not_found", f"{f} is no longer in the Hugging Face cache: delete {path} and run "
+                            "the workflow again to fetch it")
+        try:
+            found.setdefault(kinds.sniff(f), f.name)
+        except KindError as err:
+            raise KindError(err.reason, f"{f.name}: {err}") from None
+    if len(found) > 1:
+        named = ", ".join(f"{name} ({describe_kind(kind)})" for kind, name in found.items())
+        raise KindError("mixed_kinds", f"the files matched are of several kinds: {named}; match files of one kind")
+    return next(iter(found))
+
+
+def display_name(path: str | Path) -> str:
+    """How messages name the dataset at `path`: a hub pin by its URL, anything else by its path."""
+    return hub_data.read_pin(path)["url"] if hub_data.is_pin(path) else str(path)
+
+
 def fingerprint(path: str | Path) -> str:
-    """sha256 of a file's bytes, read in chunks; of a directory, over its files' names and bytes in name order."""
+    """sha256 of a file's bytes, read in chunks; of a directory (or a hub pin's files), over its files' names
+    and bytes in order."""
     path = Path(path)
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    pinned = hub_data.pinned_files(path)
+    files = pinned or (sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
     for p in files:
-        if path.is_dir():
+        if pinned:
+            digest.update(p.name.encode() + b"\0")
+        elif path.is_dir():
             digest.update(str(p.relative_to(path)).encode() + b"\0")
         with open(p, "rb") as f:
             while chunk := f.read(1 << 20):
@@ -68,7 +104,10 @@ def fingerprint(path: str | Path) -> str:
 
 def columns(path: Path, kind: str) -> list[str] | None:
     """The column names of a Parquet / Arrow / CSV / TSV dataset (its schema or header row, no record read); None
-    for JSON kinds and for columns that cannot be read (`read_raw` then reports why)."""
+    for JSON kinds and for columns that cannot be read (`read_raw` then reports why). A hub pin: its first file's."""
+    pinned = hub_data.pinned_files(path)
+    if pinned:
+        path = pinned[0]
     if is_columnar(kind):
         return columnar.columns(path, kind)
     if base_kind(kind) not in _DELIMITERS:
@@ -87,8 +126,12 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
 
     A fault of the file appends ``(reason, message, line or None)`` to
     `problems`. A Parquet / Arrow fault mid-file, or a compressed stream that
-    breaks off, ends the reading there.
+    breaks off, ends the reading there. A hub pin: its files, one after another (`_read_files`).
     """
+    pinned = hub_data.pinned_files(path)
+    if pinned is not None:
+        yield from _read_files(pinned, kind, problems, owns)
+        return
     if is_columnar(kind):
         yield from columnar.read_columnar(path, kind, problems, owns, SKIPPED)
         return
@@ -99,6 +142,20 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
     except _stream_errors() as err:  # a corrupt or truncated compressed stream
         problems.append((f"invalid_{kind.partition('.')[2] or kind}", f"cannot read the {describe_kind(kind)} "
                          f"data to its end: {err}", None))
+
+
+def _read_files(files: list[Path], kind: str, problems: list, owns: Callable[[int], bool] | None
+                ) -> Iterator[tuple[int | None, object]]:
+    """Several files of one kind read as one dataset: records numbered on from file to file (`owns` is asked
+    about that number); a fault of a file names it."""
+    before = 0  # records of the files already read
+    for f in files:
+        own = None if owns is None else (lambda i, base=before: owns(base + i))
+        found: list = []
+        for item in read_raw(f, kind, found, own):
+            before += 1
+            yield item
+        problems += [(reason, f"{f.name}: {message}", line) for reason, message, line in found]
 
 
 def _stream_errors() -> tuple[type[Exception], ...]:

@@ -22,17 +22,25 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.storage import hub_data
+
 BLOCK = 2048  # records per block (the tokenizer's batch): shard k owns blocks k, k + N, ...
 DEFAULT_SHARD_MB = 256  # data.shard_mb: a file this large or larger is split, one shard per this many MiB
 
 
 def shard_count(path: str | Path, shard_mb: float | None) -> int:
     """Shards of the dataset at `path`: one per `shard_mb` MiB on disk (a directory: its files), at least one;
-    one when `shard_mb` is None or 0 (sharding off) or the path does not exist (yet)."""
+    one when `shard_mb` is None or 0 (sharding off) or the path does not exist (yet). A hub pin: its files."""
     path = Path(path)
     if not shard_mb or not path.exists():
         return 1
-    size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
+    pinned = hub_data.pinned_files(path)
+    if pinned is not None:
+        size = sum(p.stat().st_size for p in pinned if p.is_file())
+    elif path.is_dir():
+        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    else:
+        size = path.stat().st_size
     return max(1, math.ceil(size / (shard_mb * 2**20)))
 
 

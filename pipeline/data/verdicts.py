@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipeline.data import readers
 from pipeline.data.chat import REASONING_SETTING, SETTING, suggest_builtin
 from pipeline.data.formats import FileState, Problem, file_problems
 from pipeline.data.images import check_image, file_digest
@@ -69,7 +70,7 @@ class _Records:
         ids = [i for s in scans for i in s.ids]
         self.ids = [ids[j] for j in order]
         self.paths = {k: v for s in scans for k, v in s.image_paths.items()}
-        self.file, self.kind = scans[0].path, scans[0].kind
+        self.file, self.kind = readers.display_name(scans[0].path), scans[0].kind  # a hub pin: its URL
 
     def problem(self, position: int, reason: str, message: str, field_: str | None = None) -> Problem:
         line = int(self.a["line"][position])

@@ -1,4 +1,4 @@
-# The base model (an embedded default, or a hub model into the HF cache), dataset validation, tokenization cache.
+# The base model (an embedded default, or a hub model into the HF cache), hub datasets, validation, tokenization.
 
 DEMO_TREE = layout.RunTree.of("{demo}")  # an embedded demo's base model and dataset
 LABEL_VIEW_RECORDS = 5  # records per split on the report's label page (`python -m pipeline labels -n` for more)
@@ -42,6 +42,26 @@ rule fetch_model:
         model=str(HUB_MODEL),
     shell:
         launch() + "python -m pipeline fetch-model --model {params.model} --out {output}"
+
+
+if DATA.hub:
+
+    rule fetch_data:
+        # A dataset file (or glob of shards) given by hub URL, downloaded once where snakemake runs into
+        # the Hugging Face cache; its pin (commit and files) is the dataset path every later job reads.
+        output:
+            R.hub_data("{key}"),
+        localrule: True
+        wildcard_constraints:
+            key=DATA.hub_wildcard(),
+        conda:
+            "../envs/sft.yaml"
+        log:
+            layout.log_file("fetch_data", f"{RUN}/{{key}}"),
+        params:
+            url=lambda wc: shlex.quote(DATA.hub[wc.key]),
+        shell:
+            launch() + "python -m pipeline fetch-data --url {params.url} --out {output}"
 
 
 rule prepare_tokenizer:

@@ -1,0 +1,190 @@
+"""Dataset files given by Hugging Face hub URL: fetched once into the Hugging Face cache, read from there.
+
+    python -m pipeline fetch-data --url hf://datasets/org/name[@revision]/<path or glob> --out <pin>.hub.json
+
+`data.train` / `data.val` / `data.test` (and a `data.train` list entry's `path`)
+may be the URL the hub's "Use this dataset" pandas snippet shows, huggingface_hub's
+HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``,
+the path a file or a glob over several (``data/train-*.parquet``; matched as
+`hf download --include` matches, so ``*`` also crosses ``/``). One job,
+`fetch_data`, run where Snakemake runs (compute nodes often have no network),
+downloads the matching files of that revision into the Hugging Face cache as
+`hf download --repo-type dataset` leaves them and writes a pin
+(results/<run>/data/hub/<split or train/name>.hub.json): the URL, the repo, the
+commit it got and the matched files in the cache snapshot, sorted. Every later
+job is given the pin as the dataset path and reads those files, in that order,
+as one dataset (`pipeline.data.readers`): a rerun reads the same commit. With
+`HF_HUB_OFFLINE=1` the files are only looked up in the cache; not there, the
+workflow stops as it loads with one line saying how to fetch them
+(`not_cached_message`).
+
+Light on purpose (json, re; huggingface_hub only inside the functions that fetch):
+the Snakefile and every reader import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote
+
+from pipeline.errors import UserError
+from pipeline.layout import HUB_PIN_SUFFIX as PIN_SUFFIX  # a JSON dataset is an array, a pin an object with PIN_KEYS
+
+PIN_KEYS = ("url", "repo_id", "revision", "files")
+# hf://datasets/org/name[@revision]/path; a revision holding "/" is written %2F, as HfFileSystem does.
+_URL = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[^/]+))?"
+                  r"/(?P<path>[^/].*)$")
+
+
+@dataclass(frozen=True)
+class HubFiles:
+    """Files of a dataset repo on the hub, as one hub URL names them."""
+
+    url: str  # as the config gives it
+    repo_id: str
+    revision: str | None  # as asked for; None: the default branch
+    pattern: str  # a path in the repo, or a glob over several
+
+    def download_command(self, cache: Path) -> str:
+        rev = f" --revision {self.revision}" if self.revision else ""
+        return (f"hf download {self.repo_id} --repo-type dataset{rev} --include '{self.pattern}' "
+                f"--cache-dir {cache}")
+
+
+def is_url(value) -> bool:
+    """`value` is meant as a hub dataset URL (it starts hf://), well formed or not."""
+    return isinstance(value, str) and value.startswith("hf://")
+
+
+def parse(value: str) -> HubFiles | None:
+    """The hub files `value` names (`hf://datasets/org/name[@revision]/path`), or None."""
+    m = _URL.match(str(value))
+    if not m:
+        return None
+    return HubFiles(str(value), m["repo"], unquote(m["rev"]) if m["rev"] else None, m["path"].rstrip("/"))
+
+
+def url_problem(key: str, value: str) -> str:
+    """The one-line refusal of a config value that starts hf:// but is no hub dataset URL."""
+    return (f"{key}: {value} is not a hub dataset URL like hf://datasets/org/name/data/train-*.parquet "
+            "(hf://datasets/org/name@revision/path pins a branch, tag or commit)")
+
+
+def _match(snapshot: Path, pattern: str) -> list[Path]:
+    """The files of `snapshot` (a cache snapshot dir) the pattern matches, sorted by their path in the repo.
+
+    Matched as `snapshot_download(allow_patterns=...)` matches (huggingface_hub's own filter), so what is
+    downloaded and what is read are the same files."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
+    return [snapshot / name for name in filter_repo_objects(names, allow_patterns=[pattern])]
+
+
+@dataclass(frozen=True)
+class Fetched:
+    files: HubFiles
+    revision: str  # the commit sha
+    paths: list[Path]  # the matched files in <cache>/datasets--org--name/snapshots/<sha>/, sorted
+
+    def pin(self) -> dict:
+        return {"url": self.files.url, "repo_id": self.files.repo_id, "revision": self.revision,
+                "pattern": self.files.pattern, "files": [str(p) for p in self.paths]}
+
+
+def _snapshot(files: HubFiles, cache: Path | None, local_only: bool) -> Path:
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(files.repo_id, repo_type="dataset", revision=files.revision, cache_dir=cache,
+                                  allow_patterns=[files.pattern], local_files_only=local_only))
+
+
+def cached(files: HubFiles, cache: Path | None = None) -> Fetched | None:
+    """The matched files in the cache, looked up without the network; None when the snapshot is not
+    there or holds none of them."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot = _snapshot(files, cache, local_only=True)
+    except LocalEntryNotFoundError:
+        return None
+    paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
+    return Fetched(files, snapshot.name, paths) if paths else None
+
+
+def not_cached_message(files: HubFiles, cache: Path | None = None) -> str:
+    """One line: the URL, the cache it is not in, and the command that fetches it."""
+    from pipeline.storage.hub import cache_dir, offline
+
+    where = cache or cache_dir()
+    why = " and HF_HUB_OFFLINE=1 forbids downloading it" if offline() else ""
+    return (f"{files.url} is not in the Hugging Face cache {where}{why}: run `{files.download_command(where)}` "
+            "on a machine with network access (into that cache), or give a local dataset file")
+
+
+def fetch(files: HubFiles, cache: Path | None = None) -> Fetched:
+    """Download the matched files into the cache (offline: only look them up there); the commit and the files."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    from pipeline.storage.hub import offline
+
+    if offline():
+        found = cached(files, cache)
+        if found is None:
+            raise UserError(not_cached_message(files, cache))
+        return found
+    try:
+        snapshot = _snapshot(files, cache, local_only=False)
+    except LocalEntryNotFoundError:  # no network, nothing cached
+        raise UserError(f"cannot reach the Hugging Face hub; {not_cached_message(files, cache)}") from None
+    except Exception as err:  # repo or revision not found, gated, no access ...
+        raise UserError(f"cannot download {files.url} from the Hugging Face hub: {type(err).__name__}: {err}") from None
+    paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
+    if not paths:
+        raise UserError(f"{files.url}: no file of {files.repo_id} at commit {snapshot.name} matches {files.pattern!r}")
+    return Fetched(files, snapshot.name, paths)
+
+
+# --- the pin, as every reader sees it -------------------------------------------------------------
+
+
+def is_pin(path) -> bool:
+    """`path` is a pin `fetch-data` wrote (its name ends .hub.json and it holds an object with PIN_KEYS)."""
+    path = Path(path)
+    if not path.name.endswith(PIN_SUFFIX) or not path.is_file():
+        return False
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(info, dict) and all(k in info for k in PIN_KEYS)
+
+
+def read_pin(path) -> dict:
+    """A pin's {url, repo_id, revision, pattern, files}; `is_pin(path)` holds."""
+    return json.loads(Path(path).read_text())
+
+
+def pinned_files(path) -> list[Path] | None:
+    """The files a pin lists, in order; None when `path` is no pin."""
+    return [Path(p) for p in read_pin(path)["files"]] if is_pin(path) else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline fetch-data", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", required=True, help="hf://datasets/org/name[@revision]/<path or glob>")
+    ap.add_argument("--out", required=True, type=Path, help=f"the pin to write (<name>{PIN_SUFFIX})")
+    args = ap.parse_args(argv)
+    files = parse(args.url)
+    if files is None:
+        raise UserError(url_problem("--url", args.url))
+    got = fetch(files)
+    from pipeline.storage.publish import write_text
+
+    write_text(args.out, json.dumps(got.pin(), indent=2) + "\n")
+    print(f"{files.url}: commit {got.revision}, {len(got.paths)} file(s) in {got.paths[0].parent}")
+    return 0

@@ -1,0 +1,32 @@
+"""A training dataset given by hub URL, read through the pin `fetch-data` writes (pipeline/storage/hub_data.py):
+validation's record problems (its scan's and the merged verdicts') name the dataset by its URL, the record numbered across its shards."""
+
+from __future__ import annotations
+
+import json
+
+from huggingface_hub import constants
+from kits.hub import add_to_cache, write_parquet_shards
+
+from pipeline.data import validate as v
+from pipeline.storage import hub_data
+
+
+def test_validation_names_a_hub_record_by_the_url_and_its_place_across_the_shards(tmp_path, tokenizer_dir,
+                                                                                 monkeypatch):
+    records = [{"prompt": f"q{i}?", "completion": "x" * (200 if i == 5 else 3)} for i in range(7)] + [
+        {"prompt": "q0?", "completion": "xxx"}]  # record 7 repeats record 0
+    repo = tmp_path / "repo"
+    write_parquet_shards(repo, records, 2)  # records 5 and 7 are the second shard's 1 and 3
+    cache = tmp_path / "hf-cache"
+    add_to_cache(cache, "org/long", repo, repo_type="dataset")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    url, pin = "hf://datasets/org/long/data/train-*.parquet", tmp_path / "train.hub.json"
+    assert hub_data.main(["--url", url, "--out", str(pin)]) == 0
+
+    report = v.validate_dataset(pin, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error")
+    assert [(p.file, p.index, p.reason) for _, p in report.problems] == [(url, 5, "too_long"),
+                                                                          (url, 7, "duplicate_sample")]
+    assert report.problems[0][1].where().startswith(f"{url} (Parquet) record 5")
+    assert json.loads(pin.read_text())["url"] == url

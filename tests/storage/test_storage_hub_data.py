@@ -1,0 +1,187 @@
+"""Dataset files given by hub URL (pipeline/storage/hub_data.py), without the network: a dataset-repo cache
+laid out as `hf download --repo-type dataset` leaves it (tests/kits/hub.py), the pin `fetch-data` writes, and
+the pin read as one dataset by every reader (pipeline/data/readers.py): its shards in sorted order."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+from kits.hub import add_to_cache, write_parquet_shards
+
+from pipeline.data import readers
+from pipeline.data.formats import load_records, parse_file
+from pipeline.data.shards import shard_count
+from pipeline.errors import DataError, UserError
+from pipeline.storage import hub_data
+from pipeline.workflow_config import default_name, path_problems
+
+REPO_ID = "org/chat-data"
+RECORDS = [{"prompt": f"question {i}?", "completion": f"answer {i}."} for i in range(7)]
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+
+@pytest.fixture
+def cache(tmp_path) -> tuple[Path, Path]:
+    """(the cache, the snapshot): RECORDS as two Parquet shards under data/, a README beside them."""
+    repo = tmp_path / "repo"
+    write_parquet_shards(repo, RECORDS, 2)
+    (repo / "README.md").write_text("# chat data\n")
+    cache = tmp_path / "hf-cache"
+    return cache, add_to_cache(cache, REPO_ID, repo, repo_type="dataset")
+
+
+@pytest.mark.parametrize("url, repo_id, revision, pattern", [
+    ("hf://datasets/HuggingFaceH4/no_robots/data/train-*.parquet", "HuggingFaceH4/no_robots", None,
+     "data/train-*.parquet"),
+    ("hf://datasets/org/name@v1.0/train.jsonl", "org/name", "v1.0", "train.jsonl"),
+    ("hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train/0000.parquet", "org/name",
+     "refs/convert/parquet", "default/train/0000.parquet"),
+])
+def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pattern):
+    assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, revision, pattern)
+
+
+@pytest.mark.parametrize("url", ["hf://datasets/org/name", "hf://datasets/org/name/", "hf://datasets/name/x.jsonl",
+                                 "hf://org/name/x.jsonl", "datasets/org/name/x.jsonl", "hf://datasets//name/x"])
+def test_a_malformed_hub_url_is_refused_naming_the_key(url):
+    assert hub_data.parse(url) is None
+    problems = path_problems({"model": "embedded", "data": {"train": url, "val": None, "test": None}})
+    local = f"data.train: {url} does not exist"  # not hf://...: a local path, which does not exist
+    expected = hub_data.url_problem("data.train", url) if url.startswith("hf://") else local
+    assert problems == [expected]
+
+
+def test_fetching_offline_finds_the_matched_shards_in_the_cache_sorted(cache, offline):
+    cache_dir, snapshot = cache
+    got = hub_data.fetch(hub_data.parse(f"hf://datasets/{REPO_ID}/data/train-*.parquet"), cache_dir)
+    assert got.revision == snapshot.name
+    assert got.paths == [snapshot / "data/train-00000.parquet", snapshot / "data/train-00001.parquet"]
+    # A pinned revision (a tag pointing at the same commit) finds the same files.
+    add_to_cache(cache_dir, REPO_ID, snapshot, ref="v1", repo_type="dataset", commit=snapshot.name)
+    assert hub_data.fetch(hub_data.parse(f"hf://datasets/{REPO_ID}@v1/data/train-*.parquet"), cache_dir).paths \
+        == got.paths
+
+
+def test_not_cached_offline_is_one_line_naming_the_url_and_the_command(cache, offline):
+    cache_dir, _ = cache
+    for url, command in [
+        ("hf://datasets/org/other@v2/data/train-*.parquet",
+         "hf download org/other --repo-type dataset --revision v2 --include 'data/train-*.parquet'"),
+        # The repo is cached, but no file of it matches: those files were never downloaded.
+        (f"hf://datasets/{REPO_ID}/data/test-*.parquet",
+         f"hf download {REPO_ID} --repo-type dataset --include 'data/test-*.parquet'"),
+    ]:
+        with pytest.raises(UserError) as err:
+            hub_data.fetch(hub_data.parse(url), cache_dir)
+        assert str(err.value) == (f"{url} is not in the Hugging Face cache {cache_dir} and HF_HUB_OFFLINE=1 forbids "
+                                  f"downloading it: run `{command} --cache-dir {cache_dir}` on a machine with network "
+                                  "access (into that cache), or give a local dataset file")
+
+
+def test_online_a_url_matching_no_file_is_one_line_naming_it(cache, monkeypatch):
+    _, snapshot = cache
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub_data, "_snapshot", lambda files, cache, local_only: snapshot)  # as downloaded
+    url = f"hf://datasets/{REPO_ID}/data/valid-*.parquet"
+    with pytest.raises(UserError) as err:
+        hub_data.fetch(hub_data.parse(url))
+    assert str(err.value) == f"{url}: no file of {REPO_ID} at commit {snapshot.name} matches 'data/valid-*.parquet'"
+
+
+def test_the_config_check_stops_offline_on_an_uncached_url(cache, offline, monkeypatch):
+    cache_dir, _ = cache
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache_dir))
+    cached, missing = f"hf://datasets/{REPO_ID}/data/train-*.parquet", "hf://datasets/org/gone/val.jsonl"
+    problems = path_problems({"model": "embedded", "data": {"train": cached, "val": missing, "test": None}})
+    assert problems == [f"data.val: {hub_data.not_cached_message(hub_data.parse(missing))}"]
+    assert default_name(cached) == "chat-data"
+
+
+def _pin(tmp_path, cache_dir, url) -> Path:
+    out = tmp_path / "results" / "hub" / "train.hub.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(constants, "HF_HUB_CACHE", str(cache_dir))
+        assert hub_data.main(["--url", url, "--out", str(out)]) == 0
+    return out
+
+
+def test_a_pin_of_two_shards_reads_as_one_dataset_in_order(cache, offline, tmp_path):
+    cache_dir, snapshot = cache
+    url = f"hf://datasets/{REPO_ID}/data/train-*.parquet"
+    pin = _pin(tmp_path, cache_dir, url)
+    assert json.loads(pin.read_text()) == {
+        "url": url, "repo_id": REPO_ID, "revision": snapshot.name, "pattern": "data/train-*.parquet",
+        "files": [str(snapshot / "data/train-00000.parquet"), str(snapshot / "data/train-00001.parquet")]}
+
+    local = tmp_path / "local.jsonl"
+    local.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    from_hub, from_file = parse_file(pin), parse_file(local)
+    assert not from_hub.problems and from_hub.layout == "parquet"
+    assert [(r.index, r.messages) for r in from_hub.records] == [(r.index, r.messages) for r in from_file.records]
+    assert len(from_hub.records) == len(RECORDS)
+    # Records are numbered on across the files: what a shard job owns is asked by that number.
+    owned = [raw["prompt"] for _, raw in readers.read_raw(pin, "parquet", [], lambda i: i % 3 == 2)
+             if raw is not readers.SKIPPED]
+    assert owned == [r["prompt"] for r in RECORDS[2::3]]  # records 2 and 5 (the second file's 1)
+    # Sharding counts the files' bytes, not the pin's.
+    size = sum(Path(f).stat().st_size for f in json.loads(pin.read_text())["files"])
+    assert shard_count(pin, size / 2**20 / 2) == 2
+
+
+def test_a_bad_record_of_a_hub_shard_is_named_by_the_url_record_and_key(cache, offline, tmp_path):
+    repo = tmp_path / "bad-repo"
+    write_parquet_shards(repo, [*RECORDS[:4], {"prompt": "fine?", "completion": ""}, *RECORDS[4:]], 2)
+    cache_dir = tmp_path / "bad-cache"
+    add_to_cache(cache_dir, "org/bad", repo, repo_type="dataset")
+    url = "hf://datasets/org/bad/data/*.parquet"
+    parsed = parse_file(_pin(tmp_path, cache_dir, url))
+    assert [(p.file, p.index, p.field) for p in parsed.problems] == [(url, 4, "completion")]
+    assert parsed.problems[0].where().startswith(f"{url} (Parquet) record 4")
+    with pytest.raises(DataError) as err:  # what evaluation reads the test split with
+        load_records(_pin(tmp_path, cache_dir, url))
+    assert str(err.value).startswith(f"{url} is not a valid dataset")
+
+
+def test_a_pin_whose_files_left_the_cache_says_how_to_fetch_them_again(cache, offline, tmp_path):
+    cache_dir, snapshot = cache
+    pin_url = f"hf://datasets/{REPO_ID}/data/train-00001.parquet"
+    pin = _pin(tmp_path, cache_dir, pin_url)
+    (snapshot / "data/train-00001.parquet").unlink()
+    problem, = parse_file(pin).problems
+    assert (problem.file, problem.reason, problem.message) == (
+        pin_url,
+        "file_not_found", f"{snapshot / 'data/train-00001.parquet'} is no longer in the Hugging Face cache: "
+                          f"delete {pin} and run the workflow again to fetch it")
+
+
+def test_the_run_reads_each_hub_dataset_through_its_pin_and_local_files_as_given():
+    from pipeline.data.datasets import RunData
+    from pipeline.layout import RunTree
+
+    url = f"hf://datasets/{REPO_ID}/data/train-*.parquet"
+    data = {"train": [{"path": url}, {"path": "more.jsonl"}], "val": "hf://datasets/org/v/val.jsonl", "test": None}
+    run = RunData({"data": data}, RunTree.of("r"), lambda value, split: value)
+    assert {name: s.path for name, s in run.sets.items()} == {
+        "chat-data": "results/r/data/hub/train/chat-data.hub.json", "more": "more.jsonl"}
+    assert run.split_path("val") == "results/r/data/hub/val.hub.json" and run.split_path("test") is None
+    assert run.hub == {"train/chat-data": url, "val": "hf://datasets/org/v/val.jsonl"}
+
+
+def test_a_pin_over_files_of_several_kinds_is_one_problem_naming_them(tmp_path, offline):
+    repo = tmp_path / "mixed-repo"
+    write_parquet_shards(repo, RECORDS, 1, pattern="data/b-{:05d}.parquet")
+    (repo / "data" / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    cache_dir = tmp_path / "mixed-cache"
+    add_to_cache(cache_dir, "org/mixed", repo, repo_type="dataset")
+    url = "hf://datasets/org/mixed/data/*"
+    problem, = parse_file(_pin(tmp_path, cache_dir, url)).problems
+    assert (problem.file, problem.reason, problem.message) == (
+        url, "mixed_kinds", "the files matched are of several kinds: a.jsonl (JSON Lines), b-00000.parquet (Parquet); "
+                            "match files of one kind")
