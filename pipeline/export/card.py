@@ -184,11 +184,18 @@ def _data_section(stats: dict) -> list[str]:
         return []
     lines = ["## Data", ""]
     lines += _table(["split", "file", "records", "records trained on", "tokens", "supervised tokens"],
-                    [[name, s.get("source"), s.get("records_in"), s.get("records"), s.get("tokens"),
+                    [[name, _source(s.get("source")), s.get("records_in"), s.get("records"), s.get("tokens"),
                       s.get("supervised_tokens")] for name, s in splits.items()])
     if stats.get("max_length"):
         lines += ["", f"Maximum sequence length {stats['max_length']} tokens (longer records: {stats.get('too_long')})."]
     return [*lines, ""]
+
+
+def _source(path: str | None) -> str | None:
+    """A split's dataset as the card names it: a hub dataset by its URL, not its pin (`fetch_data`)."""
+    from pipeline.data.readers import display_name
+
+    return display_name(path) if path else path
 
 
 def _training_section(dst: Path, config: dict) -> list[str]:

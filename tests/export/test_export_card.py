@@ -115,3 +115,20 @@ def test_hf_files_allow_list():
     for name in ("pretrain_report.json", "README.md", "model.safetensors", "model.safetensors.index.json",
                  ".gitattributes", "trainer_state.json", "eval_results.json", "figure.png", "pytorch_model.bin"):
         assert not is_hf_file(name), name
+
+
+def test_a_hub_dataset_is_named_by_its_url_not_its_pin(tmp_path):
+    """A split fetched from the hub (`fetch_data`) is read through its pin; the card names its URL."""
+    from pipeline.export.card import build_card
+
+    url = "hf://datasets/org/chats/data/train-*.parquet"
+    pin = tmp_path / "train.hub.json"
+    pin.write_text(json.dumps({"url": url, "repo_id": "org/chats", "revision": "0" * 40, "pattern": "data/train-*.parquet",
+                               "files": [str(tmp_path / "train-00000-of-00002.parquet")]}))
+    dst = tmp_path / "merged"
+    dst.mkdir()
+    stats = {"splits": {"train": {**STATS["splits"]["train"], "source": str(pin)}, "val": STATS["splits"]["val"]}}
+    card = build_card(dst, run="demo", plan=PLAN, stats=stats, config=CONFIG, evals=[])
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in card.splitlines()
+            if line.startswith("| train ") or line.startswith("| val ")}
+    assert rows == {"train": url, "val": "data/val.jsonl"}, card
