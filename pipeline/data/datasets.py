@@ -44,7 +44,6 @@ class TrainSet:
     records: int | None
     columns: dict
     roles: dict
-    shards: int
 
 
 class RunData:
@@ -56,13 +55,13 @@ class RunData:
         self.data, self.tree = data, tree
         entries = train_sets(data) or train_sets({**data, "train": [{"path": data["train"],
                                                                       "name": layout.SINGLE_TRAIN_SET}]})
-        shard_mb = data.get("shard_mb", DEFAULT_SHARD_MB)
+        self.shard_mb = data.get("shard_mb", DEFAULT_SHARD_MB)
         self.hub: dict[str, str] = {}  # `fetch_data`'s key -> the hub URL it fetches
         self.sets = {}
         for name, entry in entries.items():
             path = self._pinned(resolve(entry["path"], "train"), f"train/{name}")
             self.sets[name] = TrainSet(name, path, entry["weight"], entry["records"], entry["columns"],
-                                       entry["roles"], shard_count(path, shard_mb))
+                                       entry["roles"])
         self.mixed = isinstance(data["train"], list)  # several datasets (or a list of one): tokens.mix
         self.held_out = {split: self._pinned(resolve(data[split], split), split) for split in ("val", "test")}
 
@@ -73,6 +72,11 @@ class RunData:
             return path
         self.hub[key] = path
         return str(self.tree.hub_data(key))
+
+    def hub_key(self, dataset: str) -> str | None:
+        """The `fetch_data` key of a training dataset given by hub URL; None for a local one."""
+        key = f"train/{dataset}"
+        return key if key in self.hub else None
 
     def hub_wildcard(self) -> str:
         """The `fetch_data` rule's `key` wildcard: one of the keys of the datasets given by hub URL."""
@@ -103,9 +107,14 @@ class RunData:
         """The val and test files, by split (those the config has)."""
         return {split: path for split, path in self.held_out.items() if path}
 
+    def shard_total(self, dataset: str) -> int:
+        """How many shards a training dataset is split into, by its size on disk now (a hub dataset's: its
+        pin's files, known once `fetch_data` has run; the workflow asks after that checkpoint)."""
+        return shard_count(self.sets[dataset].path, self.shard_mb)
+
     def shards(self, dataset: str) -> list[int]:
         """The shard numbers of a dataset, when it is split ([] for one job)."""
-        n = self.sets[dataset].shards
+        n = self.shard_total(dataset)
         return list(range(n)) if n > 1 else []
 
     def validate_inputs(self, dataset: str) -> dict[str, object]:
@@ -124,7 +133,7 @@ class RunData:
 
     def shard_flag(self, dataset: str, shard: str) -> str:
         """`<shard>/<shards>`: a shard job's `--shard`."""
-        return f"{shard}/{self.sets[dataset].shards}"
+        return f"{shard}/{self.shard_total(dataset)}"
 
     def train_caches(self) -> list[Path]:
         """Every training dataset's token cache, in the config's order: what the stages read."""

@@ -31,9 +31,9 @@ def _env(cache: Path) -> dict:
     return {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "PYTHONPATH": str(REPO)}
 
 
-def _config(workdir: Path, tiny: dict, train: str) -> None:
+def _config(workdir: Path, tiny: dict, train: str, **data) -> None:
     variant = {"run": "hub", "model": str(tiny["model"]),
-               "data": {"train": train, "val": None, "test": None, "max_length": 64}}
+               "data": {"train": train, "val": None, "test": None, "max_length": 64, **data}}
     (workdir / "hub.yaml").write_text(yaml.safe_dump(variant))
 
 
@@ -45,13 +45,17 @@ def test_a_cached_hub_dataset_is_fetched_once_pinned_and_tokenized_as_the_local_
     cache = tmp_path / "hf-cache"
     snapshot = add_to_cache(cache, REPO_ID, repo, repo_type="dataset")
     workdir = copy_workflow(tmp_path / "wf")
-    _config(workdir, tiny, URL)
+    # Split into shards by its size, which is known only once it is fetched: 2 shard jobs (validation and
+    # tokenization each) in the first run already, as in every later one.
+    shard_mb = sum(s.stat().st_size for s in shards) / 2**20 / 1.5
+    _config(workdir, tiny, URL, shard_mb=shard_mb)
     env = _env(cache)
     proc = snakemake(workdir, TOKENIZED, "--cores", "all", "--configfile", "hub.yaml", env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     ran = [rule for rule, _ in jobs_in_log(proc.stdout + proc.stderr)]
     assert ran.count("fetch_data") == 1 and {"validate_dataset", "tokenize_dataset"} <= set(ran)
+    assert ran.count("validate_shard") == ran.count("tokenize_shard") == 2, ran
     pin = json.loads((workdir / "results/hub/data/hub/train/train.hub.json").read_text())
     assert pin == {"url": URL, "repo_id": REPO_ID, "revision": snapshot.name, "pattern": "data/train-*.parquet",
                    "files": [str(snapshot / s.relative_to(repo)) for s in shards]}

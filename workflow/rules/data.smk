@@ -46,9 +46,11 @@ rule fetch_model:
 
 if DATA.hub:
 
-    rule fetch_data:
+    checkpoint fetch_data:
         # A dataset file (or glob of shards) given by hub URL, downloaded once where snakemake runs into
         # the Hugging Face cache; its pin (commit and files) is the dataset path every later job reads.
+        # A checkpoint: how many shards a training dataset is split into is known once its files are
+        # here, and the jobs that depend on that are planned then (`fetched`).
         output:
             R.hub_data("{key}"),
         localrule: True
@@ -93,6 +95,15 @@ rule prepare_tokenizer:
 # The run's validation.json/.csv and stats.json are merged from the datasets' (`data_reports`).
 
 
+def fetched(dataset: str) -> str:
+    """`dataset`, once its files are here: a training dataset given by hub URL waits for its `fetch_data`
+    checkpoint, after which its shard count is read from its pin (the same on every later run)."""
+    key = DATA.hub_key(dataset)
+    if key is not None:
+        checkpoints.fetch_data.get(key=key)
+    return dataset
+
+
 rule validate_shard:
     input:
         train=lambda wc: DATA.sets[wc.dataset].path,
@@ -116,7 +127,7 @@ rule validate_shard:
 
 rule validate_dataset:
     input:
-        unpack(lambda wc: DATA.validate_inputs(wc.dataset)),
+        unpack(lambda wc: DATA.validate_inputs(fetched(wc.dataset))),
     output:
         json=R.train_set_validation_json("{dataset}"),
         csv=R.train_set_validation_csv("{dataset}"),
@@ -128,7 +139,8 @@ rule validate_dataset:
         layout.log_file("validate_dataset", f"{RUN}/{{dataset}}"),
     params:
         held_out=lambda wc, input: f'{optional("--val", input.get("val"))} {optional("--test", input.get("test"))}',
-        scans=lambda wc, input: optional("--scans", " ".join(input.scans)),
+        # .get: before a hub dataset's fetch_data checkpoint has run, its inputs are only that checkpoint's
+        scans=lambda wc, input: optional("--scans", " ".join(input.get("scans", []))),
         data=lambda wc: DATA.flags(wc.dataset),
         # Undeclared on purpose: Snakemake deletes a failed job's declared outputs, so validation
         # also leaves its reports here when it fails (and clears them when it passes).
@@ -166,7 +178,7 @@ rule tokenize_shard:
 
 rule tokenize_dataset:
     input:
-        unpack(lambda wc: DATA.tokenize_inputs(wc.dataset)),
+        unpack(lambda wc: DATA.tokenize_inputs(fetched(wc.dataset))),
     output:
         train=R.train_set_cache("{dataset}"),
         stats=R.train_set_stats("{dataset}"),
@@ -177,7 +189,7 @@ rule tokenize_dataset:
         layout.log_file("tokenize_dataset", f"{RUN}/{{dataset}}"),
     params:
         data=lambda wc: DATA.flags(wc.dataset),
-        parts=lambda wc, input: optional("--parts", " ".join(input.parts)),
+        parts=lambda wc, input: optional("--parts", " ".join(input.get("parts", []))),  # .get: as scans
     resources:
         **job_resources("cpu"),
     shell:
