@@ -536,6 +536,24 @@ GLM4V_TOKENS = ["[gMASK]", "<sop>", "<|endoftext|>", "<|begin_of_image|>", "<|im
                 "<|begin_of_video|>", "<|video|>", "<|end_of_video|>"]
 
 
+def _glm_vision(ids: dict, **vision) -> dict:
+    """What a GLM-4.1V-style composite config takes beside its text config: its tower (2 blocks, 8x8 patches merged
+    2x2, `vision` on top) and its image / video token ids (`ids`: GLM4V_TOKENS -> id)."""
+    return dict(
+        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                           image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2, **vision),
+        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
+        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
+        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+
+
+def _glm_images(image_processor_class):
+    """A GLM-4.1V-style PIL image processor for the tower of `_glm_vision`: a 32x32 image is 4 tokens."""
+    # its pixel bounds count the 2 frames an image is repeated into
+    return image_processor_class(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
+                                 merge_size=2, temporal_patch_size=2)
+
+
 def save_glm4v(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     """A tiny random GLM-4.1V (`Glm4vForConditionalGeneration`: 2 vision blocks, 8x8 patches, 2x2 merge: a
     32x32 image is 4 `<|image|>` tokens with `image_grid_thw`; 2 decoder layers with 3-D RoPE), GLM-4.1V's
@@ -551,16 +569,9 @@ def save_glm4v(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     moe_text = dict(moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
                     first_k_dense_replace=1, n_group=1, topk_group=1)
     config = getattr(transformers, "Glm4vMoeConfig" if moe else "Glm4vConfig")(
-        text_config=_text_config(tokenizer, rope_parameters=rope, **(moe_text if moe else {})),
-        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
-                           image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
-        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+        text_config=_text_config(tokenizer, rope_parameters=rope, **(moe_text if moe else {})), **_glm_vision(ids))
     torch.manual_seed(seed)
-    # its pixel bounds count the 2 frames an image is repeated into
-    images = Glm4vImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
-                                    merge_size=2, temporal_patch_size=2)
+    images = _glm_images(Glm4vImageProcessorPil)
     model = getattr(transformers, "Glm4vMoeForConditionalGeneration" if moe else "Glm4vForConditionalGeneration")
     return _save_parts(path, model(config), tokenizer, images, GLM4V_TEMPLATE, "Glm4vProcessor")
 

@@ -18,8 +18,8 @@ import json
 from pathlib import Path
 
 import torch
-from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, QWEN_TEMPLATE, QWEN_TOKENS, _family_tokenizer, _save_parts,
-                      _text_config)
+from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, QWEN_TEMPLATE, QWEN_TOKENS, _family_tokenizer, _glm_images,
+                      _glm_vision, _save_parts, _text_config)
 
 
 def save_glm46v(path: Path, *, seed: int = 0) -> Path:
@@ -34,16 +34,9 @@ def save_glm46v(path: Path, *, seed: int = 0) -> Path:
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5}
     config = Glm46VConfig(
         text_config=_text_config(tokenizer, model_type="glm4v_text", rope_parameters=rope),
-        vision_config=dict(model_type="glm4v_vision", depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
-                           out_hidden_size=32, image_size=32, patch_size=8, spatial_merge_size=2,
-                           temporal_patch_size=2),
-        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+        **_glm_vision(ids, model_type="glm4v_vision"))
     torch.manual_seed(seed)
-    # its pixel bounds count the 2 frames an image is repeated into
-    images = Glm46VImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
-                                     merge_size=2, temporal_patch_size=2)
+    images = _glm_images(Glm46VImageProcessorPil)
     return _save_parts(path, Glm46VForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
                        "Glm46VProcessor")
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, INTERNVL_TOKENS, QWEN_TEMPLATE, _family_tokenizer, _save_parts,
-                      _text_config)
+from kits.vlm import (GLM4V_TEMPLATE, GLM4V_TOKENS, INTERNVL_TOKENS, QWEN_TEMPLATE, _family_tokenizer, _glm_images,
+                      _glm_vision, _save_parts, _text_config)
 
 # DeepSeek-OCR 2's turns, an image as its processor's `<image>`: not the shipped template, not at hand here
 DEEPSEEK_OCR2_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
@@ -65,16 +65,9 @@ def save_glm_ocr(path: Path, *, seed: int = 0) -> Path:
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_TOKENS}
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
     config = GlmOcrConfig(
-        text_config=_text_config(tokenizer, rope_parameters=rope),
-        vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
-                           image_size=32, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
-        image_token_id=ids["<|image|>"], video_token_id=ids["<|video|>"],
-        image_start_token_id=ids["<|begin_of_image|>"], image_end_token_id=ids["<|end_of_image|>"],
-        video_start_token_id=ids["<|begin_of_video|>"], video_end_token_id=ids["<|end_of_video|>"])
+        text_config=_text_config(tokenizer, rope_parameters=rope), **_glm_vision(ids))
     torch.manual_seed(seed)
-    # its pixel bounds count the 2 frames an image is repeated into
-    images = Glm46VImageProcessorPil(size={"shortest_edge": 2 * 16 * 16, "longest_edge": 2 * 32 * 32}, patch_size=8,
-                                     merge_size=2, temporal_patch_size=2)
+    images = _glm_images(Glm46VImageProcessorPil)
     return _save_parts(path, GlmOcrForConditionalGeneration(config), tokenizer, images, GLM4V_TEMPLATE,
                        "Glm46VProcessor")
 

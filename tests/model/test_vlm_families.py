@@ -55,6 +55,7 @@ import json
 import math
 import pickle
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -158,30 +159,36 @@ def vlms_parts(model_dir):
 STOCK_PEFT_MISLOADS = {"deepseek_ocr2_moe"}
 
 
+def _two_updates_consolidated(data: dict, tmp_path, *, moe: bool) -> tuple[Path, Path]:
+    """A stage of two updates of LoRA on `data`'s model (`moe`: without dropout, which peft's ParamWrapper, adapting
+    fused experts, does not take), consolidated: (the stage's output dir, the export dir holding adapter/)."""
+    from pipeline.export.consolidate import consolidate
+    from pipeline.train import stage
+
+    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]",
+                              *(["lora.dropout=0"] if moe else [])])
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    return out, export
+
+
 @pytest.mark.parametrize("family", [f for f in SAVERS if f not in STOCK_PEFT_MISLOADS])
 def test_family_trains_merges_and_verifies(family, vlms, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import verify
     from safetensors.torch import load_file
 
-    from pipeline.train import stage
-
     data = vlms[family]
-    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]",
-                              # peft's ParamWrapper, which adapts fused experts, takes no dropout
-                              *(["lora.dropout=0"] if family.endswith("_moe") else [])])
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    out, export = _two_updates_consolidated(data, tmp_path, moe=family.endswith("_moe"))
     updates = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert len(updates) == 2 and all(math.isfinite(r["loss"]) for r in updates)
 
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
     # LoRA only inside the language model: never the tower (without vision.train_tower) nor the projector
     parts = vlms_parts(data["model"])
     adapted = {k.removeprefix("base_model.model.") for k in load_file(export / "adapter" / "adapter_model.safetensors")}
@@ -829,19 +836,11 @@ def test_mistral_large4_trains_and_merges_but_stock_peft_drops_its_moe_adapter(t
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     from kits.vlm_more import save_mistral_large4
-    from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import image_probes, verify
-    from pipeline.train import stage
 
     data = make_vlm_data(tmp_path / "data", save_mistral_large4(tmp_path / "model"))
-    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    _, export = _two_updates_consolidated(data, tmp_path, moe=True)
     settings = json.loads((export / "adapter" / "adapter_config.json").read_text())
     assert {"experts.gate_up_proj", "experts.down_proj"} <= set(settings["target_parameters"])
     merge_dirs(data["model"], export / "adapter", export / "merged")
@@ -954,19 +953,11 @@ def test_deepseek_ocr2_trains_and_merges_but_stock_peft_misnames_its_adapter(vlm
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from pipeline.export.consolidate import consolidate
     from pipeline.export.merge import merge_dirs
     from pipeline.export.verify import image_probes, verify
-    from pipeline.train import stage
 
     data = vlms["deepseek_ocr2_moe"]
-    run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", data["model"], out_adapter=export / "adapter", models="main")
+    _, export = _two_updates_consolidated(data, tmp_path, moe=True)
     settings = json.loads((export / "adapter" / "adapter_config.json").read_text())
     assert {"experts.gate_up_proj", "experts.down_proj"} <= {
         ".".join(n.split(".")[-2:]) for n in settings["target_parameters"]}, settings["target_parameters"]
