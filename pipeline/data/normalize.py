@@ -201,13 +201,13 @@ class _Conversation:
     def images(self, view: dict, whole: str) -> list[str]:
         """The record's images (its content parts' or its image field's), and one placeholder for each."""
         key = self.fields.key
-        images = _images(view, self.base_dir, self.located, self.fields)
-        if self.part_images and images:
+        found = _images(view, self.base_dir, self.located, self.fields)
+        if self.part_images and found:
             self.located("bad_image_field", "images given both as content parts and in the record's image field",
                          key("image"))
         field_ = next((key(k) for k in ("image", "images") if view.get(k) is not None), whole)  # where the images are
-        images = self.part_images or images
-        if self.parts_ok:
+        images = self.part_images or found or []
+        if self.parts_ok and found is not None:  # a bad image field is its own one problem
             texts_at = [key("system") if at is None else at[1] for at in self.turn_at]
             _placeholder_problems(self.messages, texts_at, images, field_, self.located)
         return images
@@ -432,24 +432,38 @@ def _placeholder_problems(messages, texts_at: list[str], images, images_field: s
                 f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
 
 
+def _embedded(item) -> bool:
+    """An image as its bytes: raw, or a `datasets` Image value (`{"bytes": ..., "path": ...}`)."""
+    return isinstance(item, bytes) or isinstance(item.get("bytes"), (bytes, bytearray))
+
+
 def _resolve(base_dir: str, path: str) -> str:
     return os.path.normpath(os.path.join(base_dir, path))
 
 
-def _images(raw: dict, base_dir: str, located, fields: FieldMap) -> list[str]:
-    """The record's image paths, resolved against the dataset file's directory."""
+def _images(raw: dict, base_dir: str, located, fields: FieldMap) -> list[str] | None:
+    """The record's image paths, resolved against the dataset file's directory; None (after reporting why) when
+    its image field cannot be read."""
     present = [key for key in ("image", "images") if raw.get(key) is not None]
     if not present:
         return []
     if len(present) > 1:
         located("bad_image_field", f"record has both {fields.key('image')!r} and {fields.key('images')!r}",
                 fields.key("image"))
-        return []
+        return None
     key = present[0]
     value = raw[key]
-    items = [value] if isinstance(value, str) else value
+    items = [value] if isinstance(value, (str, dict)) else value
+    if isinstance(items, list):  # a `datasets` Image value that refers to a file is that file
+        items = [p["path"] if isinstance(p, dict) and p.get("bytes") is None and isinstance(p.get("path"), str)
+                 else p for p in items]
+    if isinstance(items, list) and any(isinstance(p, (dict, bytes)) and _embedded(p) for p in items):
+        located("bad_image_field", f"'{fields.key(key)}' holds images embedded in the dataset (a `datasets` Image "
+                "column's {'bytes', 'path'}), which are not read: write them out as files and give their paths",
+                fields.key(key))
+        return None
     if not isinstance(items, list) or not all(isinstance(p, str) and p.strip() for p in items):
         located("bad_image_field", f"'{fields.key(key)}' must be a non-empty path string or a list of them",
                 fields.key(key))
-        return []
+        return None
     return [_resolve(base_dir, p) for p in items]

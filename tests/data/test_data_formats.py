@@ -288,3 +288,28 @@ def test_image_faults_are_one_problem_each(tmp_path, record, reason, field):
     parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(9), record]))
     assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(1, reason, field)]
     assert [r.id for r in parsed.records] == ["r9"]
+
+
+def test_images_embedded_by_datasets_are_one_problem_naming_them(tmp_path):
+    """A Parquet file that `datasets` writes from an Image column of pictures holds each image as its bytes
+    ({'bytes', 'path'}: the form of the hub's vision-language datasets). Such images are not read: each record
+    says so in one problem on its image field, not also as a placeholder count. An Image column of files
+    (bytes None, the path) is read as those files."""
+    import datasets
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), (0, 0, 255)).save(tmp_path / "blue.png")
+    turns = [{"role": "user", "content": "<image>What color?"}, {"role": "assistant", "content": "blue"}]
+    features = datasets.Features({"images": datasets.Sequence(datasets.Image()),
+                                  "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}]})
+    pictures = datasets.Dataset.from_dict({"images": [[Image.new("RGB", (32, 32), (0, 0, 255))]], "messages": [turns]},
+                                          features=features)
+    pictures.to_parquet(str(tmp_path / "embedded.parquet"))
+    parsed = parse_file(tmp_path / "embedded.parquet")
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(0, "bad_image_field", "images")]
+    assert "embedded in the dataset" in parsed.problems[0].message and not parsed.records
+
+    files = datasets.Dataset.from_dict({"images": [[str(tmp_path / "blue.png")]], "messages": [turns]}, features=features)
+    files.to_parquet(str(tmp_path / "files.parquet"))
+    (record,) = load_records(tmp_path / "files.parquet")
+    assert record.images == [str(tmp_path / "blue.png")]
