@@ -178,6 +178,15 @@ def run_evaluations(v):
     return [R.evaluation(layout.BASE_EVAL), *(v.evaluation(s) for s in STAGES)]
 
 
+def fetched(dataset: str) -> str:
+    """`dataset`, once its files are here: a training dataset given by hub URL waits for its `fetch_data`
+    checkpoint, after which its shard count is read from its pin (the same on every later run)."""
+    key = DATA.hub_key(dataset)
+    if key is not None:
+        checkpoints.fetch_data.get(key=key)
+    return dataset
+
+
 def card_inputs():
     """What an export dir's model card (README.md) is written from: the run's plan, data stats,
     trainer config and every evaluation (the export rules declare them as inputs)."""

@@ -95,15 +95,6 @@ rule prepare_tokenizer:
 # The run's validation.json/.csv and stats.json are merged from the datasets' (`data_reports`).
 
 
-def fetched(dataset: str) -> str:
-    """`dataset`, once its files are here: a training dataset given by hub URL waits for its `fetch_data`
-    checkpoint, after which its shard count is read from its pin (the same on every later run)."""
-    key = DATA.hub_key(dataset)
-    if key is not None:
-        checkpoints.fetch_data.get(key=key)
-    return dataset
-
-
 rule validate_shard:
     input:
         train=lambda wc: DATA.sets[wc.dataset].path,
