@@ -2,20 +2,23 @@
 # The GPU check of issue 32, on a bare CUDA machine, from the repository root, in two calls of under 10 minutes:
 #   bash bench/gpu_wheels.sh            # first, where the package index is reachable: fills .whl/
 #   bash bench/gpu_check.sh 1           # on the GPU machine (a device run: carry [".whl"], timeout ~590 s)
-#   bash bench/gpu_check.sh 2           # the second call, while the machine is warm (~550 s)
-#   bash bench/gpu_check.sh             # both parts, where one command may run longer
-# Part 1 (each step bounded; whole logs and figures go to $OUT, default /tmp/gpu_check):
-#   - the carried wheels installed into /tmp/site (the machine's torch / transformers kept); versions
-#   - bench/gpu_kernels_check.py: host syncs, one compiled loss graph, lora.fused, fused losses, Liger
-#     kernels, activation checkpointing through pipeline/compat.py          (~1.5 min)
-#   - bench_gpu.py at the Llama-3.2-1B shape, length 2048, then 4096 (MFU by both counts) (~3 min)
-#   - at 2048: the config, profiled (where the time goes), one micro-batch per update, and compiled
-#     decoder layers                                                           (~4-5 min)
-# Part 2:
-#   - the `gpu` tests (tests/train/test_gpu.py: 13 trainer launches, one compiling) (~5-6 min)
-#   - one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke, model.quantization=nf4) (~2 min)
-# First run on an H200 on 2026-11-26 (bench/results/gpu_check.md): part 1's steps then ran in ~370 s
-# without the profile step, and the tests and nf4 steps did not finish in 120 / 75 s.
+#   bash bench/gpu_check.sh 2           # the second call, while the machine is warm (~450 s)
+#   bash bench/gpu_check.sh 3           # the third (~400 s)
+#   bash bench/gpu_check.sh all         # every part, where one command may run longer
+# Each step is bounded; whole logs and figures go to $OUT (default /tmp/gpu_check). First the carried wheels
+# are installed into /tmp/site (the machine's torch / transformers kept) and the versions printed.
+# Part 1, the throughput questions the H200 runs of 2026-11-26 and -28 left (bench/results/gpu_check.md):
+#   - bench_gpu.py at the Llama-3.2-1B shape, one micro-batch of 16 per update (the lever measured: 2.3x
+#     the tokens/s of four of 4 at 2048), lengths 2048 and 4096: the headline MFU by both counts (~2.5 min)
+#   - at 4096 (where the micro-batch made no difference: the GPU, not the host, was the limit), packed rows
+#     under flex_attention's document mask instead of SDPA's dense block-causal one             (~2 min)
+#   - at 2048 with every record 2048 long (one shape per update: does a new shape cost the host?), then
+#     with PyTorch's cuDNN attention off; both under bench/stack_sampler (where the host's time goes) (~3 min)
+# Part 2: the decoder layers compiled with the fused kernels (2048); bench/gpu_kernels_check.py (host syncs,
+#   one compiled loss graph, lora.fused, fused losses, Liger kernels, activation checkpointing through
+#   pipeline/compat.py); one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke)           (~7 min)
+# Part 3: the `gpu` tests (tests/train/test_gpu.py: 13 trainer launches, one compiling)          (~6 min)
+# A bench_gpu.py arm took 55-65 s on the H200 (model built, trainer started, 8 updates); compiled ones longer.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 O=${OUT:-/tmp/gpu_check}; mkdir -p "$O"
@@ -37,19 +40,27 @@ step() {
     [ $rc -eq 0 ] || { echo "FAILED ($rc): $name"; status=1; }
 }
 part=${1:-all}
-if [ "$part" != 2 ]; then
-step kernels 100 python3 bench/gpu_kernels_check.py --out "$O/kernels.json"
-TAIL=30 step bench_1b 200 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 4 --global-batch 16 \
-    --steps 10 --warmup 3 --out-dir "$O"
-# The levers on the fixed cost per update seen on the H200 (bench/results/gpu_check.md): where the time goes
-# (profiled), one micro-batch per update instead of four (mb16: a quarter of the host's per-op work), and
-# the decoder layers compiled (compiled).
-TAIL=14 step levers 260 python3 bench/bench_gpu.py --seq-len 2048 --micro-batch 4 --global-batch 16 --steps 8 \
-    --warmup 3 --arms config --extra-arm profiled=profile.updates=3,profile.warmup=3 \
-    --extra-arm mb16=optim.micro_batch=16 --extra-arm compiled=model.compile=true --out-dir /tmp/levers
+ONE="--seq-len 2048 --micro-batch 16 --global-batch 16 --steps 8 --warmup 3"
+SAMPLED="env PYTHONPATH=$PWD/bench/stack_sampler:$PYTHONPATH"
+if [ "$part" = 1 ] || [ "$part" = all ]; then
+TAIL=30 step bench_1b 170 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 16 --global-batch 16 \
+    --steps 8 --warmup 3 --out-dir "$O"
+TAIL=30 step flex_4096 130 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 \
+    --steps 8 --warmup 3 --arms packed --extra-arm flex=tokens.packing=on,model.attn_implementation=flex_attention \
+    --out-dir /tmp/flex
+TAIL=30 step fixed_lengths 110 $SAMPLED STACK_SAMPLES="$O/samples_fixed" python3 bench/bench_gpu.py $ONE \
+    --lengths fixed --out-dir /tmp/fixed
+TAIL=30 step no_cudnn_sdp 110 $SAMPLED STACK_SAMPLES="$O/samples_no_cudnn" STACK_SAMPLER_SDP=no-cudnn \
+    python3 bench/bench_gpu.py $ONE --out-dir /tmp/no_cudnn
 fi
-if [ "$part" != 1 ]; then
-step gpu_tests 380 python3 -m pytest -o addopts= -p no:cacheprovider -q -rA --durations=0 tests/train/test_gpu.py
+if [ "$part" = 2 ] || [ "$part" = all ]; then
+TAIL=30 step compiled 160 python3 bench/bench_gpu.py $ONE --arms config \
+    --extra-arm best=model.compile=true,lora.fused=true,model.liger_kernels=true,model.fused_loss=liger \
+    --out-dir /tmp/compiled
+step kernels 100 python3 bench/gpu_kernels_check.py --out "$O/kernels.json"
 step nf4 150 python3 bench/bench_gpu.py --smoke --override model.quantization=nf4 --out-dir /tmp/nf4
+fi
+if [ "$part" = 3 ] || [ "$part" = all ]; then
+step gpu_tests 380 python3 -m pytest -o addopts= -p no:cacheprovider -q -rA --durations=0 tests/train/test_gpu.py
 fi
 exit $status
