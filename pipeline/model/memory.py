@@ -310,6 +310,33 @@ def decide(cfg: TrainConfig, shapes: Shapes | None, *, world: int, sharded: bool
     return replace(run, checkpointed=checkpointed_layers(cfg, shapes, run, limit))
 
 
+# What one H200 measured (bench/results/gpu_check.md, 2026-11-28): Llama-3.2-1B LoRA at length 2048, 16 rows
+# per update, as one micro-batch against four: the host's fixed cost is per micro-batch.
+MICRO_BATCH_EVIDENCE = ("one micro-batch of 16 rows instead of four of 4 trained 2.4x the tokens/s on an H200 "
+                        "(bench/results/gpu_check.md)")
+
+
+def larger_micro_batch(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> str | None:
+    """The line that says a larger `optim.micro_batch` fits `budget` at the run's activation checkpointing
+    (the largest that divides a rank's share of the update), or None when none does.
+
+    Each micro-batch costs the host a fixed time (a forward and a backward of many small kernel launches), which
+    a GPU spends idle when the micro-batch's own work is short. A larger one changes the order in which an
+    update's gradient is summed, not the update (same records, same optim.global_batch): a setting for a new
+    run rather than one to change in the middle of one.
+    """
+    share = cfg.optim.global_batch // run.world
+    fits = next((m for m in range(share, run.micro_batch, -1) if share % m == 0
+                 and estimate(cfg, shapes, replace(run, micro_batch=m)).total <= budget), None)
+    if fits is None:
+        return None
+    now, then = estimate(cfg, shapes, run).total, estimate(cfg, shapes, replace(run, micro_batch=fits)).total
+    return (f"memory: optim.micro_batch={fits} fits too ({then / GiB:.1f} of {budget / GiB:.1f} GiB, "
+            f"{checkpointing_text(run.checkpointed, shapes.layers)}) where this run takes {share // run.micro_batch} "
+            f"micro-batches of {run.micro_batch} per update ({now / GiB:.1f} GiB). Fewer, larger micro-batches keep a "
+            f"GPU busier: {MICRO_BATCH_EVIDENCE}")
+
+
 def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
     """What would make a run that does not fit `budget` fit, each with its estimate."""
     lines = []
@@ -407,8 +434,9 @@ def gpu_budget(model: ModelConfig, gpu_bytes: int | None, world: int) -> int | N
 
 
 def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision: str,
-              length: int) -> tuple[int, Estimate | None]:
-    """(decoder layers to checkpoint, the estimate it was decided on) for a training stage on `device`.
+              length: int) -> tuple[int, Estimate | None, str | None]:
+    """(decoder layers to checkpoint, the estimate it was decided on, `larger_micro_batch`'s line) for a
+    training stage on `device`.
 
     The GPU's memory is `model.gpu_memory_gb`, else the device's own; a CPU has
     none, so there `auto` means none.
@@ -421,7 +449,10 @@ def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision:
     shapes = model_shapes(cfg) if needs_shapes else None
     run = decide(cfg, shapes, world=world, sharded=sharded, precision=precision, length=length, limit=limit,
                  attention=resolved_attention(cfg.model, device) if needs_shapes else None)
-    return run.checkpointed, (estimate(cfg, shapes, run) if shapes is not None else None)
+    if shapes is None:
+        return run.checkpointed, None, None
+    hint = larger_micro_batch(cfg, shapes, run, limit) if limit is not None else None
+    return run.checkpointed, estimate(cfg, shapes, run), hint
 
 
 def resolved_attention(model: ModelConfig, device=None) -> str | None:

@@ -122,9 +122,9 @@ def memory_check(cfg: train_config.TrainConfig, *, world: int | None, max_length
         print(f"memory: model.activation_checkpointing=auto: "
               f"{memory.checkpointing_text(run.checkpointed, shapes.layers)} (the fewest that fit)")
     print(memory.estimate(cfg, shapes, run).table())
-    note = memory.quantization_note(cfg, shapes, run, limit)
-    if note:
-        print(note)
+    for note in (memory.quantization_note(cfg, shapes, run, limit), memory.larger_micro_batch(cfg, shapes, run, limit)):
+        if note:
+            print(note)
     return memory.does_not_fit(cfg, shapes, run, limit, where)
 
 

@@ -92,8 +92,9 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     strategy = choose_strategy(cfg, d)
     hooks = Hooks.from_env(stage.name)
     train_cache, mix = train_data(cfg.tokens, cfg.seed)
-    checkpointed, estimate = memory.for_stage(cfg, device=d.device, world=d.world_size, sharded=strategy.sharded,
-                                                precision=precision.name, length=int(train_cache.lengths.max()))
+    checkpointed, estimate, micro_note = memory.for_stage(cfg, device=d.device, world=d.world_size,
+                                                          sharded=strategy.sharded, precision=precision.name,
+                                                          length=int(train_cache.lengths.max()))
 
     # --- model, EMA, optimizer (construction consumes RNG: seed first) --------
     _seed_all(cfg.seed)
@@ -119,7 +120,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     source = resume or init
     _announce(d, f"[{stage.name}] updates {stage.start}..{stage.end} of {total}; start from "
                  f"{source or 'a fresh adapter'}; world {d.world_size}, micro-batch {micro} x {accum}, "
-                 f"precision {precision.name}, ", checkpointed, estimate)
+                 f"precision {precision.name}, ", checkpointed, estimate, micro_note)
     state = _restored(checkpointer, stage, source, resumed=resume is not None, seed=cfg.seed, rank=d.rank)
 
     # --- data, evaluation, reporting ------------------------------------------------
@@ -220,13 +221,15 @@ def _announce_packing(d: distributed.Dist, stage: str, packing, micro: int, capa
         f"; micro-batches of at most {micro} rows of at most {capacity} tokens" if packing.on else ""))
 
 
-def _announce(d: distributed.Dist, line: str, checkpointed: int, estimate) -> None:
+def _announce(d: distributed.Dist, line: str, checkpointed: int, estimate, larger_micro_batch: str | None) -> None:
     """Rank 0 prints the stage's line (`line`, then its activation checkpointing) and, with a
-    memory estimate, its table."""
+    memory estimate, its table and whether a larger micro-batch would fit (`memory.larger_micro_batch`)."""
     distributed.print0(d, line + (memory.checkpointing_text(checkpointed, estimate.layers) if estimate is not None
                                   else f"activation checkpointing {'every layer' if checkpointed else 'off'}"))
     if estimate is not None:
         distributed.print0(d, estimate.table())
+    if larger_micro_batch:
+        distributed.print0(d, f"{line.split(' ', 1)[0]} {larger_micro_batch}")
 
 
 def _restored(checkpointer: Checkpointer, stage, source: Path | None, *, resumed: bool, seed: int,

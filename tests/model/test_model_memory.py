@@ -77,16 +77,16 @@ def test_activation_estimate_bounds_what_autograd_keeps(tmp_path, dropout):
 def test_activation_checkpointing_auto_follows_the_budget(tmp_path):
     _save(tmp_path, tied=False, num_hidden_layers=8)
     kw = dict(device=torch.device("cpu"), world=1, sharded=False, precision="bf16", length=2048)
-    k, est = memory.for_stage(_cfg(tmp_path), **kw)
+    k, est, _ = memory.for_stage(_cfg(tmp_path), **kw)
     assert (k, est) == (0, None)  # a CPU has no budget: auto is off, nothing to estimate
-    k, est = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=2.5"), **kw)
+    k, est, _ = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=2.5"), **kw)
     assert 0 < k == est.run.checkpointed < 8  # a 2.5 GiB GPU: some layers, not all
     assert est.total <= memory.budget(int(2.5 * memory.GiB), 1)
-    k, _ = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=80"), **kw)
+    k, _, _ = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=80"), **kw)
     assert k == 0
-    k, _ = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=2.5", "model.activation_checkpointing=off"), **kw)
+    k, _, _ = memory.for_stage(_cfg(tmp_path, "model.gpu_memory_gb=2.5", "model.activation_checkpointing=off"), **kw)
     assert k == 0  # explicit off wins
-    k, _ = memory.for_stage(_cfg(tmp_path, "model.activation_checkpointing=on"), **kw)
+    k, _, _ = memory.for_stage(_cfg(tmp_path, "model.activation_checkpointing=on"), **kw)
     assert k == 8  # on: every layer, budget or not
 
 
@@ -127,11 +127,46 @@ def test_plan_and_stage_choose_the_same_micro_batch_and_layers(tmp_path, capsys)
     assert train_config.batch_split(cfg, 4)[0] == 4
     assert plan.memory_check(cfg, world=4, max_length=2048) is None
     out = capsys.readouterr().out
-    k, est = memory.for_stage(cfg, device=torch.device("cpu"), world=4, sharded=False, precision="bf16",
+    k, est, _ = memory.for_stage(cfg, device=torch.device("cpu"), world=4, sharded=False, precision="bf16",
                               length=2048)
     assert est.run.micro_batch == 4 and 0 < k < 8
     assert f"auto: {memory.checkpointing_text(k, 8)} (the fewest that fit)" in out
     assert est.table() in out
+
+
+def test_the_largest_micro_batch_that_fits_is_named(tmp_path):
+    """16 sequences per update in micro-batches of 2: of the larger micro-batches that divide 16 (4, 8, 16), the
+    line names the largest whose estimate fits the budget at the same checkpointing; none when only 2 fits, or
+    when one micro-batch already holds the update."""
+    _save(tmp_path, tied=False, num_hidden_layers=8)
+    cfg, shapes = _cfg(tmp_path, "optim.global_batch=16", "optim.micro_batch=2"), memory.read_shapes(str(tmp_path / "model"))
+    run = memory.Run(micro_batch=2, length=2048, world=1, sharded=False, checkpointed=3, precision="bf16")
+    total = {m: memory.estimate(cfg, shapes, dataclasses.replace(run, micro_batch=m)).total for m in (2, 4, 8, 16)}
+    assert total[2] < total[4] < total[8] < total[16]
+    assert memory.larger_micro_batch(cfg, shapes, run, total[4] - 1) is None
+    for m, budget in [(4, total[8] - 1), (8, total[8]), (8, total[16] - 1), (16, total[16])]:
+        line = memory.larger_micro_batch(cfg, shapes, run, budget)
+        assert line.startswith(f"memory: optim.micro_batch={m} fits too ({total[m] / memory.GiB:.1f} of "), (m, line)
+        assert f"{memory.checkpointing_text(3, 8)}) where this run takes 8 micro-batches of 2 per update" in line
+    whole = dataclasses.replace(run, micro_batch=16)
+    assert memory.larger_micro_batch(cfg, shapes, whole, 10 * total[16]) is None
+
+
+def test_plan_and_stage_say_a_larger_micro_batch_fits(tmp_path, capsys):
+    """On an 80 GiB GPU, 16 sequences per update in micro-batches of 4 at length 1024: the plan prints that
+    optim.micro_batch=16 fits, and the stage's estimate comes with the same line; a CPU (no budget) says nothing."""
+    from pipeline.planning import plan
+
+    _save(tmp_path, tied=False, num_hidden_layers=8)
+    cfg = _cfg(tmp_path, "optim.global_batch=16", "optim.micro_batch=4", "model.gpu_memory_gb=80")
+    assert plan.memory_check(cfg, world=1, max_length=1024) is None
+    out = capsys.readouterr().out
+    kw = dict(device=torch.device("cpu"), world=1, sharded=False, precision="bf16", length=1024)
+    _, est, line = memory.for_stage(cfg, **kw)
+    assert est.run.micro_batch == 4
+    assert line.startswith("memory: optim.micro_batch=16 fits too (") and memory.MICRO_BATCH_EVIDENCE in line
+    assert line in out.splitlines()
+    assert memory.for_stage(_cfg(tmp_path, "optim.global_batch=16", "optim.micro_batch=4"), **kw)[2] is None
 
 
 def test_checkpointing_the_first_layers_changes_no_gradient(tmp_path):

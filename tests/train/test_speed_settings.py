@@ -25,8 +25,13 @@ def test_activation_checkpointing_and_deterministic_kernels_change_no_bit_on_the
     # LoRA dropout is on (make_run sets it): the recompute must replay the same masks, and leave the RNG
     # stream where it was, or every later update would differ.
     plain, plain_proc = _run(tiny, tmp_path / "plain", [])
-    ckpt, proc = _run(tiny, tmp_path / "ckpt", ["model.activation_checkpointing=on", "deterministic=true"])
+    # A GPU size (it changes nothing here: checkpointing is on) gives the stage a budget, and so the line that
+    # says one micro-batch of 8 fits (make_run: 8 records per update in micro-batches of 4).
+    ckpt, proc = _run(tiny, tmp_path / "ckpt", ["model.activation_checkpointing=on", "deterministic=true",
+                                                "model.gpu_memory_gb=80"])
     assert "activation checkpointing 2 of 2 layers" in proc.stdout
+    assert "[all] memory: optim.micro_batch=8 fits too (" in proc.stdout
+    assert "memory: optim.micro_batch" not in plain_proc.stdout  # a CPU, no GPU size: no budget
     # The claim holds for the CPU's kernels: both ran there (precision auto is fp32 on a CPU only;
     # tests/conftest.py hides any GPU from an unmarked test).
     assert "precision fp32" in plain_proc.stdout and "precision fp32" in proc.stdout
