@@ -139,7 +139,8 @@ def test_the_largest_micro_batch_that_fits_is_named(tmp_path):
     line names the largest whose estimate fits the budget at the same checkpointing; none when only 2 fits, or
     when one micro-batch already holds the update."""
     _save(tmp_path, tied=False, num_hidden_layers=8)
-    cfg, shapes = _cfg(tmp_path, "optim.global_batch=16", "optim.micro_batch=2"), memory.read_shapes(str(tmp_path / "model"))
+    cfg = _cfg(tmp_path, "optim.global_batch=16", "optim.micro_batch=2")
+    shapes = memory.read_shapes(str(tmp_path / "model"))
     run = memory.Run(micro_batch=2, length=2048, world=1, sharded=False, checkpointed=3, precision="bf16")
     total = {m: memory.estimate(cfg, shapes, dataclasses.replace(run, micro_batch=m)).total for m in (2, 4, 8, 16)}
     assert total[2] < total[4] < total[8] < total[16]
