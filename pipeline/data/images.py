@@ -2,20 +2,76 @@
 
 Validation checks every image before anything is trained (`check_image`); the
 vision-language side opens them with `open_rgb` when it turns them into tokens
-and pixels. Sane sizes are bounds no vision processor we know handles outside
-of: below `MIN_SIDE` an image is smaller than one patch of any vision encoder,
-beyond `MAX_PIXELS` Pillow itself suspects a decompression bomb, and beyond
+and pixels. An image a record holds as its bytes (a `datasets` Image column,
+the form of the hub's vision-language datasets, or a `data:` URL) is written
+once to a file named by its sha256 (`write_embedded`) under `store_dir()`, and
+from then on is that file: every job that reads the record names the same one.
+
+Sane sizes are bounds no vision processor we know handles outside of: below
+`MIN_SIDE` an image is smaller than one patch of any vision encoder, beyond
+`MAX_PIXELS` Pillow itself suspects a decompression bomb, and beyond
 `MAX_ASPECT` Qwen2-VL's resize refuses the image (others squash it to noise).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import os
+import threading
 
 MIN_SIDE = 4  # px, each side: fewer is a tracking pixel or a thumbnail of nothing
 MAX_PIXELS = 64 * 2**20  # width x height; Pillow warns from 89M on
 MAX_ASPECT = 200  # longer side / shorter side
+
+
+# The file name's suffix, from the bytes' own signature (Pillow reads the content, not the name).
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", ".png"), (b"\xff\xd8\xff", ".jpg"), (b"GIF87a", ".gif"), (b"GIF89a", ".gif"),
+               (b"BM", ".bmp"), (b"II*\x00", ".tif"), (b"MM\x00*", ".tif"))
+
+
+def store_dir() -> str:
+    """Where embedded images are written: `sft-pipeline/images` in the Hugging Face cache's root (HF_HOME,
+    else $XDG_CACHE_HOME/huggingface, else ~/.cache/huggingface), the place a workflow's jobs already share
+    for hub models and datasets. Read from the environment at each call."""
+    root = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface")
+    return os.path.join(os.path.expanduser(root), "sft-pipeline", "images")
+
+
+def _suffix(data: bytes) -> str:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return ".webp"
+    return next((suffix for signature, suffix in _SIGNATURES if data.startswith(signature)), ".img")
+
+
+def write_embedded(data: bytes) -> str:
+    """The path of the file holding `data` (`store_dir()/<2 hex>/<sha256><suffix>`), written if absent.
+
+    The name depends on the bytes alone, so any process gets the same path for the same image, and a
+    concurrent writer of the same image is harmless (each writes a file of its own, then renames it into
+    place). OSError where the store cannot be written."""
+    digest = hashlib.sha256(data).hexdigest()
+    path = os.path.join(store_dir(), digest[:2], digest + _suffix(data))
+    if not os.path.isfile(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}-{threading.get_ident()}.partial"
+        with open(partial, "wb") as f:
+            f.write(data)
+        os.replace(partial, path)
+    return path
+
+
+def data_url_bytes(url: str) -> bytes | None:
+    """The bytes of a base64 `data:` URL (`data:image/png;base64,...`); None for any other form."""
+    head, comma, body = url.partition(",")
+    if not comma or not head.startswith("data:") or not head.endswith(";base64"):
+        return None
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        return None
 
 
 def check_image(path: str) -> tuple[str, str] | None:

@@ -28,6 +28,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipeline.data import images
 from pipeline.data.readers import json_type as _json_type
 from pipeline.data.records import IMAGE_PLACEHOLDER, TEXT_ROLE, Problem, Record
 from pipeline.data.shapes import FieldMap, accepted_text, detect
@@ -37,7 +38,7 @@ REASONING_INPUTS = ("reasoning_content", "thinking")
 
 
 # Image references that are not local files.
-_REMOTE_SCHEMES = ("http://", "https://", "data:")
+_REMOTE_SCHEMES = ("http://", "https://")
 
 
 
@@ -391,22 +392,35 @@ def _content_parts(parts: list, where: str, base_dir: str, images: list[str], lo
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind in ("image", "image_url"):
-            ref = _image_ref(part)
-            if ref is None:
-                located("bad_image_field", f"an {kind} part needs a local file path "
-                        "('image', 'path' or 'url'; image_url: {'url': ...})", at)
-                return None
-            if ref.startswith(_REMOTE_SCHEMES):
-                located("bad_image_field", f"{ref[:40]!r} is not a local file (only image files on disk are read)", at)
+            path, why = _part_image(part, base_dir)
+            if path is None:
+                located("bad_image_field", why, at)
                 return None
             texts.append(IMAGE_PLACEHOLDER)
-            images.append(_resolve(base_dir, ref.removeprefix("file://")))
+            images.append(path)
         else:
             shown = f"type {kind!r}" if kind is not None else f"a JSON {_json_type(part)} without a 'type'"
             located("bad_content_part", f"content part {k} is {shown}; expected text, image or image_url "
                     "(a text part needs a string 'text')", at)
             return None
     return "".join(texts)
+
+
+def _part_image(part: dict, base_dir: str) -> tuple[str | None, str | None]:
+    """(the file of an image part, None) or (None, why not): a local path or file:// URL, a base64 `data:` URL,
+    or (an `image` part) a `datasets` Image value or bytes; an embedded image is written to the image store."""
+    if part["type"] == "image" and _embedded(part.get("image")) is not None:
+        return _image_path(part["image"], base_dir)
+    ref = _image_ref(part)
+    if ref is None:
+        return None, (f"an {part['type']} part needs a local file path ('image', 'path' or 'url'; image_url: "
+                      "{'url': ...}), a base64 data: URL or the image's bytes")
+    if ref.startswith("data:"):
+        data = images.data_url_bytes(ref)
+        return _image_path(data, base_dir) if data is not None else (None, f"{ref[:40]!r}... is not a base64 data: URL")
+    if ref.startswith(_REMOTE_SCHEMES):
+        return None, f"{ref[:40]!r} is not a local file (images are read from disk, a data: URL or the record)"
+    return _image_path(ref.removeprefix("file://"), base_dir)
 
 
 def _image_ref(part: dict) -> str | None:
@@ -432,9 +446,29 @@ def _placeholder_problems(messages, texts_at: list[str], images, images_field: s
                 f"{len(images)} image(s): each image needs exactly one placeholder where it goes", images_field)
 
 
-def _embedded(item) -> bool:
-    """An image as its bytes: raw, or a `datasets` Image value (`{"bytes": ..., "path": ...}`)."""
-    return isinstance(item, bytes) or isinstance(item.get("bytes"), (bytes, bytearray))
+def _embedded(item) -> bytes | None:
+    """An image's own bytes: raw, or a `datasets` Image value (`{"bytes": ..., "path": ...}`) holding them."""
+    data = item if isinstance(item, (bytes, bytearray)) else item.get("bytes") if isinstance(item, dict) else None
+    return bytes(data) if isinstance(data, (bytes, bytearray)) else None
+
+
+def _image_path(item, base_dir: str) -> tuple[str | None, str | None]:
+    """(the file of one image item, None) or (None, why not). An item is a path (resolved against `base_dir`),
+    a `datasets` Image value of a file (`bytes` None), or an image's own bytes, written to the image store
+    (`images.write_embedded`)."""
+    if isinstance(item, dict) and item.get("bytes") is None and isinstance(item.get("path"), str):
+        item = item["path"]
+    if isinstance(item, str):
+        return (_resolve(base_dir, item), None) if item.strip() else (None, "an empty path")
+    data = _embedded(item)
+    if data is None:
+        return None, (f"a JSON {_json_type(item)}: an image is a path string, a `datasets` Image value "
+                      "({'bytes', 'path'}) or its bytes")
+    try:
+        return images.write_embedded(data), None
+    except OSError as err:
+        return None, (f"an embedded image, which could not be written to {images.store_dir()}: {err} (HF_HOME "
+                      "chooses where: the store is HF_HOME/sft-pipeline/images)")
 
 
 def _resolve(base_dir: str, path: str) -> str:
@@ -453,17 +487,16 @@ def _images(raw: dict, base_dir: str, located, fields: FieldMap) -> list[str] | 
         return None
     key = present[0]
     value = raw[key]
-    items = [value] if isinstance(value, (str, dict)) else value
-    if isinstance(items, list):  # a `datasets` Image value that refers to a file is that file
-        items = [p["path"] if isinstance(p, dict) and p.get("bytes") is None and isinstance(p.get("path"), str)
-                 else p for p in items]
-    if isinstance(items, list) and any(isinstance(p, (dict, bytes)) and _embedded(p) for p in items):
-        located("bad_image_field", f"'{fields.key(key)}' holds images embedded in the dataset (a `datasets` Image "
-                "column's {'bytes', 'path'}), which are not read: write them out as files and give their paths",
-                fields.key(key))
+    items = [value] if isinstance(value, (str, dict, bytes, bytearray)) else value
+    if not isinstance(items, list):
+        located("bad_image_field", f"'{fields.key(key)}' must be an image or a list of them, not "
+                f"{_json_type(value)}", fields.key(key))
         return None
-    if not isinstance(items, list) or not all(isinstance(p, str) and p.strip() for p in items):
-        located("bad_image_field", f"'{fields.key(key)}' must be a non-empty path string or a list of them",
-                fields.key(key))
-        return None
-    return [_resolve(base_dir, p) for p in items]
+    paths = []
+    for k, item in enumerate(items):
+        path, why = _image_path(item, base_dir)
+        if path is None:
+            located("bad_image_field", f"'{fields.key(key)}' item {k} is {why}", fields.key(key))
+            return None
+        paths.append(path)
+    return paths

@@ -290,26 +290,85 @@ def test_image_faults_are_one_problem_each(tmp_path, record, reason, field):
     assert [r.id for r in parsed.records] == ["r9"]
 
 
-def test_images_embedded_by_datasets_are_one_problem_naming_them(tmp_path):
+def test_images_embedded_by_datasets_are_read_from_a_store_named_by_their_bytes(tmp_path, monkeypatch):
     """A Parquet file that `datasets` writes from an Image column of pictures holds each image as its bytes
-    ({'bytes', 'path'}: the form of the hub's vision-language datasets). Such images are not read: each record
-    says so in one problem on its image field, not also as a placeholder count. An Image column of files
-    (bytes None, the path) is read as those files."""
+    ({'bytes', 'path'}: the form of the hub's vision-language datasets). Each is written once to
+    HF_HOME/sft-pipeline/images/, named by its sha256, and the record names that file: the same picture in
+    two records is one file, and it decodes to the picture. An Image column of files (bytes None) is read as
+    those files, and both forms can share a file."""
     import datasets
     from PIL import Image
 
-    Image.new("RGB", (32, 32), (0, 0, 255)).save(tmp_path / "blue.png")
-    turns = [{"role": "user", "content": "<image>What color?"}, {"role": "assistant", "content": "blue"}]
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    blue, red = Image.new("RGB", (32, 32), (0, 0, 255)), Image.new("RGB", (24, 16), (255, 0, 0))
+    blue.save(tmp_path / "blue.png")
+    turns = [{"role": "user", "content": "<image>What color?"}, {"role": "assistant", "content": "a color"}]
     features = datasets.Features({"images": datasets.Sequence(datasets.Image()),
                                   "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}]})
-    pictures = datasets.Dataset.from_dict({"images": [[Image.new("RGB", (32, 32), (0, 0, 255))]], "messages": [turns]},
-                                          features=features)
-    pictures.to_parquet(str(tmp_path / "embedded.parquet"))
-    parsed = parse_file(tmp_path / "embedded.parquet")
-    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(0, "bad_image_field", "images")]
-    assert "embedded in the dataset" in parsed.problems[0].message and not parsed.records
+    rows = {"images": [[red], [blue], [str(tmp_path / "blue.png")], [red]], "messages": [turns] * 4}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / "mixed.parquet"))
+    first, second, third, fourth = load_records(tmp_path / "mixed.parquet")
+    store = tmp_path / "hf" / "sft-pipeline" / "images"
+    assert third.images == [str(tmp_path / "blue.png")]
+    for record, picture in ((first, red), (second, blue)):
+        (path,) = record.images
+        assert Path(path).parent.parent == store and Path(path).suffix == ".png"
+        with Image.open(path) as image:
+            assert image.size == picture.size and image.convert("RGB").tobytes() == picture.tobytes()
+    assert fourth.images == first.images and len(list(store.glob("*/*"))) == 2  # one file per picture
+    assert load_records(tmp_path / "mixed.parquet")[0].images == first.images  # a second reading: the same file
 
-    files = datasets.Dataset.from_dict({"images": [[str(tmp_path / "blue.png")]], "messages": [turns]}, features=features)
-    files.to_parquet(str(tmp_path / "files.parquet"))
-    (record,) = load_records(tmp_path / "files.parquet")
-    assert record.images == [str(tmp_path / "blue.png")]
+
+def test_embedded_image_forms_and_their_problems(tmp_path, monkeypatch):
+    """Raw bytes in an image column, a base64 data: URL in an image_url part and a `datasets` Image value in an
+    image part are written to the store; what is none of these, and a store that cannot be written, are one
+    problem each, naming the field and, for the store, where it is and what chooses it."""
+    import base64
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (0, 128, 0)).save(buffer, format="JPEG")
+    jpeg = buffer.getvalue()
+    turns = [{"role": "user", "content": "<image>What color?"}, {"role": "assistant", "content": "green"}]
+    pq.write_table(pa.table({"image": pa.array([jpeg, None], type=pa.binary()), "messages": [turns, turns]}),
+                   tmp_path / "raw.parquet")
+    parsed = parse_file(tmp_path / "raw.parquet")
+    (record,) = parsed.records
+    assert Path(record.images[0]).suffix == ".jpg" and Path(record.images[0]).read_bytes() == jpeg
+    assert [p.reason for p in parsed.problems] == ["image_placeholder_mismatch"]  # record 1: no image, a placeholder
+
+    url = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode()
+    parts = [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "image_url", "image_url": {"url": "data:image/jpeg,not-base64"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}},
+    ]
+
+    def asked(k: int, part: dict) -> dict:
+        return {"id": f"p{k}", "messages": [{"role": "user", "content": [part, {"type": "text", "text": "colour?"}]},
+                                            {"role": "assistant", "content": [{"type": "text", "text": "green"}]}]}
+
+    parsed = parse_file(write(tmp_path / "parts.jsonl", [asked(k, part) for k, part in enumerate(parts)]))
+    assert [r.images for r in parsed.records] == [record.images]
+    assert [(p.index, p.reason) for p in parsed.problems] == [(1, "bad_image_field"), (2, "bad_image_field")]
+    assert "not a base64 data: URL" in parsed.problems[0].message
+    assert "not a local file" in parsed.problems[1].message
+    # An image part holding a `datasets` Image value: Parquet (pyarrow infers the parts' struct, absent keys null).
+    pq.write_table(pa.Table.from_pylist([asked(0, {"type": "image", "image": {"bytes": jpeg, "path": None}})]),
+                   tmp_path / "parts.parquet")
+    assert [r.images for r in load_records(tmp_path / "parts.parquet")] == [record.images]
+
+    (problem,) = parse_file(write(tmp_path / "odd.jsonl", [{"id": "o", "image": [7], "messages": turns}])).problems
+    assert (problem.reason, problem.field) == ("bad_image_field", "image") and "item 0 is a JSON number: an image is a path" in problem.message
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the store's directory would go")
+    monkeypatch.setenv("HF_HOME", str(blocked))
+    problem = parse_file(tmp_path / "raw.parquet").problems[0]
+    assert (problem.index, problem.reason, problem.field) == (0, "bad_image_field", "image")
+    assert str(blocked / "sft-pipeline" / "images") in problem.message and "HF_HOME" in problem.message

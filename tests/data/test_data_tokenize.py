@@ -332,3 +332,42 @@ def test_text_only_cache_holds_no_image_tensors(tokenizer, tmp_path):
     with safe_open(str(tmp_path / "t.safetensors"), "np") as f:
         assert sorted(f.keys()) == ["input_ids", "labels", "offsets"]  # as before images existed
     assert not TokenCache(tmp_path / "t.safetensors").has_images
+
+
+def test_images_embedded_in_a_parquet_file_tokenize_as_their_files(tiny_llava, tmp_path, monkeypatch):
+    """The demo's validation records as a Parquet file that `datasets` writes, each image embedded as its bytes
+    (an Image column): validation checks the images it writes to the store, and the token cache holds the
+    same tokens as from the JSON Lines file with image paths, its images the store's files of the same bytes.
+    An embedded image that does not decode is its record's problem."""
+    import datasets
+
+    from pipeline.data import validate as v
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    data = tiny_llava["data"]
+    rows = [json.loads(line) for line in (data / "val.jsonl").read_text().splitlines()]
+    for row in rows:
+        row["image"] = {"bytes": (data / row["image"]).read_bytes(), "path": None}
+    embedded = datasets.Dataset.from_list(rows).cast_column("image", datasets.Image())
+    embedded.to_parquet(str(tmp_path / "val.parquet"))
+    report = v.validate_dataset(tmp_path / "val.parquet", tokenizer_dir=tiny_llava["model"], max_length=96,
+                                too_long="error")
+    assert report.ok, report.summary()
+
+    tokenizer, images = tk.load_chat(tiny_llava["model"])
+    for name, source in (("paths", data / "val.jsonl"), ("embedded", tmp_path / "val.parquet")):
+        tk.tokenize_file(source, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
+                         too_long="error", fingerprint="x", split="val", images=images)
+    paths, stored = TokenCache(tmp_path / "paths.safetensors"), TokenCache(tmp_path / "embedded.safetensors")
+    assert len(stored) == len(paths) == len(rows)
+    for i in range(len(rows)):
+        assert all(torch.equal(a, b) for a, b in zip(stored[i], paths[i]))
+        (original,), (written,) = paths.images(i), stored.images(i)
+        assert written.startswith(str(tmp_path / "hf" / "sft-pipeline" / "images"))
+        assert Path(written).read_bytes() == Path(original).read_bytes()
+
+    rows[3]["image"] = {"bytes": b"\x89PNG\r\n\x1a\n but no picture", "path": None}
+    datasets.Dataset.from_list(rows).cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "bad.parquet"))
+    report = v.validate_dataset(tmp_path / "bad.parquet", tokenizer_dir=tiny_llava["model"], max_length=96,
+                                too_long="error")
+    assert [(p.index, p.reason) for _, p in report.problems] == [(3, "image_undecodable")]
