@@ -46,6 +46,12 @@ def choose(cfg, d: Dist):
     strategy = cfg.distributed.strategy
     if strategy not in STRATEGIES:
         raise UserError(f"distributed.strategy={strategy!r}: expected {' | '.join(STRATEGIES)}")
+    if cfg.model.attn_implementation == "flex_attention" and d.device.type != "cuda":
+        import torch
+
+        raise UserError(f"model.attn_implementation=flex_attention trains on a CUDA GPU only: PyTorch's flex "
+                        f"attention has no backward on {d.device.type} (torch {torch.__version__}); set it to sdpa "
+                        "or auto for a run on this device")
     if strategy == "fsdp" and d.enabled:
         from pipeline.train.fsdp import FSDP
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pipeline.errors import UserError
 from pipeline.model.attention import Machine, resolve, support_of
@@ -44,3 +45,24 @@ def test_an_explicit_supported_kernel_is_taken_as_set_and_remote_code_is_assumed
     assert resolve("eager", _support("LlamaForCausalLM", "llama"), GPU_FLASH) == ("eager", "set by "
                                                                                    "model.attn_implementation")
     assert resolve("auto", support_of(None, "custom"), CPU)[0] == "sdpa"
+
+
+def test_flex_attention_is_refused_for_training_off_a_gpu_where_torch_has_no_backward():
+    """This torch has no flex-attention backward on a CPU (the day it has, the first half fails and the refusal
+    goes); so a training stage on a CPU refuses model.attn_implementation=flex_attention before loading
+    anything, naming the setting, where it used to die in the first update."""
+    from types import SimpleNamespace
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from pipeline.train import strategy
+
+    q = torch.randn(1, 1, 16, 8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention(q, q, q).sum().backward()
+    cfg = SimpleNamespace(distributed=SimpleNamespace(strategy="ddp"),
+                          model=SimpleNamespace(attn_implementation="flex_attention"))
+    with pytest.raises(UserError, match="model.attn_implementation=flex_attention trains on a CUDA GPU only"):
+        strategy.choose(cfg, SimpleNamespace(device=torch.device("cpu"), enabled=False))
+    cfg.model.attn_implementation = "sdpa"
+    assert strategy.choose(cfg, SimpleNamespace(device=torch.device("cpu"), enabled=False)).sharded is False
