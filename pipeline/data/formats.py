@@ -110,7 +110,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
     path = Path(path)
     fields = fields or FieldMap()
     name = readers.display_name(path)  # a hub pin: its URL
-    parsed = ParsedFile(path, "unknown", "")
+    parsed = ParsedFile(path, "unknown", "", name=name)
     if not path.exists():
         parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
         return parsed, iter(())
@@ -130,7 +130,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
 
 def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -> Iterator[Record]:
     """The clean records of `parsed.path` (those `owns` keeps); its problems and counts go to `parsed` on the way."""
-    path, name = parsed.path, readers.display_name(parsed.path)
+    path, name = parsed.path, parsed.name
     base_dir = os.path.dirname(os.path.abspath(path))
     state = parsed.state = FileState()
     cells = base_kind(kind) in ("csv", "tsv")

@@ -112,6 +112,10 @@ class ParsedFile:
     # so a record reports every defect at once (a missing placeholder and a missing file).
     rejected: list[Record] = field(default_factory=list)
     state: object = None  # `formats.FileState`: the file-level facts, once read (a shard's, for the merge)
+    name: str = ""  # how problems name the file (`readers.display_name`: a hub pin by its URL), found once
+
+    def __post_init__(self) -> None:
+        self.name = self.name or str(self.path)
 
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.data import readers
 from pipeline.data.formats import FileState, ParsedFile, Problem, Record, stream_file
 from pipeline.data.images import check_image
 from pipeline.data.shapes import FieldMap, field_map
@@ -145,7 +144,7 @@ def _scan_batch(facts: SplitFacts, parts: dict, pf: ParsedFile, batch: list[Reco
 
 def _problem(pf: ParsedFile, record: Record, reason: str, message: str, field_: str | None = None) -> Problem:
     """A problem about `record` of `pf` (clean or rejected)."""
-    return Problem(readers.display_name(pf.path), reason, message, index=record.index, line=record.line, id=record.id, field=field_,
+    return Problem(pf.name, reason, message, index=record.index, line=record.line, id=record.id, field=field_,
                    kind=pf.layout)
 
 
