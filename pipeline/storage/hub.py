@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from pipeline.errors import UserError
+
+T = TypeVar("T")
 
 # org/name, optionally @revision (a branch, tag or commit sha; branch names may hold "/").
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w.][\w./-]*))?$")
@@ -93,23 +97,37 @@ def not_cached_message(model: HubModel, cache: Path | None = None) -> str:
             f"(into that cache), or set model: to a local model directory")
 
 
-def fetch(model: HubModel, cache: Path | None = None) -> Snapshot:
-    """Download the model into the cache (offline: only look it up there) and return its snapshot."""
-    from huggingface_hub import snapshot_download
+def download(what: str, online: Callable[[], T], cached_only: Callable[[], T | None], not_cached: str) -> T:
+    """A download from the hub, the one way models and datasets both go: offline (HF_HUB_OFFLINE), what
+    `cached_only()` finds in the cache, else a UserError saying `not_cached`; online, `online()`, whose
+    failures (no network and nothing cached; a repo, revision or file not found; no access) are a UserError
+    naming `what`."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     if offline():
-        found = cached(model, cache)
+        found = cached_only()
         if found is None:
-            raise UserError(not_cached_message(model, cache))
+            raise UserError(not_cached)
         return found
     try:
-        path = Path(snapshot_download(model.repo_id, revision=model.revision, cache_dir=cache))
+        return online()
+    except UserError:
+        raise
     except LocalEntryNotFoundError:  # no network, nothing cached
-        raise UserError(f"cannot reach the Hugging Face hub; {not_cached_message(model, cache)}") from None
+        raise UserError(f"cannot reach the Hugging Face hub; {not_cached}") from None
     except Exception as err:  # repo or revision not found, gated, no access ...
-        raise UserError(f"cannot download {model} from the Hugging Face hub: {type(err).__name__}: {err}") from None
-    return Snapshot(model.repo_id, path.name, path)
+        raise UserError(f"cannot download {what} from the Hugging Face hub: {type(err).__name__}: {err}") from None
+
+
+def fetch(model: HubModel, cache: Path | None = None) -> Snapshot:
+    """Download the model into the cache (offline: only look it up there) and return its snapshot."""
+    from huggingface_hub import snapshot_download
+
+    def online() -> Snapshot:
+        path = Path(snapshot_download(model.repo_id, revision=model.revision, cache_dir=cache))
+        return Snapshot(model.repo_id, path.name, path)
+
+    return download(str(model), online, lambda: cached(model, cache), not_cached_message(model, cache))
 
 
 def read_info(path: Path) -> dict:

@@ -128,25 +128,17 @@ def not_cached_message(files: HubFiles, cache: Path | None = None) -> str:
 
 def fetch(files: HubFiles, cache: Path | None = None) -> Fetched:
     """Download the matched files into the cache (offline: only look them up there); the commit and the files."""
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from pipeline.storage.hub import download
 
-    from pipeline.storage.hub import offline
-
-    if offline():
-        found = cached(files, cache)
-        if found is None:
-            raise UserError(not_cached_message(files, cache))
-        return found
-    try:
+    def online() -> Fetched:
         snapshot = _snapshot(files, cache, local_only=False)
-    except LocalEntryNotFoundError:  # no network, nothing cached
-        raise UserError(f"cannot reach the Hugging Face hub; {not_cached_message(files, cache)}") from None
-    except Exception as err:  # repo or revision not found, gated, no access ...
-        raise UserError(f"cannot download {files.url} from the Hugging Face hub: {type(err).__name__}: {err}") from None
-    paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
-    if not paths:
-        raise UserError(f"{files.url}: no file of {files.repo_id} at commit {snapshot.name} matches {files.pattern!r}")
-    return Fetched(files, snapshot.name, paths)
+        paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
+        if not paths:
+            raise UserError(f"{files.url}: no file of {files.repo_id} at commit {snapshot.name} matches "
+                            f"{files.pattern!r}")
+        return Fetched(files, snapshot.name, paths)
+
+    return download(files.url, online, lambda: cached(files, cache), not_cached_message(files, cache))
 
 
 # --- the pin, as every reader sees it -------------------------------------------------------------
