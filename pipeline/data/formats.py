@@ -29,7 +29,6 @@ applied by validation and, for ``drop``, by tokenization (`drop_duplicates`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +130,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
 def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -> Iterator[Record]:
     """The clean records of `parsed.path` (those `owns` keeps); its problems and counts go to `parsed` on the way."""
     path, name = parsed.path, parsed.name
-    base_dir = os.path.dirname(os.path.abspath(path))
+    base_dir = readers.base_dir(path)
     state = parsed.state = FileState()
     cells = base_kind(kind) in ("csv", "tsv")
     for index, (line, raw) in enumerate(readers.read_raw(path, kind, state.faults, owns)):

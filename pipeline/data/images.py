@@ -19,6 +19,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 import threading
 
 MIN_SIDE = 4  # px, each side: fewer is a tracking pixel or a thumbnail of nothing
@@ -83,7 +84,7 @@ def check_image(path: str) -> tuple[str, str] | None:
     from PIL import Image
 
     if not os.path.isfile(path):
-        return "image_missing", f"image file not found: {path}"
+        return "image_missing", f"image file not found: {path}{_not_fetched(path)}"
     try:
         with Image.open(path) as image:
             width, height = image.size
@@ -97,6 +98,25 @@ def check_image(path: str) -> tuple[str, str] | None:
     if max(width, height) > MAX_ASPECT * min(width, height):
         return "image_size", f"{path} is {width}x{height}: aspect ratio over {MAX_ASPECT}"
     return None
+
+
+# A file in a Hugging Face cache snapshot of a dataset repo: <cache>/datasets--<org>--<name>/snapshots/<commit>/<path>
+_HUB_SNAPSHOT = re.compile(r"/datasets--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapshots/(?P<commit>[0-9a-f]{40})"
+                           r"/(?P<path>.+)$")
+
+
+def _not_fetched(path: str) -> str:
+    """What to do about a missing image inside a hub dataset's cache snapshot (the records of a
+    hf://datasets/... URL name it beside the data, and only the data files were fetched); '' elsewhere."""
+    found = _HUB_SNAPSHOT.search(path.replace(os.sep, "/"))
+    if found is None:
+        return ""
+    repo, folder = f"{found['org']}/{found['name']}", os.path.dirname(found["path"])
+    include = f"{folder}/*" if folder else found["path"]
+    return (f" (a file of the hub dataset {repo} at commit {found['commit'][:12]}, not downloaded: only the files "
+            f"the data URL matches are fetched. Fetch the images with `hf download {repo} --repo-type dataset "
+            f"--revision {found['commit']} --include '{include}'` into the same cache, or give the data with the "
+            "images embedded)")
 
 
 def open_rgb(path: str):

@@ -32,6 +32,7 @@ import hashlib
 import io
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -77,6 +78,13 @@ def sniff(path: Path) -> str:
         named = ", ".join(f"{name} ({describe_kind(kind)})" for kind, name in found.items())
         raise KindError("mixed_kinds", f"the files matched are of several kinds: {named}; match files of one kind")
     return next(iter(found))
+
+
+def base_dir(path: str | Path) -> str:
+    """The directory a dataset's relative image paths start from: the file's own; for a hub pin, the directory
+    of its first file in the cache snapshot (the repo's folder the records were written beside)."""
+    pinned = hub_data.pinned_files(path)
+    return os.path.dirname(os.path.abspath(pinned[0] if pinned else path))
 
 
 def display_name(path: str | Path) -> str:

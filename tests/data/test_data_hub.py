@@ -1,5 +1,6 @@
 """A training dataset given by hub URL, read through the pin `fetch-data` writes (pipeline/storage/hub_data.py):
-validation's record problems (its scan's and the merged verdicts') name the dataset by its URL, the record numbered across its shards."""
+validation's record problems (its scan's and the merged verdicts') name the dataset by its URL, the record numbered
+across its shards; its images are read beside its files in the cache."""
 
 from __future__ import annotations
 
@@ -30,3 +31,30 @@ def test_validation_names_a_hub_record_by_the_url_and_its_place_across_the_shard
                                                                           (url, 7, "duplicate_sample")]
     assert report.problems[0][1].where().startswith(f"{url} (Parquet) record 5")
     assert json.loads(pin.read_text())["url"] == url
+
+
+def test_an_image_beside_a_hub_dataset_that_was_not_fetched_says_how_to_fetch_it(tmp_path, monkeypatch):
+    """Records of a hub dataset name images in the repo (images/0.png beside train.jsonl), and only the data file
+    the URL matches is in the cache: the missing image's problem names the repo, the commit and the `hf download`
+    that fetches the images' folder. A missing image elsewhere is the plain message."""
+    from pipeline.data.formats import load_records
+    from pipeline.data.images import check_image
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    turns = [{"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "red"}]
+    (repo / "train.jsonl").write_text(json.dumps({"id": "a", "image": "images/0.png", "conversations": turns}) + "\n")
+    cache = tmp_path / "hf-cache"
+    snapshot = add_to_cache(cache, "org/pictures", repo, repo_type="dataset")  # the data file only, no images/
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    pin = tmp_path / "train.hub.json"
+    assert hub_data.main(["--url", "hf://datasets/org/pictures/train.jsonl", "--out", str(pin)]) == 0
+    (record,) = load_records(pin)
+    assert record.images == [str(snapshot / "images" / "0.png")]
+    reason, message = check_image(record.images[0])
+    assert reason == "image_missing" and message.startswith(f"image file not found: {snapshot / 'images' / '0.png'} (")
+    assert (f"`hf download org/pictures --repo-type dataset --revision {snapshot.name} --include 'images/*'`"
+            in message)
+    absent = tmp_path / "absent.png"
+    assert check_image(str(absent)) == ("image_missing", f"image file not found: {absent}")
