@@ -133,7 +133,7 @@ def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -
     base_dir = readers.base_dir(path)
     state = parsed.state = FileState()
     cells = base_kind(kind) in ("csv", "tsv")
-    for index, (line, raw) in enumerate(readers.read_raw(path, kind, state.faults, owns)):
+    for index, (line, raw) in enumerate(readers.read_raw(path, kind, state.faults, owns, parsed.parts)):
         parsed.records_seen += 1
         if raw is SKIPPED:
             continue

@@ -128,17 +128,20 @@ def columns(path: Path, kind: str) -> list[str] | None:
     return [name for name in header if name] if header else None
 
 
-def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] | None = None
-             ) -> Iterator[tuple[int | None, object]]:
+def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] | None = None,
+             parts: list | None = None) -> Iterator[tuple[int | None, object]]:
     """(line or None, raw record, `Unreadable` or `SKIPPED`) for every record of `path`, in file order.
 
     A fault of the file appends ``(reason, message, line or None)`` to
     `problems`. A Parquet / Arrow fault mid-file, or a compressed stream that
-    breaks off, ends the reading there. A hub pin: its files, one after another (`_read_files`).
+    breaks off, ends the reading there. A hub pin: its files, one after another (`_read_files`); a line is
+    within its own file, and `parts` gets ``[first record's number, the file's path in the repo]`` per file
+    of a pin of several (`pipeline.data.records.locate` names a record's file with them).
     """
     pinned = hub_data.pinned_files(path)
     if pinned is not None:
-        yield from _read_files(pinned, kind, problems, owns)
+        revision = hub_data.read_pin(path)["revision"]
+        yield from _read_files(pinned, kind, problems, owns, parts if len(pinned) > 1 else None, revision)
         return
     if is_columnar(kind):
         yield from columnar.read_columnar(path, kind, problems, owns, SKIPPED)
@@ -152,18 +155,20 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
                          f"data to its end: {err}", None))
 
 
-def _read_files(files: list[Path], kind: str, problems: list, owns: Callable[[int], bool] | None
-                ) -> Iterator[tuple[int | None, object]]:
+def _read_files(files: list[Path], kind: str, problems: list, owns: Callable[[int], bool] | None,
+                parts: list | None, revision: str) -> Iterator[tuple[int | None, object]]:
     """Several files of one kind read as one dataset: records numbered on from file to file (`owns` is asked
     about that number); a fault of a file names it."""
     before = 0  # records of the files already read
     for f in files:
+        if parts is not None:
+            parts.append([before, hub_data.repo_path(f, revision)])
         own = None if owns is None else (lambda i, base=before: owns(base + i))
         found: list = []
         for item in read_raw(f, kind, found, own):
             before += 1
             yield item
-        problems += [(reason, f"{f.name}: {message}", line) for reason, message, line in found]
+        problems += [(reason, f"{hub_data.repo_path(f, revision)}: {message}", line) for reason, message, line in found]
 
 
 def _stream_errors() -> tuple[type[Exception], ...]:

@@ -9,9 +9,10 @@ key that decides what a duplicate is, and how problems are written.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pipeline.data.kinds import describe_kind
@@ -62,6 +63,9 @@ class Problem:
     as invalid JSON in an array file); `field` names the offending key, e.g.
     ``conversations[2].from``; `kind` is the file kind it was read as
     (`kinds.KINDS`, or compressed: ``jsonl.gz``; None when that is not known).
+    A dataset of several files (a hub pin's shards) numbers its records across
+    them: `part` is then the record's own file and `part_index` its number there
+    (`locate`), and `line` is a line of that file.
     """
 
     file: str
@@ -72,10 +76,13 @@ class Problem:
     id: str | None = None
     field: str | None = None
     kind: str | None = None
+    part: str | None = None
+    part_index: int | None = None
 
     def where(self) -> str:
-        """'train.jsonl (JSON Lines) record 3 (line 4, id 'x')' -- as much as is known."""
-        parts = []
+        """'train.jsonl (JSON Lines) record 3 (line 4, id 'x')' -- as much as is known; a record of a dataset of
+        several files: 'hf://... (JSON Lines) record 9 (record 3 of data/b.jsonl, line 4)'."""
+        parts = [] if self.part is None else [f"record {self.part_index} of {self.part}"]
         if self.line is not None:
             parts.append(f"line {self.line}")
         if self.id is not None:
@@ -98,6 +105,15 @@ class Problem:
         return asdict(self)
 
 
+def locate(problem: Problem, parts: list) -> Problem:
+    """`problem` with its record's own file of a dataset of several (`parts`: [first record's number, file] per
+    file, `readers.read_raw`) and its number there; as it was for a file-level fault or a dataset of one file."""
+    if not parts or problem.index is None:
+        return problem
+    first, part = parts[bisect.bisect_right([start for start, _ in parts], problem.index) - 1]
+    return replace(problem, part=part, part_index=problem.index - first)
+
+
 @dataclass
 class ParsedFile:
     """What `parse_file` found: clean records plus every problem, in file order."""
@@ -113,6 +129,7 @@ class ParsedFile:
     rejected: list[Record] = field(default_factory=list)
     state: object = None  # `formats.FileState`: the file-level facts, once read (a shard's, for the merge)
     name: str = ""  # how problems name the file (`readers.display_name`: a hub pin by its URL), found once
+    parts: list = field(default_factory=list)  # a dataset of several files: [first record, file] each (`locate`)
 
     def __post_init__(self) -> None:
         self.name = self.name or str(self.path)

@@ -60,6 +60,7 @@ class SplitFacts:
     measured: list = field(default_factory=list)  # template failures; over max_length under too_long=error
     arrays: dict = field(default_factory=dict)
     template: str = ""  # the chat template the records were measured with ("" when none was)
+    parts: list = field(default_factory=list)  # a dataset of several files: [first record, file] each
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
@@ -103,6 +104,7 @@ def scan_split(path: str | Path, split: str, *, fields: FieldMap, measure, image
     facts.records_seen = pf.records_seen
     facts.state = (pf.state or FileState()).to_dict()
     facts.parse = list(pf.problems)
+    facts.parts = pf.parts
     facts.template = measure.template
     facts.arrays = {name: (np.concatenate(chunks) if chunks else _empty(name)) for name, chunks in parts.items()}
     facts.seconds, facts.cpu_seconds = time.perf_counter() - start, time.process_time() - cpu

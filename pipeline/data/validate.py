@@ -61,6 +61,7 @@ import numpy as np
 from pipeline.data import readers
 from pipeline.data.chat import REASONING_POLICIES, REASONING_SETTING
 from pipeline.data.formats import DUPLICATE_POLICIES, Problem
+from pipeline.data.records import locate
 from pipeline.data.kinds import describe_kind
 from pipeline.data.scan import Measure, SplitFacts, scan_split
 from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
@@ -71,7 +72,7 @@ from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
 SPLITS = ("train", "val", "test")
-CSV_COLUMNS = ["split", "file", "kind", "index", "line", "id", "field", "reason", "message"]
+CSV_COLUMNS = ["split", "file", "kind", "index", "line", "part", "part_index", "id", "field", "reason", "message"]
 REPORT_NAMES = ("validation.json", "validation.csv")  # the file names inside --failed-report-dir
 
 # Per-record overlap rows shown in the failure summary: the one line per pair of
@@ -203,6 +204,9 @@ def validate_dataset(
         if verdict.note:
             report.notes.append(verdict.note)
         report.problems += [(name, p) for p in verdict.problems]
+    parts = {name: split[0].parts for name, split in scans.items()}  # every shard finds the same
+    report.problems = [(name, locate(p, parts[name])) for name, p in report.problems]
+    report.warnings = [(name, locate(p, parts[name])) for name, p in report.warnings]
     return report
 
 
@@ -228,7 +232,7 @@ def write_report(report: ValidationReport, out_json: str | Path, out_csv: str | 
     publish.write_text(out_json, json.dumps(report.to_json(), indent=2, ensure_ascii=False) + "\n")
     rows = [{"split": split, **p.to_dict()} for split, p in report.problems]
     frame = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    for column in ("index", "line"):
+    for column in ("index", "line", "part_index"):
         frame[column] = frame[column].astype("Int64")  # integers with blanks, not floats
     publish.write_text(out_csv, frame.to_csv(index=False))
 

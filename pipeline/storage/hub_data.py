@@ -166,6 +166,12 @@ def pinned_files(path) -> list[Path] | None:
     return [Path(p) for p in read_pin(path)["files"]] if is_pin(path) else None
 
 
+def repo_path(file: Path, revision: str) -> str:
+    """A pinned file's path in its repo (``data/train-00001.jsonl``): below its commit's snapshot folder."""
+    parts = Path(file).parts
+    return "/".join(parts[parts.index(revision) + 1:]) if revision in parts else Path(file).name
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline fetch-data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True, help="hf://datasets/org/name[@revision]/<path or glob>")

@@ -27,10 +27,60 @@ def test_validation_names_a_hub_record_by_the_url_and_its_place_across_the_shard
     assert hub_data.main(["--url", url, "--out", str(pin)]) == 0
 
     report = v.validate_dataset(pin, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error")
-    assert [(p.file, p.index, p.reason) for _, p in report.problems] == [(url, 5, "too_long"),
-                                                                          (url, 7, "duplicate_sample")]
-    assert report.problems[0][1].where().startswith(f"{url} (Parquet) record 5")
+    found = [(p.file, p.index, p.part, p.part_index, p.reason) for _, p in report.problems]
+    assert found == [(url, 5, "data/train-00001.parquet", 1, "too_long"),
+                     (url, 7, "data/train-00001.parquet", 3, "duplicate_sample")]
+    assert report.problems[0][1].where() == f"{url} (Parquet) record 5 (record 1 of data/train-00001.parquet)"
     assert json.loads(pin.read_text())["url"] == url
+
+
+def test_a_bad_line_of_a_hub_dataset_of_several_json_lines_files_names_its_file_with_or_without_shard_jobs(
+        tmp_path, tokenizer_dir, monkeypatch):
+    """Three JSON Lines files under one URL, records numbered across them; a line that is no JSON in the third and
+    a record without turns in the second are named by their own file and line there, the same when the file is
+    scanned whole and when two `validate-shard` jobs scan it; the CSV report has the file in its own column. A
+    file-level fault (an empty file) names the file by its path in the repo."""
+    import pandas as pd
+
+    from pipeline.data import scan, shards
+
+    good = [json.dumps({"prompt": f"q{i}?", "completion": "a"}) for i in range(6)]
+    repo = tmp_path / "repo"
+    (repo / "data" / "en").mkdir(parents=True)
+    (repo / "data" / "a.jsonl").write_text("\n".join(good[:2]) + "\n")
+    (repo / "data" / "en" / "b.jsonl").write_text("\n".join([good[2], json.dumps({"text2": "x"})]) + "\n")
+    (repo / "data" / "en" / "c.jsonl").write_text("\n".join([good[3], "", "{oops", good[4]]) + "\n")
+    (repo / "data" / "z.jsonl").write_text("")
+    cache = tmp_path / "hf-cache"
+    add_to_cache(cache, "org/lines", repo, repo_type="dataset")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    url, pin = "hf://datasets/org/lines/data/*.jsonl", tmp_path / "train.hub.json"  # * matches across folders
+    assert hub_data.main(["--url", url, "--out", str(pin)]) == 0
+
+    whole = v.validate_dataset(pin, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error")
+    monkeypatch.setattr(shards, "BLOCK", 2)  # records 0-1, 4-5 to shard 0; 2-3, 6 to shard 1
+    scans = []
+    for k in range(2):
+        out = tmp_path / f"scan{k}.json"
+        assert scan.main(["--train", str(pin), "--shard", f"{k}/2", "--tokenizer", str(tokenizer_dir), "--max-length",
+                          "64", "--too-long", "error", "--reasoning", "auto", "--out", str(out)]) == 0
+        scans.append(out)
+    sharded = v.validate_dataset(pin, tokenizer_dir=tokenizer_dir, max_length=64, too_long="error",
+                                 train_scans=scans)
+    for report in (whole, sharded):
+        by_reason = {p.reason: p for _, p in report.problems}
+        assert by_reason["invalid_json"].where() == (f"{url} (JSON Lines) record 5 (record 1 of data/en/c.jsonl, "
+                                                      "line 3)")
+        assert (by_reason["missing_turns"].part, by_reason["missing_turns"].part_index,
+                by_reason["missing_turns"].line) == ("data/en/b.jsonl", 1, 2)
+        assert by_reason["empty_file"].message.startswith("data/z.jsonl: ")
+    assert [p.describe() for _, p in whole.problems] == [p.describe() for _, p in sharded.problems]
+
+    v.write_report(whole, tmp_path / "validation.json", tmp_path / "validation.csv")
+    rows = pd.read_csv(tmp_path / "validation.csv").set_index("reason")
+    assert (rows.loc["invalid_json", "part"], rows.loc["invalid_json", "part_index"],
+            rows.loc["invalid_json", "line"]) == ("data/en/c.jsonl", 1, 3)
 
 
 def test_an_image_beside_a_hub_dataset_that_was_not_fetched_says_how_to_fetch_it(tmp_path, monkeypatch):
