@@ -8,7 +8,8 @@ the normalized message under that key): ``{"type": "text", "text": ...}`` and
 
 Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
 (``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
-becomes one. A record must hold exactly as many placeholders as images, all in
+becomes one; a ``texts`` record (The Cauldron, FineVision) that has none gets its
+images before its first user turn's text, where those datasets' models take them. A record must hold exactly as many placeholders as images, all in
 user turns (the model's processor puts each image's tokens where its
 placeholder is, and a label never covers them).
 
@@ -103,7 +104,7 @@ def normalize_record(
         conversation.add(turn)
     conversation.add_system(view.get("system"))
     conversation.check_order(whole)
-    images = conversation.images(view, whole)
+    images = conversation.images(view, whole, images_first=shape == "texts")
     tools = _tools(view, fields, located)
     return Record(id=record_id, messages=conversation.messages, images=images, index=index, line=line,
                   tools=tools), problems
@@ -199,8 +200,10 @@ class _Conversation:
         elif not any(m["role"] == "assistant" for m in self.messages):
             self.located("no_assistant_turn", "the conversation has no assistant turn to learn from", whole)
 
-    def images(self, view: dict, whole: str) -> list[str]:
-        """The record's images (its content parts' or its image field's), and one placeholder for each."""
+    def images(self, view: dict, whole: str, images_first: bool = False) -> list[str]:
+        """The record's images (its content parts' or its image field's), and one placeholder for each.
+        `images_first` (a shape without placeholders): turns that hold none get one per image before the first
+        user turn's text."""
         key = self.fields.key
         found = _images(view, self.base_dir, self.located, self.fields)
         if self.part_images and found:
@@ -208,6 +211,9 @@ class _Conversation:
                          key("image"))
         field_ = next((key(k) for k in ("image", "images") if view.get(k) is not None), whole)  # where the images are
         images = self.part_images or found or []
+        first_user = next((m for m in self.messages if m["role"] == "user"), None)
+        if images_first and images and first_user and not any(IMAGE_PLACEHOLDER in m["content"] for m in self.messages):
+            first_user["content"] = IMAGE_PLACEHOLDER * len(images) + first_user["content"]
         if self.parts_ok and found is not None:  # a bad image field is its own one problem
             texts_at = [key("system") if at is None else at[1] for at in self.turn_at]
             _placeholder_problems(self.messages, texts_at, images, field_, self.located)
@@ -342,11 +348,33 @@ def _alpaca_turns(view, fields, located):
             _Turn("assistant", view.get("output"), None, fields.key("output"))], fields.key("output")
 
 
+def _texts_turns(view, fields, located):
+    """The Cauldron's / FineVision's exchanges: each ``{"user": ..., "assistant": ...}`` a user turn and its answer."""
+    name = fields.key("texts")
+    exchanges = view["texts"]
+    if not isinstance(exchanges, list) or not exchanges:
+        located("turns_not_list" if not isinstance(exchanges, list) else "empty_turns",
+                f"{name!r} must be a non-empty list of {{user, assistant}} objects, found "
+                f"{'an empty list' if isinstance(exchanges, list) else 'a JSON ' + _json_type(exchanges)}", name)
+        return None, name
+    turns: list[_Turn | None] = []
+    for j, exchange in enumerate(exchanges):
+        where = f"{name}[{j}]"
+        if not isinstance(exchange, dict):
+            located("turn_not_object", f"item {j} must be a {{user, assistant}} object, found a JSON "
+                    f"{_json_type(exchange)}", where)
+            turns.append(None)
+            continue
+        turns += [_Turn(role, exchange.get(role), None, f"{where}.{role}") for role in ("user", "assistant")]
+    return turns, name
+
+
 _SHAPE_TURNS = {
     "messages": _messages_turns,
     "conversations": _conversations_turns,
     "prompt_completion": _prompt_completion_turns,
     "alpaca": _alpaca_turns,
+    "texts": _texts_turns,
 }
 
 

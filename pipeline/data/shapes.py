@@ -9,6 +9,9 @@ Accepted shapes (`SHAPES`), tried in this order on a record's keys:
   conversation is the prompt's messages then the completion's)
 * ``alpaca``: ``{"instruction": ..., "input": optional, "output": ...}``, one user turn
   (the instruction, then a blank line and the input when there is one) and one assistant turn
+* ``texts`` (The Cauldron / FineVision, the Idefics and SmolVLM data): ``{"images": [...], "texts":
+  [{"user": ..., "assistant": ...}, ...]}``, each item one user turn and its answer; with no
+  ``<image>`` in the turns, the record's images go before the first user turn's text
 * ``text``: ``{"text": "..."}``, plain text (continued pre-training, completion-only data):
   no chat template, every token of it trained (see `pipeline.data.chat`). A file holds
   either text records or conversations, not both.
@@ -45,13 +48,15 @@ SHAPES = {
     "conversations": (("conversations",), "conversations (ShareGPT/LLaVA)"),
     "prompt_completion": (("prompt", "completion"), "prompt + completion (TRL: strings or message lists)"),
     "alpaca": (("instruction", "output"), "instruction + input + output (Alpaca)"),
+    "texts": (("texts",), "texts (The Cauldron / FineVision: a list of {user, assistant})"),
     "text": (("text",), "text (plain text, all of it trained)"),
 }
 # Keys that make a record look like a shape, so its missing partner is reported, not an unknown shape.
 _SIGNS = {"messages": ("messages",), "conversations": ("conversations",),
-          "prompt_completion": ("completion",), "alpaca": ("instruction", "output"), "text": ("text",)}
+          "prompt_completion": ("completion",), "alpaca": ("instruction", "output"), "texts": ("texts",),
+          "text": ("text",)}
 # Our keys a dataset may name otherwise: the record's own, and (role, content) inside a turn.
-OUR_COLUMNS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output",
+OUR_COLUMNS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output", "texts",
                "system", "id", "image", "images", "role", "content", "text", "tools")
 CANONICAL_ROLES = ("user", "assistant", "system", "tool")
 

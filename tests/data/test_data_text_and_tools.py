@@ -270,7 +270,7 @@ def test_every_readme_example_record_is_accepted_and_tools_render_where_supporte
     from pipeline.data.chat import BUILTIN_TEMPLATES
 
     records = _readme_records()
-    assert len(records) == 7  # messages, with tools, conversations, alpaca, two prompt/completion, text
+    assert len(records) == 8  # messages, with tools, conversations, alpaca, texts, two prompt/completion, text
     for i, record in enumerate(records):
         parsed = parse_file(write_jsonl(tmp_path / f"r{i}.jsonl", [record]))
         assert not parsed.problems, (record, [p.describe() for p in parsed.problems])

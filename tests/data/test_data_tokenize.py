@@ -371,3 +371,59 @@ def test_images_embedded_in_a_parquet_file_tokenize_as_their_files(tiny_llava, t
     report = v.validate_dataset(tmp_path / "bad.parquet", tokenizer_dir=tiny_llava["model"], max_length=96,
                                 too_long="error")
     assert [(p.index, p.reason) for _, p in report.problems] == [(3, "image_undecodable")]
+
+
+def test_the_cauldron_shape_in_a_parquet_file_puts_each_record_s_images_before_its_first_question(
+        tiny_llava, tmp_path, monkeypatch):
+    """The demo's validation records as The Cauldron / FineVision keep theirs (their dataset card's features:
+    `images`, a list of embedded images; `texts`, a list of {user, assistant, source}), written by `datasets`:
+    they validate, and each record tokenizes as the same record with its image placeholder put before the
+    first question's text by hand. A second exchange is a second user turn and its answer; a record whose turns
+    hold placeholders keeps them where they are."""
+    import datasets
+
+    from pipeline.data import validate as v
+    from pipeline.data.normalize import normalize_record
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    data = tiny_llava["data"]
+    rows = [json.loads(line) for line in (data / "val.jsonl").read_text().splitlines()]
+    turns = [[(r["conversations"][0]["value"].removeprefix("<image>\n"), r["conversations"][1]["value"])]
+             for r in rows]
+    turns[1].append(("and the shape?", "a circle"))
+    features = datasets.Features({
+        "images": datasets.List(datasets.Image()),
+        "texts": datasets.List({"user": datasets.Value("string"), "assistant": datasets.Value("string"),
+                                "source": datasets.Value("string")})})
+    cauldron = datasets.Dataset.from_dict({
+        "images": [[{"bytes": (data / r["image"]).read_bytes(), "path": None}] for r in rows],
+        "texts": [[{"user": q, "assistant": a, "source": "demo"} for q, a in exchanges] for exchanges in turns],
+    }, features=features)
+    cauldron.to_parquet(str(tmp_path / "val.parquet"))
+    report = v.validate_dataset(tmp_path / "val.parquet", tokenizer_dir=tiny_llava["model"], max_length=96,
+                                too_long="error")
+    assert report.ok, report.summary()
+
+    def by_hand(r, exchanges) -> dict:
+        texts = [t for exchange in exchanges for t in exchange]
+        return {"image": str(data / r["image"]), "conversations": [
+            {"from": "human" if k % 2 == 0 else "gpt", "value": ("<image>" if k == 0 else "") + text}
+            for k, text in enumerate(texts)]}
+
+    (tmp_path / "by_hand.jsonl").write_text("".join(json.dumps(by_hand(r, t)) + "\n" for r, t in zip(rows, turns)))
+    tokenizer, images = tk.load_chat(tiny_llava["model"])
+    for name in ("by_hand.jsonl", "val.parquet"):
+        tk.tokenize_file(tmp_path / name, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
+                         too_long="error", fingerprint="x", split="val", images=images)
+    expected = TokenCache(tmp_path / "by_hand.jsonl.safetensors")
+    got = TokenCache(tmp_path / "val.parquet.safetensors")
+    assert len(got) == len(expected) == len(rows)
+    for i in range(len(rows)):
+        assert all(torch.equal(a, b) for a, b in zip(got[i], expected[i]))
+        assert Path(got.images(i)[0]).read_bytes() == Path(expected.images(i)[0]).read_bytes()
+    assert len(got[1][0]) > len(got[0][0])  # the second exchange is there
+
+    placed = {"images": ["a.png"], "texts": [{"user": "compare", "assistant": "x"},
+                                              {"user": "now this: <image>", "assistant": "y"}]}
+    record, problems = normalize_record(placed, index=0, line=None, file="f", kind="parquet", base_dir="/d")
+    assert not problems and [m["content"] for m in record.messages] == ["compare", "x", "now this: <image>", "y"]
