@@ -323,18 +323,16 @@ def _conversations_turns(view, fields, located):
 
 
 def _prompt_completion_turns(view, fields, located):
-    """Strings: one user and one assistant turn. Message lists: the prompt's turns, then the completion's."""
-    prompt, completion = view.get("prompt"), view.get("completion")
-    p_name, c_name = fields.key("prompt"), fields.key("completion")
-    if isinstance(prompt, list) and isinstance(completion, list):
-        head = _turn_list(view, "prompt", fields, located, role_key="role", text_key="content", parts=True)
-        tail = _turn_list(view, "completion", fields, located, role_key="role", text_key="content", parts=True)
-        return (None if head is None or tail is None else head + tail), c_name
-    if isinstance(prompt, list) or isinstance(completion, list):
-        located("bad_prompt_completion", f"{p_name!r} and {c_name!r} must both be strings or both be message "
-                f"lists, found a JSON {_json_type(prompt)} and a JSON {_json_type(completion)}", p_name)
-        return None, c_name
-    return [_Turn("user", prompt, None, p_name), _Turn("assistant", completion, None, c_name)], c_name
+    """Each side a string (a user turn; the completion: an assistant turn) or a message list (its turns): the
+    prompt's turns, then the completion's. Either may be a list with the other a string (a message-list prompt
+    answered by a string: NVIDIA's Nemotron post-training data, its `input` and `output`)."""
+    def side(ours: str, role: str) -> list[_Turn | None] | None:
+        if isinstance(view.get(ours), list):
+            return _turn_list(view, ours, fields, located, role_key="role", text_key="content", parts=True)
+        return [_Turn(role, view.get(ours), None, fields.key(ours))]
+
+    head, tail = side("prompt", "user"), side("completion", "assistant")
+    return (None if head is None or tail is None else head + tail), fields.key("completion")
 
 
 def _alpaca_turns(view, fields, located):

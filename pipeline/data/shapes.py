@@ -6,7 +6,8 @@ Accepted shapes (`SHAPES`), tried in this order on a record's keys:
 * ``conversations`` (ShareGPT / LLaVA): ``{"conversations": [{"from": "human", "value": ...}, ...]}``
 * ``prompt_completion`` (TRL): ``{"prompt": "...", "completion": "..."}`` (one user turn,
   one assistant turn) or ``{"prompt": [messages], "completion": [messages]}`` (the
-  conversation is the prompt's messages then the completion's)
+  conversation is the prompt's messages then the completion's), or one of each (a string
+  prompt is a user turn, a string completion an assistant turn)
 * ``alpaca``: ``{"instruction": ..., "input": optional, "output": ...}``, one user turn
   (the instruction, then a blank line and the input when there is one) and one assistant turn
 * ``texts`` (The Cauldron / FineVision, the Idefics and SmolVLM data): ``{"images": [...], "texts":

@@ -70,15 +70,40 @@ def test_prompt_completion_lists_keep_a_multi_turn_prompt(tmp_path):
     assert [m["role"] for m in parsed.messages] == ["system", "user", "assistant", "user", "assistant"]
 
 
+def test_a_message_list_prompt_with_a_string_answer_and_the_reverse_are_one_conversation(tmp_path, tokenizer):
+    """A message-list prompt answered by a string (NVIDIA's Llama-Nemotron post-training SFT records: `input`, the
+    conversation so far; `output`, the answer; `system_prompt`), mapped with data.columns, is the prompt's turns
+    then the answer, supervised as the same record given as two message lists; a string prompt with a message-list
+    completion is a user turn then the completion's turns."""
+    nemotron = {"input": messages("hi", "hello") + [{"role": "user", "content": "repeat: alpha"}],
+                "output": "alpha", "system_prompt": "detailed thinking off", "category": "chat", "reasoning": "off",
+                "license": "cc-by-4.0", "generator": "Llama-3.3-70B-Instruct", "version": "v1"}
+    fields = field_map("prompt=input,completion=output,system=system_prompt")
+    (mixed,) = load_records(write_jsonl(tmp_path / "nemotron.jsonl", [nemotron]), fields)
+    lists = {"system": "detailed thinking off", "prompt": nemotron["input"],
+             "completion": [{"role": "assistant", "content": "alpha"}]}
+    (plain,) = load_records(write_jsonl(tmp_path / "lists.jsonl", [lists]))
+    assert mixed.messages == plain.messages
+    assert [m["role"] for m in mixed.messages] == ["system", "user", "assistant", "user", "assistant"]
+    enc = tk.encode_records([mixed], tokenizer, max_length=128, too_long="error")
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [f"hello{END}", f"alpha{END}"]
+
+    reverse = {"prompt": "repeat: beta", "completion": [{"role": "assistant", "content": "beta"},
+                                                        {"role": "user", "content": "again"},
+                                                        {"role": "assistant", "content": "beta"}]}
+    (record,) = load_records(write_jsonl(tmp_path / "reverse.jsonl", [reverse]))
+    assert record.messages == [{"role": "user", "content": "repeat: beta"}, *reverse["completion"]]
+
+
 @pytest.mark.parametrize(("record", "reason", "field"), [
     ({"instruction": "repeat", "output": ""}, "empty_text", "output"),
     ({"output": "alpha"}, "empty_text", "instruction"),
     ({"instruction": "repeat", "input": 3, "output": "x"}, "text_not_string", "input"),
-    ({"prompt": "repeat", "completion": [{"role": "assistant", "content": "x"}]}, "bad_prompt_completion", "prompt"),
+    ({"prompt": 3, "completion": [{"role": "assistant", "content": "x"}]}, "text_not_string", "prompt"),
     ({"completion": "x"}, "empty_text", "prompt"),
     ({"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "bot", "content": "a"}]},
      "unknown_role", "completion[0].role"),
-], ids=["alpaca-no-output", "alpaca-no-instruction", "alpaca-input-number", "mixed-prompt-completion",
+], ids=["alpaca-no-output", "alpaca-no-instruction", "alpaca-input-number", "prompt-number",
         "no-prompt", "completion-role"])
 def test_shape_faults_name_the_datasets_field(tmp_path, record, reason, field):
     parsed = parse_file(write_jsonl(tmp_path / "d.jsonl", [SHAPED["alpaca"][0], record]))
