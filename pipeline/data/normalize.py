@@ -9,9 +9,10 @@ the normalized message under that key): ``{"type": "text", "text": ...}`` and
 Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
 (``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
 becomes one; a ``texts`` record (The Cauldron, FineVision) that has none gets its
-images before its first user turn's text, where those datasets' models take them. A record must hold exactly as many placeholders as images, all in
-user turns (the model's processor puts each image's tokens where its
-placeholder is, and a label never covers them).
+images before its first user turn's text, where those datasets' models take them.
+A record must hold exactly as many placeholders as images, all in user turns
+(the model's processor puts each image's tokens where its placeholder is, and
+a label never covers them).
 
 Every record is normalized to a `Record`: roles mapped to user / assistant /
 system, the system prompt first, content parts joined into one string with a
