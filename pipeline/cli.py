@@ -16,7 +16,7 @@ COMMANDS = {
     "prepare-base": ("pipeline.demo.cli", "embedded default: tiny base model, tokenizer, demo dataset"),
     "demo-benchmark": ("pipeline.demo.benchmark", "embedded default: its lm-eval task over the held-out words"),
     "fetch-model": ("pipeline.storage.hub", "download a hub model into the Hugging Face cache, pin its commit"),
-    "fetch-data": ("pipeline.storage.hub_data", "download hub dataset files into the Hugging Face cache, pin the commit"),
+    "fetch-data": ("pipeline.data.hub_images", "download a hub dataset's files and the images beside them, pin the commit"),
     "prepare-tokenizer": ("pipeline.data.prepare", "the run's tokenizer: the chat template it trains with, new tokens"),
     "validate": ("pipeline.data.validate", "check every record of the dataset files"),
     "validate-shard": ("pipeline.data.scan", "check one shard of a large training file (validate --scans merges)"),

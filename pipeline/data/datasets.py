@@ -78,6 +78,12 @@ class RunData:
         key = f"train/{dataset}"
         return key if key in self.hub else None
 
+    def fetch_flags(self, key: str) -> str:
+        """`fetch_data`'s ``--columns`` / ``--roles`` for the dataset of `key` (it reads the records' image paths):
+        a training dataset's own, else data.columns / data.roles."""
+        name = key.removeprefix("train/") if key.startswith("train/") else None
+        return self.field_flags(name)
+
     def hub_wildcard(self) -> str:
         """The `fetch_data` rule's `key` wildcard: one of the keys of the datasets given by hub URL."""
         return "|".join(re.escape(key) for key in self.hub)

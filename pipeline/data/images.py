@@ -107,16 +107,17 @@ _HUB_SNAPSHOT = re.compile(r"/datasets--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapsho
 
 def _not_fetched(path: str) -> str:
     """What to do about a missing image inside a hub dataset's cache snapshot (the records of a
-    hf://datasets/... URL name it beside the data, and only the data files were fetched); '' elsewhere."""
+    hf://datasets/... URL name it beside the data, and it was not fetched: offline, or not in the repo); ''
+    elsewhere."""
     found = _HUB_SNAPSHOT.search(path.replace(os.sep, "/"))
     if found is None:
         return ""
     repo, folder = f"{found['org']}/{found['name']}", os.path.dirname(found["path"])
     include = f"{folder}/*" if folder else found["path"]
-    return (f" (a file of the hub dataset {repo} at commit {found['commit'][:12]}, not downloaded: only the files "
-            f"the data URL matches are fetched. Fetch the images with `hf download {repo} --repo-type dataset "
-            f"--revision {found['commit']} --include '{include}'` into the same cache, or give the data with the "
-            "images embedded)")
+    return (f" (a file of the hub dataset {repo} at commit {found['commit'][:12]} that the cache lacks: fetch_data "
+            "downloads the images the records name when it runs online, so it ran offline or the repo has no such "
+            f"file. Fetch the images with `hf download {repo} --repo-type dataset --revision {found['commit']} "
+            f"--include '{include}'` into the same cache, or give the data with the images embedded)")
 
 
 def open_rgb(path: str):

@@ -172,17 +172,37 @@ def repo_path(file: Path, revision: str) -> str:
     return "/".join(parts[parts.index(revision) + 1:]) if revision in parts else Path(file).name
 
 
-def main(argv: list[str] | None = None) -> int:
+def fetch_files(repo_id: str, revision: str, patterns: list[str], cache: Path | None = None) -> Path:
+    """More files of a dataset repo at a pinned commit, those `patterns` match (as `hf download --include`),
+    downloaded into the cache beside the data; the commit's snapshot folder."""
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(repo_id, repo_type="dataset", revision=revision, cache_dir=cache,
+                                  allow_patterns=patterns))
+
+
+def arguments() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipeline fetch-data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True, help="hf://datasets/org/name[@revision]/<path or glob>")
     ap.add_argument("--out", required=True, type=Path, help=f"the pin to write (<name>{PIN_SUFFIX})")
-    args = ap.parse_args(argv)
-    files = parse(args.url)
+    return ap
+
+
+def write_pin(url: str, out: Path) -> Fetched:
+    """Fetch the files `url` matches (offline: find them in the cache) and write their pin to `out`."""
+    files = parse(url)
     if files is None:
-        raise UserError(url_problem("--url", args.url))
+        raise UserError(url_problem("--url", url))
     got = fetch(files)
     from pipeline.storage.publish import write_text
 
-    write_text(args.out, json.dumps(got.pin(), indent=2) + "\n")
+    write_text(out, json.dumps(got.pin(), indent=2) + "\n")
     print(f"{files.url}: commit {got.revision}, {len(got.paths)} file(s) in {got.paths[0].parent}")
+    return got
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The data files alone (`pipeline.data.hub_images.main`, the command, also fetches their images)."""
+    args = arguments().parse_args(argv)
+    write_pin(args.url, args.out)
     return 0

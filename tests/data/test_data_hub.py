@@ -108,3 +108,76 @@ def test_an_image_beside_a_hub_dataset_that_was_not_fetched_says_how_to_fetch_it
             in message)
     absent = tmp_path / "absent.png"
     assert check_image(str(absent)) == ("image_missing", f"image file not found: {absent}")
+
+
+def test_fetch_data_online_fetches_the_images_the_records_name_from_the_pinned_commit(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """A hub repo keeps train.jsonl (its image key `img`, mapped with --columns) beside images/; the URL matches the
+    data file. Online, `fetch-data` pins it, reads the records and downloads from the same commit the images they
+    name, by name, and no other file of the repo; an image the repo lacks stays missing, and validation names it.
+    Offline, nothing more is asked of the hub. (huggingface_hub's `snapshot_download` is played by a stand-in that
+    copies the files the patterns match, as `hf download --include` matches them, from the repo to the cache.)"""
+    import shutil
+
+    from huggingface_hub.utils import filter_repo_objects
+    from PIL import Image
+
+    from pipeline.data import hub_images
+    from pipeline.data.formats import parse_file
+    from pipeline.data.images import check_image
+    from pipeline.data.shapes import field_map
+
+    remote = tmp_path / "remote"
+    (remote / "images").mkdir(parents=True)
+    for name in ("0.png", "1 [b].png", "unused.png"):
+        Image.new("RGB", (32, 32), "red").save(remote / "images" / name)
+    turns = [{"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "red"}]
+    records = [{"img": f"images/{name}", "conversations": turns} for name in ("0.png", "1 [b].png", "gone.png")]
+    (remote / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    cache, commit = tmp_path / "hf-cache", "c" * 40
+    asked: list[list[str]] = []  # the patterns of each call
+
+    def snapshot_download(repo_id, *, repo_type, revision, cache_dir=None, allow_patterns=None,
+                          local_files_only=False):
+        assert (repo_id, repo_type, revision) in {("org/pictures", "dataset", None), ("org/pictures", "dataset",
+                                                                                      commit)}
+        asked.append(allow_patterns)
+        if local_files_only:  # a look-up in the cache
+            return str(cache / "datasets--org--pictures" / "snapshots" / commit)
+        names = sorted(p.relative_to(remote).as_posix() for p in remote.rglob("*") if p.is_file())
+        chosen = tmp_path / f"chosen{len(asked)}"
+        for name in filter_repo_objects(names, allow_patterns=allow_patterns):
+            (chosen / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(remote / name, chosen / name)
+        return str(add_to_cache(cache, repo_id, chosen, repo_type="dataset", commit=commit))
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    url, pin = "hf://datasets/org/pictures/train.jsonl", tmp_path / "train.hub.json"
+    assert hub_images.main(["--url", url, "--out", str(pin), "--columns", "image=img"]) == 0
+    assert asked == [["train.jsonl"], ["images/0.png", "images/1 [[]b].png", "images/gone.png"]]
+    downloads = len(asked)
+    snapshot = cache / "datasets--org--pictures" / "snapshots" / commit
+    assert sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()) == [
+        "images/0.png", "images/1 [b].png", "train.jsonl"]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"{url}: 2 of 3 image file(s) its records name fetched beside the data; 1 not in the repo at that commit "
+        "(validation names each)")
+    parsed = parse_file(pin, field_map("image=img"))
+    assert [check_image(r.images[0]) is None for r in parsed.records] == [True, True, False]
+    assert check_image(parsed.records[2].images[0])[0] == "image_missing"
+
+    # Offline: the pin from the cache (one look-up there), and no download asked for.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    (snapshot / "images" / "0.png").unlink()
+    assert hub_images.main(["--url", url, "--out", str(pin), "--columns", "image=img"]) == 0
+    assert asked[downloads:] == [["train.jsonl"]] and not (snapshot / "images" / "0.png").exists()
+
+
+def test_missing_images_are_asked_for_by_name_or_by_their_folder_when_it_misses_many():
+    from pipeline.data import hub_images
+
+    many = [f"frames/{k:03d}.jpg" for k in range(hub_images.MAX_LISTED + 1)]
+    assert hub_images.patterns(["a.png", "img/x*.png", *many]) == ["a.png", "frames/*", "img/x[*].png"]
+    assert hub_images.patterns(many[:hub_images.MAX_LISTED]) == many[:hub_images.MAX_LISTED]

@@ -90,3 +90,20 @@ def test_an_uncached_hub_dataset_offline_stops_before_any_job_with_one_line(tiny
         f"run `hf download org/not-cached --repo-type dataset --revision v1 --include 'data/train-*.parquet' "
         f"--cache-dir {cache}` on a machine with network access (into that cache), or give a local dataset file")
     assert jobs_in_log(out) == []
+
+
+def test_fetch_data_is_given_the_dataset_s_columns_to_find_its_images(tiny, tmp_path):
+    """The `fetch_data` job reads the records for the image files beside them (pipeline/data/hub_images.py) with
+    the dataset's own data.columns / data.roles: a dry run prints them in its command, and only there."""
+    local = Path(tiny["root"]) / "data" / "train.jsonl"
+    repo = tmp_path / "repo"
+    write_parquet_shards(repo, [json.loads(line) for line in local.read_text().splitlines() if line.strip()], 2)
+    cache = tmp_path / "hf-cache"
+    add_to_cache(cache, REPO_ID, repo, repo_type="dataset")
+    workdir = copy_workflow(tmp_path / "wf")
+    _config(workdir, tiny, URL, columns={"image": "picture"}, roles={"bot": "assistant"})
+    proc = snakemake(workdir, "-n", "-p", TOKENIZED, "--configfile", "hub.yaml", env=_env(cache), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    commands = [line.strip() for line in proc.stdout.splitlines() if "python -m pipeline fetch-data" in line]
+    assert len(commands) == 1 and commands[0].endswith(
+        "--out results/hub/data/hub/train/train.hub.json --columns image=picture --roles bot=assistant"), commands

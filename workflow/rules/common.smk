@@ -187,6 +187,14 @@ def fetched(dataset: str) -> str:
     return dataset
 
 
+def fetched_input(name: str):
+    """A `params` function giving the job's input `name` to its command. Before a hub dataset's `fetch_data`
+    checkpoint has run, a job after it has only that checkpoint's output as input, and a dry run that prints
+    commands (-n -p) would fail on `{input.<name>}`: it prints a stand-in instead (the job is planned again
+    once the dataset is here). A function of `output`, so --rerun-triggers params leaves it out."""
+    return lambda wc, input, output: input.get(name, f"<{name} once fetch_data has run>")
+
+
 def card_inputs():
     """What an export dir's model card (README.md) is written from: the run's plan, data stats,
     trainer config and every evaluation (the export rules declare them as inputs)."""

@@ -48,7 +48,8 @@ if DATA.hub:
 
     checkpoint fetch_data:
         # A dataset file (or glob of shards) given by hub URL, downloaded once where snakemake runs into
-        # the Hugging Face cache; its pin (commit and files) is the dataset path every later job reads.
+        # the Hugging Face cache, with the image files its records name beside it; its pin (commit and
+        # files) is the dataset path every later job reads.
         # A checkpoint: how many shards a training dataset is split into is known once its files are
         # here, and the jobs that depend on that are planned then (`fetched`).
         output:
@@ -62,8 +63,11 @@ if DATA.hub:
             layout.log_file("fetch_data", f"{RUN}/{{key}}"),
         params:
             url=lambda wc: shlex.quote(DATA.hub[wc.key]),
+            # a function of `output`, which Snakemake leaves out of --rerun-triggers params: a changed
+            # data.columns does not fetch the dataset again
+            fields=lambda wc, output: DATA.fetch_flags(wc.key),
         shell:
-            launch() + "python -m pipeline fetch-data --url {params.url} --out {output}"
+            launch() + "python -m pipeline fetch-data --url {params.url} --out {output} {params.fields}"
 
 
 rule prepare_tokenizer:
@@ -129,6 +133,8 @@ rule validate_dataset:
     log:
         layout.log_file("validate_dataset", f"{RUN}/{{dataset}}"),
     params:
+        train=fetched_input("train"),
+        tokenizer=fetched_input("tokenizer"),
         held_out=lambda wc, input: f'{optional("--val", input.get("val"))} {optional("--test", input.get("test"))}',
         # .get: before a hub dataset's fetch_data checkpoint has run, its inputs are only that checkpoint's
         scans=lambda wc, input: optional("--scans", " ".join(input.get("scans", []))),
@@ -139,8 +145,8 @@ rule validate_dataset:
     resources:
         **job_resources("cpu"),
     shell:
-        launch() + "python -m pipeline validate --train {input.train} {params.held_out} {params.scans} "
-        "--tokenizer {input.tokenizer} {params.data} --out-json {output.json} --out-csv {output.csv} "
+        launch() + "python -m pipeline validate --train {params.train} {params.held_out} {params.scans} "
+        "--tokenizer {params.tokenizer} {params.data} --out-json {output.json} --out-csv {output.csv} "
         "--out-drop {output.dropped} --shards-out {output.shards} --failed-report-dir {params.failed_reports}"
 
 
@@ -179,13 +185,16 @@ rule tokenize_dataset:
     log:
         layout.log_file("tokenize_dataset", f"{RUN}/{{dataset}}"),
     params:
+        train=fetched_input("train"),
+        tokenizer=fetched_input("tokenizer"),
+        dropped=fetched_input("dropped"),
         data=lambda wc: DATA.flags(wc.dataset),
         parts=lambda wc, input: optional("--parts", " ".join(input.get("parts", []))),  # .get: as scans
     resources:
         **job_resources("cpu"),
     shell:
-        launch() + "python -m pipeline tokenize --train {input.train} --tokenizer {input.tokenizer} {params.data} "
-        "--drop {input.dropped} {params.parts} --out-train {output.train} --out-stats {output.stats} "
+        launch() + "python -m pipeline tokenize --train {params.train} --tokenizer {params.tokenizer} {params.data} "
+        "--drop {params.dropped} {params.parts} --out-train {output.train} --out-stats {output.stats} "
         "--shards-out {output.shards}"
 
 
