@@ -15,7 +15,7 @@ import json
 from pipeline.data.shapes import FieldMap
 
 # Our keys whose cell is JSON when it starts like a JSON list / object.
-_STRUCTURED = ("messages", "conversations", "texts", "tools")
+_STRUCTURED = ("messages", "conversations", "conversation", "texts", "tools")
 
 
 def decode_cells(raw: dict, fields: FieldMap) -> tuple[dict, list[tuple[str, str, str]]]:

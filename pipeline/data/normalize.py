@@ -156,7 +156,8 @@ class _Conversation:
         calls = _tool_calls(turn, canonical, located)
         if text is not None and not isinstance(text, str):
             located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", turn.text_at)
-        elif (text is None or not text.strip()) and calls is None:  # a turn that calls tools may say nothing
+        elif (text is None or not text.strip()) and calls is None and not (canonical == "system" and text == ""):
+            # a turn that calls tools may say nothing; an empty system prompt is one (Orca-AgentInstruct's)
             located("empty_text", "text is missing or blank", turn.text_at)
         message = {"role": canonical or "", "content": text if isinstance(text, str) else ""}
         self.messages.append(message)
@@ -294,12 +295,20 @@ def _turn_list(view: dict, list_key: str, fields: FieldMap, located: Located, *,
     """The turns of a list of turn objects (`list_key`, our name); None (reported) when it is no non-empty list."""
     name = fields.key(list_key)
     turns = view[list_key]
+    if isinstance(turns, str) and turns.lstrip().startswith("["):  # the list as its JSON text (Orca-AgentInstruct)
+        try:
+            turns = json.loads(turns)
+        except json.JSONDecodeError as err:
+            located("turns_not_list", f"{name!r} holds text that is not a JSON list of turns: {err.msg} at column "
+                    f"{err.colno}", name)
+            return None
     if not isinstance(turns, list):
         located("turns_not_list", f"{name!r} must be a list of turns, found a JSON {_json_type(turns)}", name)
         return None
     if not turns:
         located("empty_turns", f"{name!r} is empty", name)
         return None
+    mapped = "role" in fields.columns or "content" in fields.columns
     role_key, text_key = fields.columns.get("role", role_key), fields.columns.get("content", text_key)
     out: list[_Turn | None] = []
     for j, turn in enumerate(turns):
@@ -308,9 +317,21 @@ def _turn_list(view: dict, list_key: str, fields: FieldMap, located: Located, *,
             located("turn_not_object", f"turn {j} must be a JSON object, found a JSON {_json_type(turn)}", where)
             out.append(None)
             continue
-        out.append(_Turn(turn.get(role_key), turn.get(text_key), f"{where}.{role_key}", f"{where}.{text_key}",
-                         turn, parts))
+        keys = (role_key, text_key) if mapped else _turn_keys(turn, role_key, text_key)
+        out.append(_Turn(turn.get(keys[0]), turn.get(keys[1]), f"{where}.{keys[0]}", f"{where}.{keys[1]}", turn,
+                         parts or keys == ("role", "content")))
     return out
+
+
+_TURN_KEYS = (("role", "content"), ("from", "value"))  # OpenAI's, ShareGPT's
+
+
+def _turn_keys(turn: dict, role_key: str, text_key: str) -> tuple[str, str]:
+    """A turn's (role, text) keys: the shape's own, or the other convention's where the turn has those and not the
+    shape's (ShareGPT `conversations` of role / content turns, as many exports write them)."""
+    if role_key in turn or text_key in turn:
+        return role_key, text_key
+    return next((keys for keys in _TURN_KEYS if keys[0] in turn and keys[1] in turn), (role_key, text_key))
 
 
 def _messages_turns(view, fields, located):
@@ -321,6 +342,12 @@ def _messages_turns(view, fields, located):
 def _conversations_turns(view, fields, located):
     turns = _turn_list(view, "conversations", fields, located, role_key="from", text_key="value", parts=False)
     return turns, fields.key("conversations")
+
+
+def _conversation_turns(view, fields, located):
+    """LMSYS-Chat-1M's and WildChat's `conversation`: OpenAI turns (role, content) under another key."""
+    turns = _turn_list(view, "conversation", fields, located, role_key="role", text_key="content", parts=True)
+    return turns, fields.key("conversation")
 
 
 def _prompt_completion_turns(view, fields, located):
@@ -371,6 +398,7 @@ def _texts_turns(view, fields, located):
 _SHAPE_TURNS = {
     "messages": _messages_turns,
     "conversations": _conversations_turns,
+    "conversation": _conversation_turns,
     "prompt_completion": _prompt_completion_turns,
     "alpaca": _alpaca_turns,
     "texts": _texts_turns,

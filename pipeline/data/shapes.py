@@ -4,6 +4,11 @@ Accepted shapes (`SHAPES`), tried in this order on a record's keys:
 
 * ``messages`` (OpenAI): ``{"messages": [{"role": "user", "content": ...}, ...]}``
 * ``conversations`` (ShareGPT / LLaVA): ``{"conversations": [{"from": "human", "value": ...}, ...]}``
+* ``conversation`` (LMSYS-Chat-1M, WildChat): ``{"conversation": [{"role": "user", "content": ...}, ...]}``
+
+A turn list may hold either key convention (a ``conversations`` list of role / content
+turns, as many exports write), and may be given as its JSON text (Orca-AgentInstruct's
+``messages``).
 * ``prompt_completion`` (TRL): ``{"prompt": "...", "completion": "..."}`` (one user turn,
   one assistant turn) or ``{"prompt": [messages], "completion": [messages]}`` (the
   conversation is the prompt's messages then the completion's), or one of each (a string
@@ -47,18 +52,19 @@ ROLES_SETTING = "data.roles"
 SHAPES = {
     "messages": (("messages",), "messages (OpenAI)"),
     "conversations": (("conversations",), "conversations (ShareGPT/LLaVA)"),
+    "conversation": (("conversation",), "conversation (LMSYS-Chat/WildChat)"),
     "prompt_completion": (("prompt", "completion"), "prompt + completion (TRL: strings or message lists)"),
     "alpaca": (("instruction", "output"), "instruction + input + output (Alpaca)"),
     "texts": (("texts",), "texts (The Cauldron / FineVision: a list of {user, assistant})"),
     "text": (("text",), "text (plain text, all of it trained)"),
 }
 # Keys that make a record look like a shape, so its missing partner is reported, not an unknown shape.
-_SIGNS = {"messages": ("messages",), "conversations": ("conversations",),
+_SIGNS = {"messages": ("messages",), "conversations": ("conversations",), "conversation": ("conversation",),
           "prompt_completion": ("completion",), "alpaca": ("instruction", "output"), "texts": ("texts",),
           "text": ("text",)}
 # Our keys a dataset may name otherwise: the record's own, and (role, content) inside a turn.
-OUR_COLUMNS = ("messages", "conversations", "prompt", "completion", "instruction", "input", "output", "texts",
-               "system", "id", "image", "images", "role", "content", "text", "tools")
+OUR_COLUMNS = ("messages", "conversations", "conversation", "prompt", "completion", "instruction", "input", "output",
+               "texts", "system", "id", "image", "images", "role", "content", "text", "tools")
 CANONICAL_ROLES = ("user", "assistant", "system", "tool")
 
 # Accepted spellings of a role (matched case-insensitively) -> canonical role.

@@ -43,9 +43,18 @@ SHAPED = {
          "completion": [{"role": "assistant", "content": "beta"}]},
         {"prompt": [{"role": "user", "content": "spell gamma"}],
          "completion": [{"role": "assistant", "content": "g a m m a"}]}],
+    "texts": [{"texts": [{"user": "repeat: alpha", "assistant": "alpha", "source": "x"}]},
+              {"texts": [{"user": "repeat\n\nbeta", "assistant": "beta"}], "system": "you copy words."},
+              {"texts": [{"user": "spell gamma", "assistant": "g a m m a"}], "images": []}],
 }
 EXPECTED = [messages("repeat: alpha", "alpha"), messages("repeat\n\nbeta", "beta", "you copy words."),
             messages("spell gamma", "g a m m a")]
+# OpenAI turns under other keys, or as their JSON text: the same conversations.
+SHAPED |= {
+    "conversation": [{"conversation": m, "turn": 1, "model": "vicuna-13b"} for m in EXPECTED],
+    "conversations_of_role_and_content": [{"conversations": m} for m in EXPECTED],
+    "messages_as_json_text": [{"messages": json.dumps(m)} for m in EXPECTED],
+}
 
 
 @pytest.mark.parametrize("shape", SHAPED)
@@ -61,6 +70,29 @@ def test_each_shape_validates_and_tokenizes_with_the_answer_supervised(tmp_path,
     assert report.ok, report.summary()
     enc = tk.encode_records(load_records(path), tokenizer, max_length=128, too_long="error", source=str(path))
     assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [f"alpha{END}", f"beta{END}", f"g a m m a{END}"]
+
+
+def test_chat_logs_and_agent_data_as_their_hub_parquet_files_validate_as_conversations(tmp_path, tokenizer_dir):
+    """Rows laid out as three hub datasets keep theirs, written to Parquet by `datasets`: LMSYS-Chat-1M
+    (`conversation` of role / content turns, moderation beside them), WildChat-1M (the same, each turn with its own
+    extra keys) and Orca-AgentInstruct-1M (`messages` as the JSON text of the list, an empty system prompt first).
+    Each validates and reads as the conversation it holds; the empty system prompt is kept, not a problem."""
+    import datasets
+
+    chat = [{"role": "user", "content": "repeat: alpha"}, {"role": "assistant", "content": "alpha"}]
+    lmsys = {"conversation_id": "c1", "model": "vicuna-13b", "conversation": chat, "turn": 1, "language": "English",
+             "openai_moderation": [{"flagged": False, "categories": {"hate": False}} for _ in chat], "redacted": False}
+    wildchat = {"conversation_hash": "h1", "model": "gpt-4-0314", "turn": 1, "toxic": False, "conversation": [
+        {**turn, "country": "France", "language": "English", "redacted": False, "toxic": False, "turn_identifier": 7}
+        for turn in chat]}
+    orca = {"messages": json.dumps([{"role": "system", "content": ""}, *chat])}
+    for name, row in (("lmsys", lmsys), ("wildchat", wildchat), ("orca", orca)):
+        path = tmp_path / f"{name}.parquet"
+        datasets.Dataset.from_list([row]).to_parquet(str(path))
+        report = validate_dataset(path, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+        assert report.ok, report.summary()
+        (record,) = load_records(path)
+        assert record.messages == ([{"role": "system", "content": ""}] if name == "orca" else []) + chat
 
 
 def test_prompt_completion_lists_keep_a_multi_turn_prompt(tmp_path):
