@@ -437,8 +437,9 @@ def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
 def _content_parts(parts: list, where: str, base_dir: str, images: list[str], located) -> str | None:
     """An OpenAI content-part list as one string, an `IMAGE_PLACEHOLDER` per image part.
 
-    Appends each image's resolved path to `images`; returns None (after
-    reporting why) for a part it cannot read.
+    Appends each image's resolved path to `images`; an image part that holds no image (``{"type": "image"}``,
+    TRL's vision datasets) only marks the place of the record's next image in its `images` field. Returns None
+    (after reporting why) for a part it cannot read.
     """
     texts = []
     for k, part in enumerate(parts):
@@ -446,6 +447,8 @@ def _content_parts(parts: list, where: str, base_dir: str, images: list[str], lo
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif kind == "image" and all(part.get(key) is None for key in ("image", "path", "url")):
+            texts.append(IMAGE_PLACEHOLDER)
         elif kind in ("image", "image_url"):
             path, why = _part_image(part, base_dir)
             if path is None:

@@ -427,3 +427,39 @@ def test_the_cauldron_shape_in_a_parquet_file_puts_each_record_s_images_before_i
                                               {"user": "now this: <image>", "assistant": "y"}]}
     record, problems = normalize_record(placed, index=0, line=None, file="f", kind="parquet", base_dir="/d")
     assert not problems and [m["content"] for m in record.messages] == ["compare", "x", "now this: <image>", "y"]
+
+
+def test_trl_vision_records_with_bare_image_parts_take_the_record_s_images_in_order(tiny_llava, tmp_path,
+                                                                                   monkeypatch):
+    """The demo's validation records as TRL's vision datasets keep theirs (HuggingFaceH4/llava-instruct-mix-vsft's
+    features: `messages` whose content parts are {type, text, index}, an image part holding no image; `images`, a
+    list of embedded images), written by `datasets`: each bare image part is the place of the record's next image,
+    and the records tokenize as the JSON Lines file with `<image>` at those places."""
+    import datasets
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    data = tiny_llava["data"]
+    rows = [json.loads(line) for line in (data / "val.jsonl").read_text().splitlines()]
+    part = {"type": datasets.Value("string"), "text": datasets.Value("string"), "index": datasets.Value("int64")}
+    features = datasets.Features({
+        "messages": datasets.List({"role": datasets.Value("string"), "content": datasets.List(part)}),
+        "images": datasets.List(datasets.Image())})
+
+    def trl(row: dict) -> dict:
+        question, answer = (turn["value"] for turn in row["conversations"])
+        text = question.removeprefix("<image>")  # "\n..." after the image, as in the JSON Lines record
+        return {"images": [{"bytes": (data / row["image"]).read_bytes(), "path": None}], "messages": [
+            {"role": "user", "content": [{"type": "image", "text": None, "index": 0},
+                                         {"type": "text", "text": text, "index": None}]},
+            {"role": "assistant", "content": [{"type": "text", "text": answer, "index": None}]}]}
+
+    datasets.Dataset.from_list([trl(r) for r in rows], features=features).to_parquet(str(tmp_path / "val.parquet"))
+    tokenizer, images = tk.load_chat(tiny_llava["model"])
+    for name, source in (("jsonl", data / "val.jsonl"), ("trl", tmp_path / "val.parquet")):
+        tk.tokenize_file(source, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
+                         too_long="error", fingerprint="x", split="val", images=images)
+    expected, got = TokenCache(tmp_path / "jsonl.safetensors"), TokenCache(tmp_path / "trl.safetensors")
+    assert len(got) == len(expected) == len(rows)
+    for i in range(len(rows)):
+        assert all(torch.equal(a, b) for a, b in zip(got[i], expected[i]))
+        assert Path(got.images(i)[0]).read_bytes() == Path(expected.images(i)[0]).read_bytes()
