@@ -334,6 +334,23 @@ def test_text_only_cache_holds_no_image_tensors(tokenizer, tmp_path):
     assert not TokenCache(tmp_path / "t.safetensors").has_images
 
 
+def _tokenized_alike(model: Path, expected: Path, got: Path, out: Path) -> TokenCache:
+    """Tokenize two files of the same vision records with `model`'s processor: the same tokens record for record,
+    and images of the same bytes (one file may name them, the other embed them). The cache of `got`."""
+    tokenizer, images = tk.load_chat(model)
+    caches = []
+    for k, source in enumerate((expected, got)):
+        tk.tokenize_file(source, tokenizer, out_path=out / f"alike{k}.safetensors", max_length=96,
+                         too_long="error", fingerprint="x", split="val", images=images)
+        caches.append(TokenCache(out / f"alike{k}.safetensors"))
+    want, have = caches
+    assert len(have) == len(want) > 0
+    for i in range(len(want)):
+        assert all(torch.equal(a, b) for a, b in zip(have[i], want[i]))
+        assert [Path(p).read_bytes() for p in have.images(i)] == [Path(p).read_bytes() for p in want.images(i)]
+    return have
+
+
 def test_images_embedded_in_a_parquet_file_tokenize_as_their_files(tiny_llava, tmp_path, monkeypatch):
     """The demo's validation records as a Parquet file that `datasets` writes, each image embedded as its bytes
     (an Image column): validation checks the images it writes to the store, and the token cache holds the
@@ -354,17 +371,11 @@ def test_images_embedded_in_a_parquet_file_tokenize_as_their_files(tiny_llava, t
                                 too_long="error")
     assert report.ok, report.summary()
 
-    tokenizer, images = tk.load_chat(tiny_llava["model"])
-    for name, source in (("paths", data / "val.jsonl"), ("embedded", tmp_path / "val.parquet")):
-        tk.tokenize_file(source, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
-                         too_long="error", fingerprint="x", split="val", images=images)
-    paths, stored = TokenCache(tmp_path / "paths.safetensors"), TokenCache(tmp_path / "embedded.safetensors")
-    assert len(stored) == len(paths) == len(rows)
+    stored = _tokenized_alike(tiny_llava["model"], data / "val.jsonl", tmp_path / "val.parquet", tmp_path)
+    assert len(stored) == len(rows)
     for i in range(len(rows)):
-        assert all(torch.equal(a, b) for a, b in zip(stored[i], paths[i]))
-        (original,), (written,) = paths.images(i), stored.images(i)
+        (written,) = stored.images(i)
         assert written.startswith(str(tmp_path / "hf" / "sft-pipeline" / "images"))
-        assert Path(written).read_bytes() == Path(original).read_bytes()
 
     rows[3]["image"] = {"bytes": b"\x89PNG\r\n\x1a\n but no picture", "path": None}
     datasets.Dataset.from_list(rows).cast_column("image", datasets.Image()).to_parquet(str(tmp_path / "bad.parquet"))
@@ -411,17 +422,8 @@ def test_the_cauldron_shape_in_a_parquet_file_puts_each_record_s_images_before_i
             for k, text in enumerate(texts)]}
 
     (tmp_path / "by_hand.jsonl").write_text("".join(json.dumps(by_hand(r, t)) + "\n" for r, t in zip(rows, turns)))
-    tokenizer, images = tk.load_chat(tiny_llava["model"])
-    for name in ("by_hand.jsonl", "val.parquet"):
-        tk.tokenize_file(tmp_path / name, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
-                         too_long="error", fingerprint="x", split="val", images=images)
-    expected = TokenCache(tmp_path / "by_hand.jsonl.safetensors")
-    got = TokenCache(tmp_path / "val.parquet.safetensors")
-    assert len(got) == len(expected) == len(rows)
-    for i in range(len(rows)):
-        assert all(torch.equal(a, b) for a, b in zip(got[i], expected[i]))
-        assert Path(got.images(i)[0]).read_bytes() == Path(expected.images(i)[0]).read_bytes()
-    assert len(got[1][0]) > len(got[0][0])  # the second exchange is there
+    got = _tokenized_alike(tiny_llava["model"], tmp_path / "by_hand.jsonl", tmp_path / "val.parquet", tmp_path)
+    assert len(got) == len(rows) and len(got[1][0]) > len(got[0][0])  # the second exchange is there
 
     placed = {"images": ["a.png"], "texts": [{"user": "compare", "assistant": "x"},
                                               {"user": "now this: <image>", "assistant": "y"}]}
@@ -454,12 +456,5 @@ def test_trl_vision_records_with_bare_image_parts_take_the_record_s_images_in_or
             {"role": "assistant", "content": [{"type": "text", "text": answer, "index": None}]}]}
 
     datasets.Dataset.from_list([trl(r) for r in rows], features=features).to_parquet(str(tmp_path / "val.parquet"))
-    tokenizer, images = tk.load_chat(tiny_llava["model"])
-    for name, source in (("jsonl", data / "val.jsonl"), ("trl", tmp_path / "val.parquet")):
-        tk.tokenize_file(source, tokenizer, out_path=tmp_path / f"{name}.safetensors", max_length=96,
-                         too_long="error", fingerprint="x", split="val", images=images)
-    expected, got = TokenCache(tmp_path / "jsonl.safetensors"), TokenCache(tmp_path / "trl.safetensors")
-    assert len(got) == len(expected) == len(rows)
-    for i in range(len(rows)):
-        assert all(torch.equal(a, b) for a, b in zip(got[i], expected[i]))
-        assert Path(got.images(i)[0]).read_bytes() == Path(expected.images(i)[0]).read_bytes()
+    got = _tokenized_alike(tiny_llava["model"], data / "val.jsonl", tmp_path / "val.parquet", tmp_path)
+    assert len(got) == len(rows)
