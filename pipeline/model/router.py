@@ -79,13 +79,37 @@ def defines_loss(hf) -> bool:
 
 def records_router_logits(hf) -> bool:
     """Do the model's decoder outputs carry its routers' logits? Transformers 5 collects them with an output
-    recorder its classes declare (`_can_record_outputs["router_logits"]`). Transformers 5.17's Granite MoE
-    families (GraniteMoE, -Shared, -Hybrid: Granite 4) and DBRX declare none: their outputs have no router
-    logits, their own loss adds a load-balancing term of 0, and ours could not compute it."""
+    recorder its classes declare (`_can_record_outputs["router_logits"]`), from the modules of one class.
+    Transformers 5.17's Granite MoE families (GraniteMoE, -Shared, -Hybrid: Granite 4) and DBRX declare none:
+    their outputs have no router logits, their own loss adds a load-balancing term of 0, and ours could not
+    compute it. A model configured without expert layers has none (`has_experts`)."""
+    recorded = _router_recorders(hf)
+    return bool(recorded) and _routers_present(hf, recorded)
+
+
+def has_experts(hf) -> bool:
+    """Does the model hold its routers? False for a family of experts configured dense (a dense Doge, as
+    SmallDoge ships; every layer in `mlp_only_layers`): none of the modules its router logits are recorded from
+    exists, its outputs hold an empty tuple of them, on which its own load-balancing function fails. True where
+    it cannot be told (no recorder declared)."""
+    recorded = _router_recorders(hf)
+    return not recorded or _routers_present(hf, recorded)
+
+
+def _router_recorders(hf) -> list:
+    """What the model's classes record router logits from (a module class, or a name)."""
     from transformers import PreTrainedModel
 
-    return any("router_logits" in (getattr(type(m), "_can_record_outputs", None) or {})
-               for m in hf.modules() if isinstance(m, PreTrainedModel))
+    specs = [(getattr(type(m), "_can_record_outputs", None) or {}).get("router_logits")
+             for m in hf.modules() if isinstance(m, PreTrainedModel)]
+    return [getattr(spec, "target_class", spec) for spec in specs if spec is not None]
+
+
+def _routers_present(hf, recorded: list) -> bool:
+    classes = tuple(c for c in recorded if isinstance(c, type))
+    if len(classes) < len(recorded):
+        return True  # declared by name, not by class: taken at its word
+    return any(isinstance(m, classes) for m in hf.modules())
 
 
 def enable_router_loss(model, moe: MoeConfig) -> None:
@@ -101,7 +125,7 @@ def enable_router_loss(model, moe: MoeConfig) -> None:
 
 def describe(model, moe: MoeConfig) -> str | None:
     """The plan's line on the router loss (None for a model without experts)."""
-    if not defines_loss(model):
+    if not defines_loss(model) or not has_experts(model):
         return None
     if not records_router_logits(model):
         import transformers

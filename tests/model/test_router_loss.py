@@ -86,3 +86,34 @@ def test_a_decoder_that_returns_no_router_logits_trains_on_cross_entropy_alone(b
         theirs = hf(input_ids=batch.inputs["input_ids"], labels=labels, output_router_logits=False)
     assert model.take_router_sum() is None
     torch.testing.assert_close(ours, theirs.loss, rtol=1e-6, atol=1e-6)
+
+
+def test_a_family_of_experts_configured_dense_trains_on_cross_entropy_alone(tmp_path):
+    """Doge defines a load-balancing loss and records router logits from its expert layers, but SmallDoge ships it
+    dense (`is_moe=False`): no router exists, and asking for router logits made its own load-balancing function fail
+    on the empty tuple in the first update. Dense, it trains on cross-entropy alone (the model's own loss) and the
+    plan says nothing of a router."""
+    import transformers
+
+    from pipeline.config import MoeConfig
+    from pipeline.demo.text import build_tokenizer
+    from pipeline.model import router
+
+    tokenizer = build_tokenizer()
+    shape = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                 pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(transformers.DogeConfig(**shape)).save_pretrained(tmp_path / "dense")
+    tokenizer.save_pretrained(tmp_path / "dense")
+    model = _loss_model(tmp_path / "dense").train()
+    hf = model.lm.get_base_model()
+    assert model.router is None and not hf.config.output_router_logits
+    assert router.describe(hf, MoeConfig()) is None
+    batch, labels = _batch(hf.config.vocab_size)
+    ours = model(batch) / batch.supervised
+    ours.backward()
+    assert model.take_router_sum() is None
+    with torch.no_grad():
+        theirs = hf(input_ids=batch.inputs["input_ids"], labels=labels)
+    torch.testing.assert_close(ours.detach(), theirs.loss, rtol=1e-6, atol=1e-6)
