@@ -108,7 +108,7 @@ class LogitMap:
 # (transformers' modeling_<type>.py). Granite divides by `logits_scaling`; HyperCLOVA X multiplies by it.
 # A composite's step is read off its text config's type: Mistral Large 4's is `mistral_large4_text`.
 _SOFTCAP = ("gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "mistral_large4", "mistral_large4_text",
-            "nanochat")
+            "nanochat", "vaultgemma", "beam")
 _LOGIT_MAPS = {
     **{t: lambda c: LogitMap(cap=getattr(c, "final_logit_softcapping", None) or None) for t in _SOFTCAP},
     **{t: lambda c: LogitMap(scale=float(c.logit_scale)) for t in ("cohere", "cohere2", "cohere2_moe")},
@@ -119,6 +119,10 @@ _LOGIT_MAPS = {
     "cohere_compass_text": lambda c: LogitMap(scale=float(c.logit_scale) if c.logit_scale is not None else 1.0),
     "falcon_h1": lambda c: LogitMap(scale=float(c.lm_head_multiplier)),
     "hyperclovax": lambda c: LogitMap(scale=float(c.logits_scaling)),
+    "recurrent_gemma": lambda c: LogitMap(cap=getattr(c, "logits_soft_cap", None) or None),
+    # these divide the last hidden states before the head (no bias): the same as dividing its logits
+    "minicpm3": lambda c: LogitMap(scale=float(c.dim_model_base) / float(c.hidden_size)),
+    "inkling_text": lambda c: LogitMap(scale=1.0 / float(c.logits_mup_width_multiplier)),
 }
 
 
@@ -128,7 +132,11 @@ def logit_map(config) -> LogitMap:
     Granite Vision's give the head's output as it is): `TokenLoss.check_head` finds that on its probe."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     found = _LOGIT_MAPS.get(getattr(text, "model_type", None))
-    return found(text) if found else LogitMap()
+    if found:
+        return found(text)
+    # A family not listed that names a soft cap the way Gemma 2 does: capped, as its forward does. At random init
+    # the logits are too small for the head probe (`TokenLoss.check_head`) to see a cap of 30.
+    return LogitMap(cap=getattr(text, "final_logit_softcapping", None) or None)
 
 
 def chunk_tokens(vocab_size: int) -> int:

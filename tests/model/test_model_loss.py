@@ -194,15 +194,25 @@ def _post_processing_model(family: str):
         "falcon_h1": lambda: tf.FalconH1Config(**common, lm_head_multiplier=8.0, mamba_d_ssm=32, mamba_n_heads=4,
                                                mamba_d_head=8, mamba_n_groups=1, mamba_d_state=8, mamba_expand=1,
                                                mamba_chunk_size=16),
+        "vaultgemma": lambda: tf.VaultGemmaConfig(**common, head_dim=8, final_logit_softcapping=0.05),
+        "recurrent_gemma": lambda: tf.RecurrentGemmaConfig(
+            **{k: v for k, v in common.items() if k != "max_position_embeddings"}, lru_width=32,
+            attention_window_size=16, logits_soft_cap=0.05, block_types=["recurrent", "attention"]),
+        # hidden states / (hidden_size / dim_model_base) = x 8 before the head
+        "minicpm3": lambda: tf.MiniCPM3Config(**common, dim_model_base=256, qk_rope_head_dim=4, qk_nope_head_dim=4,
+                                              v_head_dim=8, kv_lora_rank=16, q_lora_rank=16),
+        "inkling_text": lambda: tf.InklingTextConfig(**common, logits_mup_width_multiplier=0.125),
     }
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(configs[family]()).float().eval()
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1", "vaultgemma",
+                                    "recurrent_gemma", "minicpm3", "inkling_text"])
 def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
-    """Soft-capping (Gemma 2, Gemma 3 where set) and logit scaling (Cohere, Granite, Falcon-H1) are the
-    model's: the chunked loss equals the stock model's own loss with labels, and so do its gradients."""
+    """Soft-capping (Gemma 2, Gemma 3 where set, VaultGemma, RecurrentGemma) and logit scaling (Cohere, Granite,
+    Falcon-H1; MiniCPM3 and Inkling scale the hidden states before the head) are the model's: the chunked loss
+    equals the stock model's own loss with labels, and so do its gradients."""
     from pipeline.errors import UserError
     from pipeline.model.batch import Batch
 
@@ -229,3 +239,14 @@ def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
             assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
     with pytest.raises(UserError, match="model.fused_loss=liger: .* after the head"):
         TokenLoss(model, fused_loss="liger")
+
+
+def test_a_family_not_listed_that_names_a_soft_cap_is_capped():
+    """At random init the logits are far below a cap of 30, where the head probe cannot see it: a config of a
+    family `logit_map` does not list that sets `final_logit_softcapping` is capped all the same."""
+    from transformers import PretrainedConfig
+
+    from pipeline.model.loss import logit_map
+
+    assert logit_map(PretrainedConfig(final_logit_softcapping=30.0)).cap == 30.0
+    assert not logit_map(PretrainedConfig())
