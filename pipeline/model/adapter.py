@@ -56,7 +56,9 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
         r=cfg.lora.r,
         lora_alpha=cfg.lora.alpha,
         lora_dropout=cfg.lora.dropout,
-        target_modules=targets or None,  # None with fused weights only: peft then adapts target_parameters alone
+        # [] with weights only, not None: None is peft's default layers of the family (Mixtral's q_proj and v_proj
+        # in peft 0.18, Falcon's query_key_value), adapted besides the weights or refused where they coincide
+        target_modules=targets or [],
         use_rslora=cfg.lora.use_rslora,
         use_dora=cfg.lora.use_dora,
         init_lora_weights=LORA_INITS[cfg.lora.init],  # the config refuses the others (pipeline.config.init_problem)

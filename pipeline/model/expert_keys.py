@@ -62,7 +62,7 @@ def param_wrappers(base: Path, adapter_config: dict) -> dict[str, Wrapped]:
     from peft.tuners.lora.layer import ParamWrapper
 
     model = _meta_model(base)
-    config = LoraConfig(r=int(adapter_config["r"]), lora_alpha=adapter_config.get("lora_alpha", 8),
+    config = LoraConfig(r=int(adapter_config["r"]), lora_alpha=adapter_config.get("lora_alpha", 8), target_modules=[],
                         target_parameters=list(adapter_config["target_parameters"]), lora_dropout=0.0)
     inject_adapter_in_model(config, model, low_cpu_mem_usage=True)
     found = {}

@@ -13,7 +13,8 @@ with stock `AutoModelForCausalLM.from_pretrained`.
 What each family brings: Qwen2 tied embeddings (and q/k/v biases), Qwen3 q/k
 norms, Gemma tied embeddings scaled by sqrt(hidden) and its (1 + w) RMSNorm,
 Mistral sliding-window attention, Phi-3 fused qkv_proj / gate_up_proj, GPT-2
-Conv1D layers (weights stored transposed: [in, out]) and a tied head, Gemma 3n's text
+Conv1D layers (weights stored transposed: [in, out]) and a tied head, Falcon Linear layers with a forward of
+their own (adapted through their weights), Gemma 3n's text
 model an intermediate size per layer (a list in its config), layers that reuse
 earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections); Zamba2 Mamba-2 layers
 and a shared attention block with per-layer adapters, Linear layers in Sequentials in ModuleLists.
@@ -71,6 +72,10 @@ def _config(family: str, tokenizer):
         return tf.Zamba2Config(**{**_decoder(), "num_hidden_layers": 2}, **common, layers_block_type=["mamba", "hybrid"],
                                mamba_headdim=16, mamba_d_state=8, n_mamba_heads=4, chunk_size=16,
                                num_mem_blocks=1, attention_head_dim=16, adapter_rank=4, tie_word_embeddings=True)
+    if family == "falcon":  # Falcon-40B / 180B's layout: grouped K/V heads in one fused projection
+        return tf.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                               num_kv_heads=KV_HEADS, new_decoder_architecture=True, max_position_embeddings=POSITIONS,
+                               tie_word_embeddings=True, **common)
     if family == "gpt2":
         return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
                              **common)
@@ -86,6 +91,9 @@ FAMILIES = {
     "mistral": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}, False),
     "phi3": ({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, False),
     "gpt2": ({"c_attn", "c_proj", "c_fc"}, True),
+    # FalconLinear: a Linear with a forward of its own, adapted through its weight (peft's ParamWrapper); peft's
+    # default layer for the family (query_key_value) is not also given to it, which it refused
+    "falcon": ({"query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"}, True),
     # every Linear, as peft's all-linear: AltUp's (correction_coefs, prediction_coefs, modality_router and the
     # ModuleLists altup_projections / altup_unembed_projections, whose layers are named "0"), LAuReL's
     # (linear_left, linear_right) and the per-layer inputs'
@@ -148,7 +156,8 @@ def test_family_trains_merges_and_verifies(family, tiny, tmp_path):
     data = {"model": base, "train": tiny["train"], "val": tiny["val"]}
     # lr 1e-2: two updates move the adapter far enough that the merge visibly changes the logits
     run = make_run(tmp_path / "run", data, total=UPDATES, fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]"])
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]",
+                              *(["lora.dropout=0"] if family == "falcon" else [])])  # a weight takes no dropout
     out = run.stage_dir("all")
     assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
                        "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0

@@ -244,3 +244,24 @@ def test_a_shared_experts_layers_are_adapted_whatever_peft_does_with_their_names
     assert {n.split(".lora_")[0].split("layers.0.")[-1] for n in trained if "layers.0." in n} == {
         "mlp.shared_expert.gate_proj"}  # layer 0 is linear attention: no q_proj there
     assert not any("experts." in n and "shared_expert" not in n for n in trained)
+
+
+def test_a_list_that_names_fused_weights_alone_adapts_them_alone(bases):
+    """Mixtral's experts named alone: the weights go to peft's target_parameters with no layer in target_modules.
+    Given None there, peft 0.18 adapted the family's default layers besides (q_proj and v_proj); the trained
+    parameters are the experts' LoRA pairs, as many as the plan counts."""
+    from kits.train import REPO
+
+    from pipeline import config as train_config
+    from pipeline.model import loading, targets
+    from pipeline.model.base import meta_model
+    from pipeline.model.precision import Precision
+
+    cfg = train_config.resolve(REPO / "config/train", "config", [
+        f"model.path={bases['mixtral']}", "tokens.train_cache=/t", "lora.dropout=0", "lora.target_modules=[down_proj]"])
+    planned = targets.resolve(meta_model(cfg.model), cfg.lora, cfg.moe)
+    assert planned.modules == [] and planned.parameters == ["experts.down_proj"]
+    model = loading.build(cfg, Precision("fp32", "cpu"), torch.device("cpu"))
+    trained = [n for n, _ in loading.trainable(model)]
+    assert {n.split(".lora_")[0].split("layers.0.")[-1] for n in trained if "layers.0." in n} == {"mlp.experts"}
+    assert sum(p.numel() for _, p in loading.trainable(model)) == planned.lora_params
