@@ -73,8 +73,11 @@ ROLE_ALIASES = {
     "user": "user",
     "gpt": "assistant",
     "assistant": "assistant",
+    "model": "assistant",  # Gemma's and the Gemini API's name for it
     "system": "system",
     "tool": "tool",
+    "ipython": "tool",  # Llama 3.1's tool results
+    "function": "tool",  # OpenAI's older function results
 }
 
 

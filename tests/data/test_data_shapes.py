@@ -54,6 +54,9 @@ SHAPED |= {
     "conversation": [{"conversation": m, "turn": 1, "model": "vicuna-13b"} for m in EXPECTED],
     "conversations_of_role_and_content": [{"conversations": m} for m in EXPECTED],
     "messages_as_json_text": [{"messages": json.dumps(m)} for m in EXPECTED],
+    # Gemma's / the Gemini API's role name for the assistant
+    "model_role": [{"messages": [t | {"role": "model"} if t["role"] == "assistant" else t for t in m]}
+                   for m in EXPECTED],
 }
 
 
@@ -209,3 +212,13 @@ def test_one_unshaped_record_among_shaped_ones_is_its_own_problem(tmp_path):
     (problem,) = parse_file(write_jsonl(tmp_path / "d.jsonl", records)).problems
     assert (problem.index, problem.reason) == (1, "missing_turns")
     assert "its keys: 'question'" in problem.message
+
+
+@pytest.mark.parametrize("role", ["ipython", "function", "Tool"])
+def test_llama_and_openai_names_of_a_tool_result_are_tool_turns(tmp_path, role):
+    call = {"type": "function", "function": {"name": "clock", "arguments": {}}}
+    record = {"messages": [{"role": "user", "content": "time?"}, {"role": "assistant", "content": "",
+                                                                  "tool_calls": [call]},
+                           {"role": role, "content": "12:00"}, {"role": "assistant", "content": "noon"}]}
+    (parsed,) = load_records(write_jsonl(tmp_path / "d.jsonl", [record]))
+    assert [m["role"] for m in parsed.messages] == ["user", "assistant", "tool", "assistant"]
