@@ -67,11 +67,29 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
         **extra,
     )
     model = get_peft_model(model, lora)
+    if _quantized_conv1d(model):  # the adapter merges into (and loads onto) the base's Conv1D layout
+        model.peft_config["default"].fan_in_fan_out = True
     if rows:
         fp32_token_rows(model)
     if cfg.lora.fused:
         log.info("lora.fused: %d LoRA linear layers run as one addmm each", kernels.fuse_lora(model))
     return model
+
+
+def _quantized_conv1d(model) -> bool:
+    """Are the LoRA layers' bases quantized layers that replaced GPT-2-style Conv1D layers (transformers'
+    bitsandbytes integration keeps the class it replaced as `source_cls`)? Trained on them, the adapter is a
+    Linear's; the unquantized base the merge and stock peft read stores those weights transposed ([in, out]), as
+    peft's `fan_in_fan_out` says. UserError for a mix of both kinds, which one adapter config cannot say."""
+    from transformers.pytorch_utils import Conv1D
+
+    sources = [getattr(m.get_base_layer(), "source_cls", None) for m in model.modules()
+               if hasattr(m, "lora_A") and hasattr(m, "get_base_layer")]
+    conv = [isinstance(s, type) and issubclass(s, Conv1D) for s in sources]
+    if any(conv) and not all(conv):
+        raise UserError("model.quantization: LoRA targets both quantized Conv1D (GPT-2 style) and Linear layers, "
+                        "whose weights the base stores in opposite layouts; target one kind (lora.target_modules)")
+    return any(conv)
 
 
 def no_input_casts(model) -> None:

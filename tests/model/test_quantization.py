@@ -194,3 +194,34 @@ def test_a_quantized_base_keeps_no_page_of_its_float_files(tiny):
     assert proc.returncode == 0, proc.stderr[-3000:]
     mapped_kib, params = map(int, proc.stdout.split()[-2:])
     assert params > 0 and mapped_kib == 0, proc.stdout
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_a_quantized_gpt2_adapter_merges_into_its_conv1d_weights(tiny, tmp_path):
+    """GPT-2 keeps its layers as Conv1D, weights stored [in, out]; quantized, they train as Linear4bit layers,
+    whose adapter is a Linear's. The adapter says fan_in_fan_out, as it would trained unquantized: the merge into
+    the unquantized base fitted no weight before (c_attn's (32, 96) against a delta of (96, 32)); now it verifies
+    against the base + adapter as stock peft loads them."""
+    from kits.train import make_run
+    from test_families import save_family
+
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import verify
+    from pipeline.train import stage
+
+    base = tmp_path / "gpt2"
+    save_family("gpt2", base)
+    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
+                   fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
+                              "model.quantization=nf4"])
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
+    assert json.loads((export / "adapter" / "adapter_config.json").read_text())["fan_in_fan_out"] is True
+    merge_dirs(base, export / "adapter", export / "merged")
+    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu")
+    assert report["passed"] and report["max_abs_diff"] < 1e-4, report
