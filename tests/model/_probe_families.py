@@ -1,7 +1,8 @@
 """A sweep run by hand, not a test of the suite (its name keeps pytest from collecting it): every causal-LM family
 of the installed transformers, built tiny from its stock config (sizes shrunk where the config has them; a few
 families by hand in `_hand`), through plan -> one stage -> consolidate -> merge -> verify_merge. One JSON line per
-family goes to $PROBE_OUT (default /tmp/probe_families.jsonl); $PROBE_TYPES limits it to some model types.
+family goes to $PROBE_OUT (default /tmp/probe_families.jsonl); $PROBE_TYPES limits it to some model types (a comma
+list), $PROBE_OVERRIDES adds settings to each run (a space list, e.g. `lora.use_dora=true`).
 
     PROBE_OUT=/tmp/p.jsonl python -m pytest -o addopts="" tests/model/_probe_families.py -q
 
@@ -119,7 +120,8 @@ def test_probe(model_type, tiny, tmp_path):
         step = "train"
         data = {"model": base, "train": tiny["train"], "val": tiny["val"]}
         run = make_run(tmp_path / "run", data, total=2, fraction=0.5, chunks=1, single_stage=True,
-                       overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
+                       overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
+                                 *filter(None, os.environ.get("PROBE_OVERRIDES", "").split(" "))])
         out = run.stage_dir("all")
         assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
                            "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
