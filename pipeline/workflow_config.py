@@ -233,9 +233,11 @@ def path_problems(config: dict) -> list[str]:
         path = Path(value).expanduser()
         if not path.exists():
             problems.append(f"{key}: {value} does not exist")
-        elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES):
-            problems.append(f"{key}: {value} is a directory but not a `datasets` save_to_disk dir "
-                            f"(no {' / '.join(SAVED_DATASET_FILES)}); give a dataset file or such a dir")
+        elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES) and not any(
+                p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
+            # a directory of data files is read as one dataset; which of its files are data, validation says
+            problems.append(f"{key}: {value} is an empty directory: give a dataset file, a directory of data files "
+                            f"or a `datasets` save_to_disk dir ({' / '.join(SAVED_DATASET_FILES)})")
         elif not path.is_file() and not path.is_dir():
             problems.append(f"{key}: {value} is neither a dataset file nor a directory")
     return problems + train_set_problems(data)

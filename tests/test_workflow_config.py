@@ -69,15 +69,19 @@ def test_every_schema_problem_is_listed_with_its_key():
 
 def test_paths_name_the_key_that_holds_them(tmp_path):
     (tmp_path / "empty_dir").mkdir()
+    (tmp_path / "empty_dir" / ".gitattributes").write_text("x\n")  # hidden: no data
     (tmp_path / "train.jsonl").write_text("{}\n")
     config = {"model": str(tmp_path / "empty_dir"),
-              "data": {"train": str(tmp_path / "train.jsonl"), "val": str(tmp_path / "nope.jsonl"), "test": str(tmp_path)}}
+              "data": {"train": str(tmp_path / "train.jsonl"), "val": str(tmp_path / "nope.jsonl"),
+                       "test": str(tmp_path / "empty_dir")}}
     assert path_problems(config) == [
         f"model: {tmp_path / 'empty_dir'} is a directory but not a Hugging Face model (no config.json)",
         f"data.val: {tmp_path / 'nope.jsonl'} does not exist",
-        f"data.test: {tmp_path} is a directory but not a `datasets` save_to_disk dir (no state.json / "
-        "dataset_info.json / dataset_dict.json); give a dataset file or such a dir",
+        f"data.test: {tmp_path / 'empty_dir'} is an empty directory: give a dataset file, a directory of data files "
+        "or a `datasets` save_to_disk dir (state.json / dataset_info.json / dataset_dict.json)",
     ]
+    # a directory of data files (which of them are data, validation says)
+    assert path_problems({"model": "embedded", "data": {"train": str(tmp_path)}}) == []
     # several training datasets: each entry's path, by its index
     (tmp_path / "saved").mkdir()
     (tmp_path / "saved" / "state.json").write_text("{}")

@@ -2,7 +2,8 @@
 
 Kinds (`KINDS`): ``json`` (one JSON array), ``jsonl`` (JSON Lines), ``csv`` /
 ``tsv`` (a header row, then one record per row), ``parquet``, ``arrow`` (an IPC
-file or stream, or a ``datasets`` ``save_to_disk`` directory). A text kind may
+file or stream, or a ``datasets`` ``save_to_disk`` directory). A directory of data
+files of one kind (`shard_files`) is of their kind, read one file after another. A text kind may
 be compressed (`CODECS`: ``.gz``, ``.zst``, ``.bz2``, ``.xz``); its kind is then
 ``<kind>.<codec>``, e.g. ``jsonl.gz``, and the codec is confirmed by its magic
 bytes as well.
@@ -210,14 +211,74 @@ def _binary_kind(head: bytes) -> str | None:
     return None
 
 
+# Split names in a data file's name (train-00000-of-00002.parquet, data/test.jsonl): files of several in one
+# directory are not one dataset.
+_SPLIT_WORDS = {"train": "train", "training": "train", "validation": "validation", "valid": "validation",
+                "val": "validation", "dev": "validation", "test": "test", "testing": "test", "eval": "validation"}
+
+
+def shard_files(path: Path) -> list[Path] | None:
+    """The data files of a directory that holds one dataset in several files (what `hf download` leaves of a
+    dataset repo's folder, or a partitioned write): its files with a data kind's name (`_SUFFIXES`, compressed
+    too), sorted by their path in it, hidden ones left out; other files (README.md, images) are not data. None
+    for a save_to_disk or DatasetDict directory, or a directory with no data file. `KindError` when the names
+    say several splits (train-*.parquet beside test-*.parquet): give the split's own files."""
+    if not path.is_dir() or (path / _DATASET_DICT_FILE).is_file() or any((path / n).is_file()
+                                                                          for n in DATASET_DIR_FILES):
+        return None
+    files = sorted((p for p in path.rglob("*") if p.is_file() and _data_name(p)
+                    and not any(part.startswith(".") for part in p.relative_to(path).parts)),
+                   key=lambda p: p.relative_to(path).as_posix())
+    splits: dict[str, int] = {}
+    for f in files:
+        words = {_SPLIT_WORDS[w] for w in _words(f.relative_to(path).as_posix()) if w in _SPLIT_WORDS}
+        for split in words:
+            splits[split] = splits.get(split, 0) + 1
+    if len(splits) > 1:
+        found = ", ".join(f"{split}: {n} file(s)" for split, n in sorted(splits.items()))
+        raise KindError("several_splits", f"a directory holding the files of several splits ({found}): give one "
+                        "split's directory, or its files as data.train / data.val / data.test")
+    return files or None
+
+
+def sniff_files(files: list[Path], names: list[str]) -> str:
+    """The one kind of a dataset's several files (`names`: how messages name them); `KindError` naming the file
+    that is none, or the kinds found."""
+    found: dict[str, str] = {}
+    for f, name in zip(files, names):
+        try:
+            found.setdefault(sniff(f), name)
+        except KindError as err:
+            raise KindError(err.reason, f"{name}: {err}") from None
+    if len(found) > 1:
+        named = ", ".join(f"{name} ({describe_kind(kind)})" for kind, name in found.items())
+        raise KindError("mixed_kinds", f"the files are of several kinds: {named}; give files of one kind")
+    return next(iter(found))
+
+
+def _words(name: str) -> list[str]:
+    return [w for w in "".join(c if c.isalnum() else " " for c in name.lower()).split()]
+
+
+def _data_name(path: Path) -> bool:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] in _CODEC_SUFFIXES:
+        suffixes = suffixes[:-1]
+    return bool(suffixes) and suffixes[-1] in _SUFFIXES
+
+
 def _sniff_dir(path: Path) -> str:
+    files = shard_files(path)
+    if files:
+        return sniff_files(files, [f.relative_to(path).as_posix() for f in files])
     if (path / _DATASET_DICT_FILE).is_file():
         splits = sorted(p.name for p in path.iterdir() if p.is_dir())
         raise KindError("dataset_dict", f"a datasets DatasetDict directory (splits: {', '.join(splits)}): "
                         f"give one split's directory, e.g. {path / (splits[0] if splits else 'train')}")
     if not any((path / name).is_file() for name in DATASET_DIR_FILES) or not arrow_shards(path):
-        raise KindError("not_a_dataset", "a directory, but not one written by datasets' save_to_disk "
-                        f"({' / '.join(DATASET_DIR_FILES)} and .arrow shards)")
+        raise KindError("not_a_dataset", "a directory, but neither one written by datasets' save_to_disk "
+                        f"({' / '.join(DATASET_DIR_FILES)} and .arrow shards) nor one holding data files "
+                        f"({accepted()})")
     return "arrow"
 
 

@@ -12,7 +12,9 @@
 A pin of dataset files from the Hugging Face hub (`pipeline.storage.hub_data`: a
 ``.hub.json`` written by ``fetch-data``) is read as one dataset: its files, in the
 pin's (sorted) order, one after another, records numbered on across them; they
-must be of one kind, and messages name the dataset by its hub URL (`display_name`).
+must be of one kind, and messages name the dataset by its hub URL (`display_name`). A
+directory of data files (`kinds.shard_files`: what `hf download` leaves, a partitioned
+write) is read the same way, its files in the order of their paths in it.
 
 A compressed text kind (``jsonl.gz``, ...) is decompressed as it streams. Every
 record keeps its place in the file: `read_raw` numbers records from 0 and
@@ -65,26 +67,32 @@ def sniff(path: Path) -> str:
     files = hub_data.pinned_files(path)
     if files is None:
         return kinds.sniff(Path(path))
-    found = {}
     for f in files:
         if not f.is_file():
             raise KindError("file_not_found", f"{f} is no longer in the Hugging Face cache: delete {path} and run "
                             "the workflow again to fetch it")
-        try:
-            found.setdefault(kinds.sniff(f), f.name)
-        except KindError as err:
-            raise KindError(err.reason, f"{f.name}: {err}") from None
-    if len(found) > 1:
-        named = ", ".join(f"{name} ({describe_kind(kind)})" for kind, name in found.items())
-        raise KindError("mixed_kinds", f"the files matched are of several kinds: {named}; match files of one kind")
-    return next(iter(found))
+    return kinds.sniff_files(files, [f.name for f in files])
+
+
+def dataset_files(path: str | Path) -> tuple[list[Path], list[str]] | None:
+    """The files of a dataset held in several (a hub pin's; a directory of data files, `kinds.shard_files`) and
+    how messages name each (its path in the repo, or in the directory); None for one file or a save_to_disk
+    directory. `KindError` for a directory of several splits' files."""
+    pinned = hub_data.pinned_files(path)
+    if pinned is not None:
+        revision = hub_data.read_pin(path)["revision"]
+        return pinned, [hub_data.repo_path(f, revision) for f in pinned]
+    path = Path(path)
+    files = kinds.shard_files(path) if path.is_dir() else None
+    return (files, [f.relative_to(path).as_posix() for f in files]) if files else None
 
 
 def base_dir(path: str | Path) -> str:
-    """The directory a dataset's relative image paths start from: the file's own; for a hub pin, the directory
-    of its first file in the cache snapshot (the repo's folder the records were written beside)."""
-    pinned = hub_data.pinned_files(path)
-    return os.path.dirname(os.path.abspath(pinned[0] if pinned else path))
+    """The directory a dataset's relative image paths start from: the file's own; for a dataset of several files,
+    the directory of its first (a hub pin's: in the cache snapshot, the repo's folder the records were written
+    beside)."""
+    several = dataset_files(path)
+    return os.path.dirname(os.path.abspath(several[0][0] if several else path))
 
 
 def display_name(path: str | Path) -> str:
@@ -98,7 +106,9 @@ def fingerprint(path: str | Path) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     pinned = hub_data.pinned_files(path)
-    files = pinned or (sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
+    several = None if pinned else dataset_files(path)
+    files = pinned or (several[0] if several else None) or (
+        sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
     for p in files:
         if pinned:
             digest.update(p.name.encode() + b"\0")
@@ -113,9 +123,9 @@ def fingerprint(path: str | Path) -> str:
 def columns(path: Path, kind: str) -> list[str] | None:
     """The column names of a Parquet / Arrow / CSV / TSV dataset (its schema or header row, no record read); None
     for JSON kinds and for columns that cannot be read (`read_raw` then reports why). A hub pin: its first file's."""
-    pinned = hub_data.pinned_files(path)
-    if pinned:
-        path = pinned[0]
+    several = dataset_files(path)
+    if several:
+        path = several[0][0]
     if is_columnar(kind):
         return columnar.columns(path, kind)
     if base_kind(kind) not in _DELIMITERS:
@@ -138,10 +148,10 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
     within its own file, and `parts` gets ``[first record's number, the file's path in the repo]`` per file
     of a pin of several (`pipeline.data.records.locate` names a record's file with them).
     """
-    pinned = hub_data.pinned_files(path)
-    if pinned is not None:
-        revision = hub_data.read_pin(path)["revision"]
-        yield from _read_files(pinned, kind, problems, owns, parts if len(pinned) > 1 else None, revision)
+    several = dataset_files(path)
+    if several is not None:
+        files, names = several
+        yield from _read_files(files, names, kind, problems, owns, parts if len(files) > 1 else None)
         return
     if is_columnar(kind):
         yield from columnar.read_columnar(path, kind, problems, owns, SKIPPED)
@@ -155,20 +165,20 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
                          f"data to its end: {err}", None))
 
 
-def _read_files(files: list[Path], kind: str, problems: list, owns: Callable[[int], bool] | None,
-                parts: list | None, revision: str) -> Iterator[tuple[int | None, object]]:
+def _read_files(files: list[Path], names: list[str], kind: str, problems: list, owns: Callable[[int], bool] | None,
+                parts: list | None) -> Iterator[tuple[int | None, object]]:
     """Several files of one kind read as one dataset: records numbered on from file to file (`owns` is asked
-    about that number); a fault of a file names it."""
+    about that number); a fault of a file names it (`names`)."""
     before = 0  # records of the files already read
-    for f in files:
+    for f, name in zip(files, names):
         if parts is not None:
-            parts.append([before, hub_data.repo_path(f, revision)])
+            parts.append([before, name])
         own = None if owns is None else (lambda i, base=before: owns(base + i))
         found: list = []
         for item in read_raw(f, kind, found, own):
             before += 1
             yield item
-        problems += [(reason, f"{hub_data.repo_path(f, revision)}: {message}", line) for reason, message, line in found]
+        problems += [(reason, f"{name}: {message}", line) for reason, message, line in found]
 
 
 def _stream_errors() -> tuple[type[Exception], ...]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data import kinds
 from pipeline.storage import hub_data
 
 BLOCK = 2048  # records per block (the tokenizer's batch): shard k owns blocks k, k + N, ...
@@ -37,8 +38,12 @@ def shard_count(path: str | Path, shard_mb: float | None) -> int:
     pinned = hub_data.pinned_files(path)
     if pinned is not None:
         size = sum(p.stat().st_size for p in pinned if p.is_file())
-    elif path.is_dir():
-        size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    elif path.is_dir():  # a directory of data files: those (not its images); a save_to_disk one: all
+        try:
+            files = kinds.shard_files(path) or [p for p in path.rglob("*") if p.is_file()]
+        except kinds.KindError:  # several splits: validation says so
+            return 1
+        size = sum(p.stat().st_size for p in files)
     else:
         size = path.stat().st_size
     return max(1, math.ceil(size / (shard_mb * 2**20)))

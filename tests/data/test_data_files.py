@@ -147,8 +147,67 @@ def test_a_dataset_dict_dir_names_its_splits(tmp_path):
 
 def test_a_plain_directory_is_not_a_dataset(tmp_path):
     (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "README.md").write_text("# notes\n")
     (problem,) = parse_file(tmp_path / "x").problems
     assert problem.reason == "not_a_dataset" and "save_to_disk" in problem.message
+
+
+def test_a_directory_of_shards_reads_as_one_dataset_naming_each_file(tmp_path, tokenizer_dir):
+    """A dataset repo's folder as `hf download --local-dir` leaves it: Parquet shards written by `datasets`, a
+    README, .gitattributes and hf's .cache/ of download metadata. The shards are one dataset in the order of their
+    names, the other files no data; validation names a bad record by its shard and its number there. A folder of
+    JSON Lines files with the images their records name is read the same way, and its size for sharding is its data
+    files'. A folder holding two splits' shards is one problem naming them."""
+    import datasets
+
+    from pipeline.data import shards
+
+    local = tmp_path / "ds" / "data"
+    local.mkdir(parents=True)
+    rows = _columnar(RECORDS) + [{"system": None, "id": "empty", "messages": []}]
+    for k, (start, end) in enumerate(((0, 4), (4, 8))):
+        datasets.Dataset.from_list(rows[start:end]).to_parquet(str(local / f"train-{k:05d}-of-00002.parquet"))
+    (tmp_path / "ds" / "README.md").write_text("---\nlicense: mit\n---\n")
+    (local / ".gitattributes").write_text("*.parquet filter=lfs\n")
+    (local / ".cache" / "huggingface" / "download").mkdir(parents=True)
+    (local / ".cache" / "huggingface" / "download" / "train-00000-of-00002.parquet.metadata").write_text("x\n")
+
+    parsed = parse_file(local)
+    assert parsed.layout == "parquet"
+    assert [r.id for r in parsed.records] == [r["id"] for r in RECORDS]
+    report = validate_dataset(local, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    (problem,) = [p for _, p in report.problems]
+    assert problem.where() == f"{local} (Parquet) record 7 (record 3 of train-00001-of-00002.parquet, id 'empty')"
+    assert problem.reason == "empty_turns"
+
+    lines = tmp_path / "lines"
+    (lines / "images").mkdir(parents=True)
+    from PIL import Image
+
+    Image.new("RGB", (32, 32), "red").save(lines / "images" / "a.png")
+    (lines / "images" / "big.bin").write_bytes(b"\0" * 2**20)
+    turns = [{"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "red"}]
+    for name in ("part-0.jsonl", "part-1.jsonl.gz"):
+        text = json.dumps({"image": "images/a.png", "conversations": turns}) + "\n"
+        if name.endswith(".gz"):
+            import gzip
+
+            (lines / name).write_bytes(gzip.compress(text.encode()))
+        else:
+            (lines / name).write_text(text)
+    with pytest.raises(readers.KindError, match="files are of several kinds: part-0.jsonl .JSON Lines., "
+                       "part-1.jsonl.gz .JSON Lines, gzip."):
+        readers.sniff(lines)
+    (lines / "part-1.jsonl.gz").unlink()
+    (lines / "part-1.jsonl").write_text(json.dumps({"image": "images/a.png", "conversations": turns}) + "\n")
+    both = parse_file(lines)
+    assert [r.images for r in both.records] == [[str(lines / "images" / "a.png")]] * 2 and not both.problems
+    assert shards.shard_count(lines, 0.5) == 1  # the 1 MiB beside the data is not data
+
+    for name in ("train-00000.parquet", "test-00000.parquet"):
+        datasets.Dataset.from_list(rows[:2]).to_parquet(str(tmp_path / "both" / name))
+    (problem,) = parse_file(tmp_path / "both").problems
+    assert problem.reason == "several_splits" and "test: 1 file(s), train: 1 file(s)" in problem.message
 
 
 def test_columns_of_no_shape_are_one_line_without_reading_rows(tmp_path, monkeypatch):

@@ -183,5 +183,5 @@ def test_a_pin_over_files_of_several_kinds_is_one_problem_naming_them(tmp_path, 
     url = "hf://datasets/org/mixed/data/*"
     problem, = parse_file(_pin(tmp_path, cache_dir, url)).problems
     assert (problem.file, problem.reason, problem.message) == (
-        url, "mixed_kinds", "the files matched are of several kinds: a.jsonl (JSON Lines), b-00000.parquet (Parquet); "
-                            "match files of one kind")
+        url, "mixed_kinds", "the files are of several kinds: a.jsonl (JSON Lines), b-00000.parquet (Parquet); "
+                            "give files of one kind")
