@@ -21,16 +21,22 @@ _ARROW_FILE_MAGIC = b"ARROW1"
 def columns(path: Path, kind: str) -> list[str] | None:
     """The column names of a Parquet / Arrow dataset (its schema, no rows read); None for a schema that
     cannot be read (`read_columnar` then reports why)."""
+    found = schema(path, kind)
+    return None if found is None else found.names
+
+
+def schema(path: Path, kind: str):
+    """The `pyarrow.Schema` of a Parquet / Arrow dataset (no rows read); None where it cannot be read."""
     import pyarrow as pa
 
     try:
         if kind == "parquet":
             import pyarrow.parquet as pq
 
-            return pq.read_schema(path).names
+            return pq.read_schema(path)
         first = arrow_shards(path)[0] if path.is_dir() else path
         with pa.memory_map(str(first)) as source:
-            return _open_ipc(source).schema.names
+            return _open_ipc(source).schema
     except (pa.ArrowException, OSError):
         return None
 

@@ -4,7 +4,8 @@ files its records name beside them.
 A dataset repo may keep its images as files next to the data (LLaVA's layout: a record names
 ``images/0001.png``, relative to its data file). The URL matches the data files only, so once they are pinned
 their records are read, with the dataset's ``data.columns`` / ``data.roles``, and every image path inside the
-commit's snapshot that the cache lacks is downloaded from the same commit. A folder missing more than
+commit's snapshot that the cache lacks is downloaded from the same commit (a table is read for them only where
+its image column holds paths: `may_name_files`). A folder missing more than
 `MAX_LISTED` images is fetched whole (``<folder>/*``: one pattern, not thousands). An image that is not in the
 repo at that commit stays missing, and validation names it. Offline (``HF_HUB_OFFLINE=1``) nothing more is
 fetched: validation names each missing image with the ``hf download`` that fetches it.
@@ -17,7 +18,9 @@ import posixpath
 from collections import defaultdict
 from pathlib import Path
 
+from pipeline.data import columnar, readers
 from pipeline.data.formats import stream_file
+from pipeline.data.kinds import is_columnar
 from pipeline.data.shapes import FieldMap, add_arguments, field_map
 from pipeline.storage import hub_data
 from pipeline.storage.hub import download, offline
@@ -32,9 +35,37 @@ def snapshot_of(pin: str | Path) -> Path:
     return Path(*parts[:parts.index(info["revision"]) + 1])
 
 
+def may_name_files(pin: str | Path, fields: FieldMap) -> bool:
+    """Can the pinned dataset's records name image files? JSON, JSON Lines, CSV: yes. A table (Parquet, Arrow) only
+    where its image column holds paths (strings): a `datasets` Image column (the hub's vision-language datasets)
+    brings its images inside the data, and reading every row for nothing would decode them all where Snakemake
+    runs (validation reads them, in its own jobs)."""
+    import pyarrow as pa
+
+    try:
+        kind = readers.sniff(Path(pin))
+    except readers.KindError:
+        return False  # validation names what the files are
+    if not is_columnar(kind):
+        return True
+    found = columnar.schema(Path(hub_data.pinned_files(pin)[0]), kind)
+    if found is None:
+        return False
+
+    def paths(t) -> bool:
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return paths(t.value_type)
+        return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+    return any(paths(found.field(key).type) for key in {fields.key("image"), fields.key("images")}
+               if key in found.names)
+
+
 def missing_images(pin: str | Path, fields: FieldMap) -> list[str]:
     """The images a pinned hub dataset's records name inside its commit's snapshot that the cache lacks, as paths
     in the repo, sorted (records with problems too: their images are checked as well)."""
+    if not may_name_files(pin, fields):
+        return []
     snapshot = snapshot_of(pin)
     parsed, stream = stream_file(pin, fields, fingerprint=False)
     found: set[str] = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from huggingface_hub import constants
 from kits.hub import add_to_cache, write_parquet_shards
 
@@ -181,3 +182,35 @@ def test_missing_images_are_asked_for_by_name_or_by_their_folder_when_it_misses_
     many = [f"frames/{k:03d}.jpg" for k in range(hub_images.MAX_LISTED + 1)]
     assert hub_images.patterns(["a.png", "img/x*.png", *many]) == ["a.png", "frames/*", "img/x[*].png"]
     assert hub_images.patterns(many[:hub_images.MAX_LISTED]) == many[:hub_images.MAX_LISTED]
+
+
+def test_a_table_is_read_for_image_files_only_where_its_image_column_holds_paths(tmp_path, monkeypatch):
+    """A Parquet dataset whose `image` column holds paths names files beside it; one `datasets` wrote with an Image
+    column brings its images inside, and fetch-data does not read its rows (every image would be decoded and
+    written where Snakemake runs)."""
+    import datasets
+    from PIL import Image
+
+    from pipeline.data import hub_images
+
+    turns = [{"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "red"}]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    datasets.Dataset.from_list([{"image": "images/0.png", "conversations": turns}]).to_parquet(str(repo / "p.parquet"))
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (32, 32), "red").save(picture)
+    embedded = datasets.Dataset.from_list([{"image": str(picture), "conversations": turns}]).cast_column(
+        "image", datasets.Image())
+    embedded.to_parquet(str(repo / "e.parquet"))
+    cache = tmp_path / "hf-cache"
+    add_to_cache(cache, "org/tables", repo, repo_type="dataset")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    pins = {}
+    for name in ("p", "e"):
+        pins[name] = tmp_path / f"{name}.hub.json"
+        assert hub_data.main(["--url", f"hf://datasets/org/tables/{name}.parquet", "--out", str(pins[name])]) == 0
+    fields = hub_images.field_map(None, None)
+    assert hub_images.missing_images(pins["p"], fields) == ["images/0.png"]
+    monkeypatch.setattr(hub_images, "stream_file", lambda *a, **k: pytest.fail("rows read"))
+    assert not hub_images.may_name_files(pins["e"], fields) and hub_images.missing_images(pins["e"], fields) == []
