@@ -318,9 +318,22 @@ def _turn_list(view: dict, list_key: str, fields: FieldMap, located: Located, *,
             out.append(None)
             continue
         keys = (role_key, text_key) if mapped else _turn_keys(turn, role_key, text_key)
+        pair = None if mapped or keys[0] in turn or keys[1] in turn else _exchange_keys(turn)
+        if pair:  # one exchange: the user's turn and the answer (Capybara's input / output)
+            out += [_Turn(role, turn.get(key), None, f"{where}.{key}")
+                    for role, key in zip(("user", "assistant"), pair)]
+            continue
         out.append(_Turn(turn.get(keys[0]), turn.get(keys[1]), f"{where}.{keys[0]}", f"{where}.{keys[1]}", turn,
                          parts or keys == ("role", "content")))
     return out
+
+
+_EXCHANGE_KEYS = (("user", "assistant"), ("input", "output"))  # The Cauldron's; Capybara's
+
+
+def _exchange_keys(turn: dict) -> tuple[str, str] | None:
+    """The (question, answer) keys of an item that is one exchange rather than one turn, None for another item."""
+    return next((keys for keys in _EXCHANGE_KEYS if keys[0] in turn or keys[1] in turn), None)
 
 
 _TURN_KEYS = (("role", "content"), ("from", "value"))  # OpenAI's, ShareGPT's
@@ -375,24 +388,10 @@ def _alpaca_turns(view, fields, located):
 
 
 def _texts_turns(view, fields, located):
-    """The Cauldron's / FineVision's exchanges: each ``{"user": ..., "assistant": ...}`` a user turn and its answer."""
-    name = fields.key("texts")
-    exchanges = view["texts"]
-    if not isinstance(exchanges, list) or not exchanges:
-        located("turns_not_list" if not isinstance(exchanges, list) else "empty_turns",
-                f"{name!r} must be a non-empty list of {{user, assistant}} objects, found "
-                f"{'an empty list' if isinstance(exchanges, list) else 'a JSON ' + _json_type(exchanges)}", name)
-        return None, name
-    turns: list[_Turn | None] = []
-    for j, exchange in enumerate(exchanges):
-        where = f"{name}[{j}]"
-        if not isinstance(exchange, dict):
-            located("turn_not_object", f"item {j} must be a {{user, assistant}} object, found a JSON "
-                    f"{_json_type(exchange)}", where)
-            turns.append(None)
-            continue
-        turns += [_Turn(role, exchange.get(role), None, f"{where}.{role}") for role in ("user", "assistant")]
-    return turns, name
+    """The Cauldron's / FineVision's exchanges: each ``{"user": ..., "assistant": ...}`` a user turn and its answer
+    (`_exchange_keys`)."""
+    turns = _turn_list(view, "texts", fields, located, role_key="role", text_key="content", parts=False)
+    return turns, fields.key("texts")
 
 
 _SHAPE_TURNS = {

@@ -7,8 +7,9 @@ Accepted shapes (`SHAPES`), tried in this order on a record's keys:
 * ``conversation`` (LMSYS-Chat-1M, WildChat): ``{"conversation": [{"role": "user", "content": ...}, ...]}``
 
 A turn list may hold either key convention (a ``conversations`` list of role / content
-turns, as many exports write), and may be given as its JSON text (Orca-AgentInstruct's
-``messages``).
+turns, as many exports write) and items that are one exchange each (``{"input", "output"}``,
+Capybara's; ``{"user", "assistant"}``), and may be given as its JSON text
+(Orca-AgentInstruct's ``messages``).
 * ``prompt_completion`` (TRL): ``{"prompt": "...", "completion": "..."}`` (one user turn,
   one assistant turn) or ``{"prompt": [messages], "completion": [messages]}`` (the
   conversation is the prompt's messages then the completion's), or one of each (a string

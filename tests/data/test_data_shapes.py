@@ -54,6 +54,9 @@ SHAPED |= {
     "conversation": [{"conversation": m, "turn": 1, "model": "vicuna-13b"} for m in EXPECTED],
     "conversations_of_role_and_content": [{"conversations": m} for m in EXPECTED],
     "messages_as_json_text": [{"messages": json.dumps(m)} for m in EXPECTED],
+    # Capybara's exchanges ({input, output}: a user turn and its answer each), a system prompt beside them
+    "exchanges": [{"conversation": [{"input": m[-2]["content"], "output": m[-1]["content"]}], "source": "x",
+                   **({"system": m[0]["content"]} if m[0]["role"] == "system" else {})} for m in EXPECTED],
     # Gemma's / the Gemini API's role name for the assistant
     "model_role": [{"messages": [t | {"role": "model"} if t["role"] == "assistant" else t for t in m]}
                    for m in EXPECTED],
