@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeline.storage import hub, hub_data
+from pipeline.storage import globs, hub, hub_data
 
 EMBEDDED = "embedded"
 # The embedded defaults a `model` (or a data split) may name, each built by `prepare_base` into
@@ -231,7 +231,10 @@ def path_problems(config: dict) -> list[str]:
             problems += _hub_data_problems(key, value)
             continue
         path = Path(value).expanduser()
-        if not path.exists():
+        if globs.is_glob(value):
+            if not globs.matches(value):
+                problems.append(f"{key}: {value} is a glob that matches no file")
+        elif not path.exists():
             problems.append(f"{key}: {value} does not exist")
         elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES) and not any(
                 p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
@@ -273,10 +276,13 @@ def train_sets(data: Mapping) -> dict[str, dict] | None:
 
 def default_name(path: str) -> str:
     """A training dataset's name when the config gives none: its file name without the extension (a dir's
-    whole name, a hub URL's dataset name), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
+    whole name, a hub URL's dataset name; a glob's file name up to its first glob character, else its
+    directory's), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
     files = hub_data.parse(path) if hub_data.is_url(path) else None
     name = files.repo_id.split("/")[1] if files else Path(str(path).rstrip("/")).name
     stem = name if files or Path(path).is_dir() else Path(name).stem
+    if files is None and globs.is_glob(path):  # data/train-*.parquet: train; shards/*/*.jsonl: shards
+        stem = re.split(r"[*?\[]", name)[0].rstrip("-_.") or globs.root(path).resolve().name
     return re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip("._-") or "dataset"
 
 

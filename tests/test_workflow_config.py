@@ -90,6 +90,9 @@ def test_paths_name_the_key_that_holds_them(tmp_path):
                                                       {"path": str(tmp_path / "gone.parquet")}]}}
     assert path_problems(listed) == [f"data.train[2].path: {tmp_path / 'gone.parquet'} does not exist"]
     assert path_problems({"model": "meta-llama/Llama-3.2-1B", "data": {"train": "embedded"}}) == []  # a hub id
+    # a glob: the files it matches (which of them are data, validation says)
+    globbed = {"model": "embedded", "data": {"train": str(tmp_path / "tr*.jsonl"), "val": str(tmp_path / "v*.jsonl")}}
+    assert path_problems(globbed) == [f"data.val: {tmp_path / 'v*.jsonl'} is a glob that matches no file"]
     assert path_problems({"model": "./models/missing", "data": {}}) == [
         "model: ./models/missing does not exist (and is not a hub id like org/name or org/name@revision)"]
 
@@ -151,6 +154,10 @@ def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
                             "columns": {"prompt": "question"}, "roles": {}}
     assert sets["saved.v2"]["columns"] == {"prompt": "question", "completion": "answer"}
     assert train_sets({"train": "data/train.jsonl"}) is None  # one file: the single-dataset rules
+    # a glob's name: its file name up to the first glob character, else its folder's
+    globbed = train_sets({"train": [{"path": "data/train-*.parquet"}, {"path": "web/shards/**/*.jsonl.gz"},
+                                    {"path": "code.v2-??.csv"}]})
+    assert list(globbed) == ["train", "shards", "code.v2"]
     assert train_set_problems(data) == []
     clash = {"train": [{"path": "a/chat.jsonl"}, {"path": "b/chat.parquet", "weight": 1, "records": 3}]}
     assert train_set_problems(clash) == [

@@ -9,7 +9,9 @@ a job of its own and merged. The run's ``data/validation.json``,
 ``validation.csv`` and ``stats.json`` are merged from the datasets' own
 (`pipeline.data.mixed_reports`); ``val`` and ``test`` are checked with every
 training dataset and tokenized once. A dataset given by hub URL
-(`pipeline.storage.hub_data`) is read through the pin `fetch_data` writes.
+(`pipeline.storage.hub_data`) is read through the pin `fetch_data` writes; one given
+by a glob (`pipeline.storage.globs`) is declared to Snakemake by the files it matches
+(`input_files`) and handed to the commands as the glob (`arg`).
 
 `RunData` is what the Snakefile asks: each dataset's path, shards and files,
 the data flags every data command takes (built once: `flags`), the inputs of
@@ -26,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import layout
+from pipeline.data import kinds
 from pipeline.data.shards import DEFAULT_SHARD_MB, shard_count
-from pipeline.storage import hub_data
+from pipeline.storage import globs, hub_data
 from pipeline.workflow_config import train_sets
 
 SPLITS = ("train", "val", "test")
@@ -109,9 +112,13 @@ class RunData:
         return " ".join(f"{flag} {shlex.quote(pairs(fields[key]))}" for flag, key in
                         (("--columns", "columns"), ("--roles", "roles")) if fields[key])
 
-    def held_out_inputs(self) -> dict[str, str]:
+    def held_out_inputs(self) -> dict[str, object]:
         """The val and test files, by split (those the config has)."""
-        return {split: path for split, path in self.held_out.items() if path}
+        return {split: input_files(path) for split, path in self.held_out.items() if path}
+
+    def held_out_args(self, present, splits=("val", "test")) -> str:
+        """`--val <path> --test <path>`: those of `splits` among `present` (a job's inputs), as given (a glob)."""
+        return " ".join(f"--{split} {arg(self.held_out[split])}" for split in splits if present.get(split))
 
     def shard_total(self, dataset: str) -> int:
         """How many shards a training dataset is split into, by its size on disk now (a hub dataset's: its
@@ -123,17 +130,25 @@ class RunData:
         n = self.shard_total(dataset)
         return list(range(n)) if n > 1 else []
 
+    def train_files(self, dataset: str) -> str | list[str]:
+        """The files a job reading a training dataset declares (`input_files`)."""
+        return input_files(self.sets[dataset].path)
+
+    def train_arg(self, dataset: str) -> str:
+        """A training dataset's path as a command's argument (`arg`)."""
+        return arg(self.sets[dataset].path)
+
     def validate_inputs(self, dataset: str) -> dict[str, object]:
         """A training dataset's validation job's inputs: the file, the val / test files it is checked
         with (their overlaps), the run's tokenizer, and its shards' scans when it is split."""
-        return {"train": self.sets[dataset].path, **self.held_out_inputs(), "tokenizer": self.tree.tokenizer,
+        return {"train": self.train_files(dataset), **self.held_out_inputs(), "tokenizer": self.tree.tokenizer,
                 "scans": [self.tree.shard_scan(dataset, k) for k in self.shards(dataset)]}
 
     def tokenize_inputs(self, dataset: str) -> dict[str, object]:
         """A validated training dataset's tokenization job's inputs: the file, its validation, the copies
         duplicates=drop leaves out, the run's tokenizer, and its shards' parts when it is split."""
         tree = self.tree
-        return {"train": self.sets[dataset].path, "validation": tree.train_set_validation_json(dataset),
+        return {"train": self.train_files(dataset), "validation": tree.train_set_validation_json(dataset),
                 "dropped": tree.train_set_dropped(dataset), "tokenizer": tree.tokenizer,
                 "parts": [tree.shard_part(dataset, k) for k in self.shards(dataset)]}
 
@@ -171,6 +186,21 @@ class RunData:
     def report_flags(self) -> str:
         """`mixed-reports --dataset name=dir ...`, in the config's order."""
         return " ".join(f"--dataset {name}={self.tree.train_set(name)}" for name in self.sets)
+
+
+def input_files(path: str) -> str | list[str]:
+    """What a job reading the dataset at `path` declares as its input: a glob's data files (so a file added
+    or removed reruns it), else `path` itself."""
+    try:
+        matched = kinds.glob_files(path)
+    except kinds.KindError:  # several splits: the job runs and validation names them
+        matched = globs.matches(path)
+    return path if matched is None else [str(p) for p in matched]
+
+
+def arg(path: str) -> str:
+    """A dataset path as a command's argument: quoted for the shell (a glob reaches the command unexpanded)."""
+    return shlex.quote(str(path))
 
 
 def _hydra_str(text) -> str:

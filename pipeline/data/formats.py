@@ -43,6 +43,7 @@ from pipeline.data.records import (DUPLICATE_POLICIES, IMAGE_PLACEHOLDER, TEXT_R
                                    prompt_and_reference)
 from pipeline.data.shapes import ROLE_ALIASES, FieldMap, accepted_text, detect
 from pipeline.errors import DataError
+from pipeline.storage.globs import is_glob
 
 __all__ = [  # re-exported: callers read records, problems and the policies from here
     "DUPLICATE_POLICIES", "IMAGE_PLACEHOLDER", "ROLE_ALIASES", "TEXT_ROLE", "FieldMap", "ParsedFile", "Problem",
@@ -110,7 +111,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
     fields = fields or FieldMap()
     name = readers.display_name(path)  # a hub pin: its URL
     parsed = ParsedFile(path, "unknown", "", name=name)
-    if not path.exists():
+    if not path.exists() and not is_glob(path):
         parsed.problems.append(Problem(name, "file_not_found", "no such file or directory"))
         return parsed, iter(())
     try:

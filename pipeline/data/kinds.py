@@ -3,7 +3,8 @@
 Kinds (`KINDS`): ``json`` (one JSON array), ``jsonl`` (JSON Lines), ``csv`` /
 ``tsv`` (a header row, then one record per row), ``parquet``, ``arrow`` (an IPC
 file or stream, or a ``datasets`` ``save_to_disk`` directory). A directory of data
-files of one kind (`shard_files`) is of their kind, read one file after another. A text kind may
+files of one kind (`shard_files`), or the files a glob matches (`glob_files`: ``data/train-*.parquet``), is of
+their kind, read one file after another. A text kind may
 be compressed (`CODECS`: ``.gz``, ``.zst``, ``.bz2``, ``.xz``); its kind is then
 ``<kind>.<codec>``, e.g. ``jsonl.gz``, and the codec is confirmed by its magic
 bytes as well.
@@ -18,6 +19,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from pipeline.storage import globs
+from pipeline.storage.globs import is_glob
 
 # Base kind -> how messages name it.
 KINDS = {"json": "JSON", "jsonl": "JSON Lines", "csv": "CSV", "tsv": "TSV", "parquet": "Parquet", "arrow": "Arrow"}
@@ -112,6 +116,12 @@ def is_columnar(kind: str) -> bool:
 
 def sniff(path: Path) -> str:
     """The kind of `path` (see the module docstring); raises `KindError` when it is none, or not what its name says."""
+    matched = glob_files(path)
+    if matched is not None:
+        if not matched:
+            raise KindError("no_match", f"no data file matches the glob ({accepted()})")
+        root = globs.root(path)
+        return sniff_files(matched, [f.relative_to(root).as_posix() for f in matched])
     if path.is_dir():
         return _sniff_dir(path)
     try:
@@ -226,19 +236,42 @@ def shard_files(path: Path) -> list[Path] | None:
     if not path.is_dir() or (path / _DATASET_DICT_FILE).is_file() or any((path / n).is_file()
                                                                           for n in DATASET_DIR_FILES):
         return None
-    files = sorted((p for p in path.rglob("*") if p.is_file() and _data_name(p)
-                    and not any(part.startswith(".") for part in p.relative_to(path).parts)),
-                   key=lambda p: p.relative_to(path).as_posix())
+    return _one_split(_data_files(path.rglob("*"), path), path,
+                      "a directory holding the files of several splits ({found}): give one split's directory, or a "
+                      "glob of its files (data/train-*.parquet) as data.train / data.val / data.test") or None
+
+
+def glob_files(path: str | Path) -> list[Path] | None:
+    """The data files a glob names (`pipeline.storage.globs`: ``data/train-*.parquet``, ``shards/**/*.jsonl``):
+    those with a data kind's name, sorted by their path below its fixed directories (`globs.root`), hidden ones
+    left out (as in a directory, `shard_files`); [] when none matches. None when `path` is no glob (`is_glob`).
+    `KindError` when the names say several splits."""
+    if not is_glob(path):
+        return None
+    root = globs.root(path)
+    return _one_split(_data_files(globs.matches(path), root), root,
+                      "a glob matching the files of several splits ({found}): narrow it to one split's files")
+
+
+def _data_files(paths, root: Path) -> list[Path]:
+    """The files among `paths` with a data kind's name, none hidden below `root`, sorted by their path there."""
+    return sorted((p for p in paths if p.is_file() and _data_name(p)
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts)),
+                  key=lambda p: p.relative_to(root).as_posix())
+
+
+def _one_split(files: list[Path], root: Path, message: str) -> list[Path]:
+    """`files`, when their names (below `root`) name one split or none; else `KindError` (`message` with
+    {found}: the splits and their counts)."""
     splits: dict[str, int] = {}
     for f in files:
-        words = {_SPLIT_WORDS[w] for w in _words(f.relative_to(path).as_posix()) if w in _SPLIT_WORDS}
+        words = {_SPLIT_WORDS[w] for w in _words(f.relative_to(root).as_posix()) if w in _SPLIT_WORDS}
         for split in words:
             splits[split] = splits.get(split, 0) + 1
     if len(splits) > 1:
         found = ", ".join(f"{split}: {n} file(s)" for split, n in sorted(splits.items()))
-        raise KindError("several_splits", f"a directory holding the files of several splits ({found}): give one "
-                        "split's directory, or its files as data.train / data.val / data.test")
-    return files or None
+        raise KindError("several_splits", message.format(found=found))
+    return files
 
 
 def sniff_files(files: list[Path], names: list[str]) -> str:

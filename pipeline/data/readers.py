@@ -14,7 +14,8 @@ A pin of dataset files from the Hugging Face hub (`pipeline.storage.hub_data`: a
 pin's (sorted) order, one after another, records numbered on across them; they
 must be of one kind, and messages name the dataset by its hub URL (`display_name`). A
 directory of data files (`kinds.shard_files`: what `hf download` leaves, a partitioned
-write) is read the same way, its files in the order of their paths in it.
+write) is read the same way, its files in the order of their paths in it, and so are the
+files a glob matches (`kinds.glob_files`: ``data/train-*.parquet``).
 
 A compressed text kind (``jsonl.gz``, ...) is decompressed as it streams. Every
 record keeps its place in the file: `read_raw` numbers records from 0 and
@@ -43,7 +44,7 @@ from pathlib import Path
 from pipeline.data import columnar
 from pipeline.data import kinds
 from pipeline.data.kinds import BOM, KindError, base_kind, describe_kind, is_columnar, open_binary
-from pipeline.storage import hub_data
+from pipeline.storage import globs, hub_data
 
 __all__ = ["KindError", "describe_kind"]  # re-exported: the kind of a path is asked here
 
@@ -75,13 +76,18 @@ def sniff(path: Path) -> str:
 
 
 def dataset_files(path: str | Path) -> tuple[list[Path], list[str]] | None:
-    """The files of a dataset held in several (a hub pin's; a directory of data files, `kinds.shard_files`) and
-    how messages name each (its path in the repo, or in the directory); None for one file or a save_to_disk
-    directory. `KindError` for a directory of several splits' files."""
+    """The files of a dataset held in several (a hub pin's; a directory of data files, `kinds.shard_files`; a
+    glob's matches, `kinds.glob_files`) and how messages name each (its path in the repo, in the directory, or
+    below the glob's fixed directories); None for one file or a save_to_disk directory. `KindError` for a
+    directory (or glob) of several splits' files."""
     pinned = hub_data.pinned_files(path)
     if pinned is not None:
         revision = hub_data.read_pin(path)["revision"]
         return pinned, [hub_data.repo_path(f, revision) for f in pinned]
+    matched = kinds.glob_files(path)
+    if matched is not None:
+        root = globs.root(path)
+        return (matched, [f.relative_to(root).as_posix() for f in matched]) if matched else None
     path = Path(path)
     files = kinds.shard_files(path) if path.is_dir() else None
     return (files, [f.relative_to(path).as_posix() for f in files]) if files else None
@@ -101,17 +107,20 @@ def display_name(path: str | Path) -> str:
 
 
 def fingerprint(path: str | Path) -> str:
-    """sha256 of a file's bytes, read in chunks; of a directory (or a hub pin's files), over its files' names
-    and bytes in order."""
+    """sha256 of a file's bytes, read in chunks; of a directory (or a hub pin's files, a glob's), over its files'
+    names and bytes in order."""
     path = Path(path)
     digest = hashlib.sha256()
     pinned = hub_data.pinned_files(path)
     several = None if pinned else dataset_files(path)
     files = pinned or (several[0] if several else None) or (
         sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path])
-    for p in files:
+    names = several[1] if several else None
+    for i, p in enumerate(files):
         if pinned:
             digest.update(p.name.encode() + b"\0")
+        elif names is not None:
+            digest.update(names[i].encode() + b"\0")
         elif path.is_dir():
             digest.update(str(p.relative_to(path)).encode() + b"\0")
         with open(p, "rb") as f:

@@ -31,13 +31,19 @@ DEFAULT_SHARD_MB = 256  # data.shard_mb: a file this large or larger is split, o
 
 def shard_count(path: str | Path, shard_mb: float | None) -> int:
     """Shards of the dataset at `path`: one per `shard_mb` MiB on disk (a directory: its files), at least one;
-    one when `shard_mb` is None or 0 (sharding off) or the path does not exist (yet). A hub pin: its files."""
+    one when `shard_mb` is None or 0 (sharding off) or the path does not exist (yet). A hub pin, a glob: its files."""
     path = Path(path)
-    if not shard_mb or not path.exists():
+    if not shard_mb:
+        return 1
+    try:
+        matched = kinds.glob_files(path)
+    except kinds.KindError:  # several splits: validation says so
+        return 1
+    if not (path.exists() or matched):
         return 1
     pinned = hub_data.pinned_files(path)
-    if pinned is not None:
-        size = sum(p.stat().st_size for p in pinned if p.is_file())
+    if pinned is not None or matched is not None:
+        size = sum(p.stat().st_size for p in pinned or matched if p.is_file())
     elif path.is_dir():  # a directory of data files: those (not its images); a save_to_disk one: all
         try:
             files = kinds.shard_files(path) or [p for p in path.rglob("*") if p.is_file()]

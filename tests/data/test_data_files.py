@@ -210,6 +210,50 @@ def test_a_directory_of_shards_reads_as_one_dataset_naming_each_file(tmp_path, t
     assert problem.reason == "several_splits" and "test: 1 file(s), train: 1 file(s)" in problem.message
 
 
+def test_a_glob_reads_the_data_files_it_matches_as_one_dataset(tmp_path, tokenizer_dir, monkeypatch):
+    """`data/train-*.parquet` (as `datasets` and `hf download --include` take it): the Parquet shards `datasets`
+    wrote, in the order of their paths below the glob's fixed directories, are one dataset; a problem names its
+    file by that path. `**` reaches any depth; hidden files and files of no data kind are not data; a glob over
+    several splits' files, or matching no data file, is one problem; a file whose name holds `[` is itself."""
+    import datasets
+
+    from pipeline.data import kinds, shards
+
+    rows = _columnar(RECORDS) + [{"system": None, "id": "empty", "messages": []}]
+    data = tmp_path / "data"
+    (data / "en").mkdir(parents=True)
+    for k, (start, end) in enumerate(((0, 3), (3, 6))):
+        datasets.Dataset.from_list(rows[start:end]).to_parquet(str(data / f"train-{k:05d}-of-00003.parquet"))
+    datasets.Dataset.from_list(rows[6:]).to_parquet(str(data / "en" / "train-00002-of-00003.parquet"))
+    (data / ".train-00009.parquet").write_bytes(b"not data")  # hidden: a tool's temporary file
+    (data / "train-notes.md").write_text("# how the shards were cut\n")
+    datasets.Dataset.from_list(rows[:2]).to_parquet(str(data / "test-00000-of-00001.parquet"))
+
+    glob = str(data / "**" / "train-*")
+    assert [p.relative_to(data).as_posix() for p in kinds.glob_files(glob)] == [
+        "en/train-00002-of-00003.parquet", "train-00000-of-00003.parquet", "train-00001-of-00003.parquet"]
+    parsed = parse_file(glob)
+    assert parsed.layout == "parquet" and [p.reason for p in parsed.problems] == ["empty_turns"]
+    assert [r.id for r in parsed.records] == [r["id"] for r in RECORDS[6:] + RECORDS[:6]]
+    report = validate_dataset(glob, tokenizer_dir=tokenizer_dir, max_length=128, too_long="error")
+    (problem,) = [p for _, p in report.problems]
+    assert problem.where() == f"{glob} (Parquet) record 1 (record 1 of en/train-00002-of-00003.parquet, id 'empty')"
+    size = sum(p.stat().st_size for p in kinds.glob_files(glob))
+    assert shards.shard_count(glob, size / 2**20 / 2.5) == 3  # the matched data files' bytes, not the folder's
+
+    monkeypatch.chdir(tmp_path)  # a relative glob, as a config gives it: files named below data/
+    relative = parse_file("data/train-*.parquet")
+    assert [r.id for r in relative.records] == [r["id"] for r in RECORDS[:6]] and relative.name == "data/train-*.parquet"
+
+    (problem,) = parse_file(str(data / "*.parquet")).problems
+    assert problem.reason == "several_splits" and "test: 1 file(s), train: 2 file(s)" in problem.message
+    (problem,) = parse_file(str(data / "valid-*.parquet")).problems
+    assert problem.reason == "no_match"
+    literal = data / "train[1].jsonl"
+    literal.write_text(json.dumps(RECORDS[0]) + "\n")
+    assert [r.id for r in parse_file(literal).records] == [RECORDS[0]["id"]]
+
+
 def test_columns_of_no_shape_are_one_line_without_reading_rows(tmp_path, monkeypatch):
     path = tmp_path / "qa.parquet"
     pq.write_table(pa.Table.from_pylist([{"question": f"q{i}", "answer": "a"} for i in range(50)]), path)

@@ -107,3 +107,36 @@ def test_a_large_file_is_sharded_and_every_data_job_gets_the_same_data_flags(tmp
             assert "--max-length 512 --too-long truncate --reasoning auto" in text, text
             assert ("--duplicates drop" in text) == (command != "validate-shard"), text
             assert "--columns id=key" in text, text
+
+
+def test_globs_reach_every_reader_of_the_data_as_given_and_shard_by_the_files_they_match(tmp_path):
+    """data.train / val / test as globs (`data/train-*.jsonl`): every command that reads a dataset gets the glob
+    as one shell word (the shell must not expand it), and a training dataset is sharded by its files' bytes."""
+    workdir = copy_workflow(tmp_path / "wf")
+    data = workdir / "data"
+    data.mkdir()
+    line = json.dumps({"messages": [{"role": "user", "content": "hi " * 40}, {"role": "assistant", "content": "ok"}]})
+    for k in range(3):  # ~0.27 MiB each
+        (data / f"train-{k:05d}.jsonl").write_text("".join(line.replace("hi", f"h{k}-{i}", 1) + "\n"
+                                                           for i in range(1000)))
+    for split in ("val", "test"):
+        (data / f"{split}-00000.jsonl").write_text(line + "\n")
+    (workdir / "globs.yaml").write_text(yaml.safe_dump({"data": {
+        "train": "data/train-*.jsonl", "val": "data/val-*.jsonl", "test": "data/test-*.jsonl", "shard_mb": 0.3,
+        "max_length": 512, "too_long": "truncate"}}))
+    proc = snakemake(workdir, "-n", "-p", "--cores", "1", "--configfile", "globs.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by_command: dict[str, list[str]] = {}
+    for text in (proc.stdout + proc.stderr).splitlines():
+        if "python -m pipeline " in text:
+            command = text.split("python -m pipeline ", 1)[1]
+            by_command.setdefault(command.split()[0], []).append(command)
+    assert len(by_command["validate-shard"]) == len(by_command["tokenize-shard"]) == 3  # 0.8 MiB / 0.3
+    for command in ("validate-shard", "validate", "tokenize-shard"):
+        assert all("--train 'data/train-*.jsonl'" in text for text in by_command[command]), command
+    (validate,) = by_command["validate"]
+    assert "--val 'data/val-*.jsonl' --test 'data/test-*.jsonl'" in validate
+    assert any("--val 'data/val-*.jsonl'" in text for text in by_command["tokenize"])
+    assert any("--train 'data/train-*.jsonl'" in text for text in by_command["tokenize"])
+    for command in ("evaluate", "smoke-test"):
+        assert by_command[command] and all("--test 'data/test-*.jsonl'" in text for text in by_command[command])

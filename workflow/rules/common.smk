@@ -187,12 +187,17 @@ def fetched(dataset: str) -> str:
     return dataset
 
 
-def fetched_input(name: str):
-    """A `params` function giving the job's input `name` to its command. Before a hub dataset's `fetch_data`
-    checkpoint has run, a job after it has only that checkpoint's output as input, and a dry run that prints
-    commands (-n -p) would fail on `{input.<name>}`: it prints a stand-in instead (the job is planned again
-    once the dataset is here). A function of `output`, so --rerun-triggers params leaves it out."""
-    return lambda wc, input, output: input.get(name, f"<{name} once fetch_data has run>")
+def fetched_input(name: str, value=None):
+    """A `params` function giving the job's input `name` to its command (`value(wc)` in its place: a dataset's
+    path, which for a glob is not the files it matches). Before a hub dataset's `fetch_data` checkpoint has
+    run, a job after it has only that checkpoint's output as input, and a dry run that prints commands (-n -p)
+    would fail on `{input.<name>}`: it prints a stand-in instead (the job is planned again once the dataset is
+    here). A function of `output`, so --rerun-triggers params leaves it out."""
+    def given(wc, input, output):
+        if input.get(name) is None:
+            return f"<{name} once fetch_data has run>"
+        return value(wc) if value else input[name]
+    return given
 
 
 def card_inputs():

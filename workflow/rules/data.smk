@@ -101,7 +101,7 @@ rule prepare_tokenizer:
 
 rule validate_shard:
     input:
-        train=lambda wc: DATA.sets[wc.dataset].path,
+        train=lambda wc: DATA.train_files(wc.dataset),
         tokenizer=TOKENIZER,
     output:
         scan=R.shard_scan("{dataset}", "{shard}"),
@@ -111,12 +111,13 @@ rule validate_shard:
     log:
         layout.log_file("validate_shard", f"{RUN}/{{dataset}}/{{shard}}"),
     params:
+        train=lambda wc, input, output: DATA.train_arg(wc.dataset),  # a glob as given, not its matches
         data=lambda wc: DATA.flags(wc.dataset, duplicates=False),
         shard=lambda wc: DATA.shard_flag(wc.dataset, wc.shard),
     resources:
         **job_resources("cpu"),
     shell:
-        launch() + "python -m pipeline validate-shard --train {input.train} --shard {params.shard} "
+        launch() + "python -m pipeline validate-shard --train {params.train} --shard {params.shard} "
         "--tokenizer {input.tokenizer} {params.data} --out {output.scan}"
 
 
@@ -133,9 +134,9 @@ rule validate_dataset:
     log:
         layout.log_file("validate_dataset", f"{RUN}/{{dataset}}"),
     params:
-        train=fetched_input("train"),
+        train=fetched_input("train", lambda wc: DATA.train_arg(wc.dataset)),
         tokenizer=fetched_input("tokenizer"),
-        held_out=lambda wc, input: f'{optional("--val", input.get("val"))} {optional("--test", input.get("test"))}',
+        held_out=lambda wc, input, output: DATA.held_out_args(input),
         # .get: before a hub dataset's fetch_data checkpoint has run, its inputs are only that checkpoint's
         scans=lambda wc, input: optional("--scans", " ".join(input.get("scans", []))),
         data=lambda wc: DATA.flags(wc.dataset),
@@ -152,7 +153,7 @@ rule validate_dataset:
 
 rule tokenize_shard:
     input:
-        train=lambda wc: DATA.sets[wc.dataset].path,
+        train=lambda wc: DATA.train_files(wc.dataset),
         validation=R.train_set_validation_json("{dataset}"),
         dropped=R.train_set_dropped("{dataset}"),
         tokenizer=TOKENIZER,
@@ -164,12 +165,13 @@ rule tokenize_shard:
     log:
         layout.log_file("tokenize_shard", f"{RUN}/{{dataset}}/{{shard}}"),
     params:
+        train=lambda wc, input, output: DATA.train_arg(wc.dataset),
         data=lambda wc: DATA.flags(wc.dataset),
         shard=lambda wc: DATA.shard_flag(wc.dataset, wc.shard),
     resources:
         **job_resources("cpu"),
     shell:
-        launch() + "python -m pipeline tokenize-shard --train {input.train} --shard {params.shard} "
+        launch() + "python -m pipeline tokenize-shard --train {params.train} --shard {params.shard} "
         "--tokenizer {input.tokenizer} {params.data} --drop {input.dropped} --out {output.part}"
 
 
@@ -185,7 +187,7 @@ rule tokenize_dataset:
     log:
         layout.log_file("tokenize_dataset", f"{RUN}/{{dataset}}"),
     params:
-        train=fetched_input("train"),
+        train=fetched_input("train", lambda wc: DATA.train_arg(wc.dataset)),
         tokenizer=fetched_input("tokenizer"),
         dropped=fetched_input("dropped"),
         data=lambda wc: DATA.flags(wc.dataset),
@@ -204,7 +206,7 @@ if DATA.split_path("val"):
         # Validated with every training dataset; tokenized once, after the first dataset's validation
         # passed (not after all: appending a dataset must not re-tokenize the validation set).
         input:
-            val=DATA.split_path("val"),
+            val=DATA.held_out_inputs()["val"],
             validation=R.train_set_validation_json(next(iter(DATA.sets))),
             tokenizer=TOKENIZER,
         output:
@@ -215,11 +217,12 @@ if DATA.split_path("val"):
         log:
             layout.log_file("tokenize_val", RUN),
         params:
+            val=lambda wc, input, output: DATA.held_out_args(input),  # --val <path>: a glob as given
             data=DATA.flags(),
         resources:
             **job_resources("cpu"),
         shell:
-            launch() + "python -m pipeline tokenize --val {input.val} --tokenizer {input.tokenizer} {params.data} "
+            launch() + "python -m pipeline tokenize {params.val} --tokenizer {input.tokenizer} {params.data} "
             "--out-val {output.val} --out-stats {output.stats}"
 
 

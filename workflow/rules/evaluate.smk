@@ -10,7 +10,7 @@ rule evaluate_base:
     input:
         config=R.train_config,
         val=R.cache("val") if data_file("val") else [],
-        test=data_file("test") or [],
+        test=DATA.held_out_inputs().get("test", []),
     output:
         R.evaluation(layout.BASE_EVAL),
     conda:
@@ -18,7 +18,7 @@ rule evaluate_base:
     log:
         layout.log_file("evaluate_stage", f"{RUN}/{layout.BASE_EVAL}"),
     params:
-        test=lambda wc, input: optional("--test", input.get("test")),
+        test=lambda wc, input, output: DATA.held_out_args(input, ["test"]),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),
@@ -33,7 +33,7 @@ rule evaluate_stage:
     input:
         stage=V.stage("{stage}"),
         val=R.cache("val") if data_file("val") else [],
-        test=data_file("test") or [],
+        test=DATA.held_out_inputs().get("test", []),
     output:
         V.evaluation("{stage}"),
     conda:
@@ -42,7 +42,7 @@ rule evaluate_stage:
         layout.log_file("evaluate_stage", "{vrun}/{stage}"),
     params:
         checkpoint=lambda wc, input: stage_checkpoint(input.stage),
-        test=lambda wc, input: optional("--test", input.get("test")),
+        test=lambda wc, input, output: DATA.held_out_args(input, ["test"]),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),

@@ -110,7 +110,7 @@ rule smoke_test:
     input:
         merged=V.export(layout.MERGED),
         verified=V.verification,
-        test=data_file("test") or [],
+        test=DATA.held_out_inputs().get("test", []),
     output:
         V.smoke_test,
     conda:
@@ -118,7 +118,7 @@ rule smoke_test:
     log:
         layout.log_file("smoke_test", "{vrun}"),
     params:
-        test=lambda wc, input: optional("--test", input.get("test")),
+        test=lambda wc, input, output: DATA.held_out_args(input, ["test"]),
         max_test=optional("--max-test", config["evaluate"]["max_test"]),
         max_new_tokens=config["evaluate"]["max_new_tokens"],
         fields=field_flags(),  # the held-out file's own key / role names (data.smk)
