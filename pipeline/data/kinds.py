@@ -7,7 +7,8 @@ files of one kind (`shard_files`), or the files a glob matches (`glob_files`: ``
 their kind, read one file after another. A text kind may
 be compressed (`CODECS`: ``.gz``, ``.zst``, ``.bz2``, ``.xz``); its kind is then
 ``<kind>.<codec>``, e.g. ``jsonl.gz``, and the codec is confirmed by its magic
-bytes as well.
+bytes as well. A file named ``.json`` that holds JSON Lines (its first two lines each
+one object) is JSON Lines, as the `datasets` json loader reads it.
 
 Anything else -- a spreadsheet, a ``.txt``, a ZIP archive, a file whose name
 says one kind and whose bytes another -- is a `KindError` with one line naming
@@ -145,6 +146,8 @@ def sniff(path: Path) -> str:
                         f"(its first bytes): name it {'.parquet' if content == 'parquet' else '.arrow'}")
     if content:
         return content
+    if named == "json" and _json_lines_inside(path, None):
+        return "jsonl"
     if named:
         return named
     other = next((what for magic, what in _OTHER_MAGIC.items() if head.startswith(magic)), None)
@@ -176,6 +179,8 @@ def _sniff_compressed(path: Path, suffixes: list[str], named: str | None, found:
     if inner in COLUMNAR_KINDS:
         raise unsupported(f"a {CODECS[found][1]}-compressed {KINDS[inner]} file (compress its columns inside "
                           f"the file instead)")
+    if inner == "json" and _json_lines_inside(path, found):
+        inner = "jsonl"
     if inner is None:
         first = _first_non_blank_of(_open_decompressed(path, found))
         inner = "json" if first == b"[" else "jsonl" if first == b"{" else None
@@ -183,6 +188,27 @@ def _sniff_compressed(path: Path, suffixes: list[str], named: str | None, found:
             raise unsupported(f"{CODECS[found][1]}-compressed, named {''.join(path.suffixes)}, not JSON or JSON Lines "
                               "inside (give the inner kind in the name, e.g. train.csv.gz)")
     return f"{inner}.{found}"
+
+
+def _json_lines_inside(path: Path, codec: str | None) -> bool:
+    """Whether a file named .json (or .json.gz, ...) holds JSON Lines: its first two non-blank lines are each one
+    whole JSON object. `datasets`' json loader reads such a file as JSON Lines, and so do we (many dataset repos
+    name their JSON Lines .json)."""
+    opened = lambda: _open_decompressed(path, codec) if codec else open(path, "rb")
+    with opened() as f:
+        if _first_non_blank_of(f) != b"{":  # an array (however long its first line) is not read further
+            return False
+    lines = []
+    with opened() as f:
+        for raw in f:
+            if raw.strip(b" \t\r\n"):
+                lines.append(raw.removeprefix(BOM))
+                if len(lines) == 2:
+                    break
+    try:
+        return len(lines) == 2 and all(isinstance(json.loads(line), dict) for line in lines)
+    except ValueError:  # not JSON (UnicodeDecodeError is one)
+        return False
 
 
 def open_binary(path: Path, kind: str):

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
-import itertools
 import json
 import os
 import sys
@@ -270,33 +268,14 @@ def _decode_error_text(err: json.JSONDecodeError, line: int) -> str:
 
 
 def _extra_data_message(text: str, err: json.JSONDecodeError) -> str:
-    """The text for a whole-file parse that found more after its first JSON value.
-
-    Only content that looks like JSON Lines gets the "name the file .jsonl"
-    hint; a complete array followed by anything else (a record pasted after
-    the closing bracket, a merge leftover) is reported as exactly that.
-    """
+    """The text for a whole-file parse that found more after its first JSON value (a record pasted after the
+    closing bracket, a merge leftover). A .json file of JSON Lines never gets here: `kinds.sniff` reads it as
+    JSON Lines."""
     where = f"line {err.lineno} column {err.colno}"
-    if _looks_like_jsonl(text):
-        return (f"several JSON objects, one per line (the second starts at {where}): "
-                "this looks like JSON Lines; name the file .jsonl, or wrap the records in a JSON array")
     start = len(text) - len(text.lstrip(" \t\n\r"))  # JSON's own whitespace, as json.loads skips it
     first, _ = json.JSONDecoder().raw_decode(text, start)  # cannot fail: json.loads got past this value
     return (f"extra data after the JSON {json_type(first)} at {where}: "
             "the file must hold exactly one JSON array of records")
-
-
-def _looks_like_jsonl(text: str) -> bool:
-    """True if the first two non-blank lines are each a complete JSON object (one record per line)."""
-    first_two = list(itertools.islice((line for line in io.StringIO(text) if line.strip()), 2))
-    return len(first_two) == 2 and all(_is_json_object(line) for line in first_two)
-
-
-def _is_json_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
-        return False
 
 
 def _decode_whole(data: bytes, problems: list) -> str | None:

@@ -37,7 +37,6 @@ CASES = [
     ("bad_json_array.json", "train", "invalid_json", " line 24"),
     ("truncated_array.json", "train", "invalid_json", " line 33"),
     ("array_trailing_garbage.json", "train", "invalid_json", " line 29"),
-    ("jsonl_named_json.json", "train", "invalid_json", " line 2"),
     ("bad_utf8_array.json", "train", "invalid_utf8", " line 33"),
     ("top_level_object.json", "train", "wrong_top_level_type", ""),
     ("top_level_string.json", "train", "wrong_top_level_type", ""),

@@ -11,6 +11,7 @@ import pytest
 from pipeline.data.formats import drop_duplicates, duplicate_of, load_records, parse_file, prompt_and_reference
 from pipeline.errors import DataError
 
+GOOD = Path(__file__).resolve().parent / "good"
 MALFORMED = Path(__file__).resolve().parent / "malformed"
 
 CONVERSATION = [
@@ -112,13 +113,6 @@ def test_bad_jsonl_lines_do_not_hide_the_good_ones(tmp_path):
     assert [r.index for r in parsed.records] == [0, 3]
 
 
-def test_jsonl_content_in_a_json_file_gets_a_hint(tmp_path):
-    path = tmp_path / "d.json"
-    write(path, [sharegpt(0), sharegpt(1)], layout="jsonl")
-    (problem,) = parse_file(path).problems
-    assert problem.reason == "invalid_json" and ".jsonl" in problem.message
-
-
 # json's own reasons, completed with where: never "starting at at line".
 DECODE_MESSAGES = [
     ("unterminated_string.jsonl", "Unterminated string starting at line 2 column 103"),
@@ -141,11 +135,31 @@ def test_control_character_in_a_string_reads_naturally(tmp_path):
     assert problem.message == "Invalid control character at line 1 column 11"
 
 
-def test_jsonl_hint_names_the_second_line(tmp_path):
-    (problem,) = parse_file(MALFORMED / "jsonl_named_json.json").problems
-    assert problem.message == (
-        "several JSON objects, one per line (the second starts at line 2 column 1): this looks like JSON Lines; "
-        "name the file .jsonl, or wrap the records in a JSON array")
+def test_json_lines_named_json_is_read_as_json_lines_as_datasets_reads_it(tmp_path):
+    """Many dataset repos name JSON Lines .json (and .json.gz); `datasets`' json loader reads them as JSON Lines,
+    and so do we: the records and lines of the same bytes named .jsonl, and `datasets` finds the same records. A
+    .json whose first line is an object and whose next is not stays JSON (one problem: the extra data)."""
+    import gzip
+
+    import datasets
+
+    source = GOOD / "jsonl_named_json.json"
+    as_jsonl = tmp_path / "same.jsonl"
+    as_jsonl.write_bytes(source.read_bytes())
+    zipped = tmp_path / "same.json.gz"
+    zipped.write_bytes(gzip.compress(source.read_bytes()))
+    want = parse_file(as_jsonl)
+    assert want.records and not want.problems
+    for path, kind in ((source, "jsonl"), (zipped, "jsonl.gz")):
+        got = parse_file(path)
+        assert (got.layout, got.problems) == (kind, [])
+        assert [(r.id, r.line, r.messages) for r in got.records] == [(r.id, r.line, r.messages) for r in want.records]
+    loaded = datasets.load_dataset("json", data_files=str(source), split="train")
+    assert [row["id"] for row in loaded] == [r.id for r in want.records]
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text('{"id": "a"}\n[1]\n')
+    (problem,) = parse_file(mixed).problems
+    assert problem.message.startswith("extra data after the JSON object at line 2 column 1")
 
 
 def test_array_followed_by_more_is_extra_data_not_json_lines():
