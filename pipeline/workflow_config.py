@@ -207,6 +207,9 @@ def _relative(path) -> str:
         return str(path)
 
 
+_FILE_NAME = re.compile(r"\.(jsonl?|ndjson|csv|tsv|parquet|arrow|gz|zst|bz2|xz|txt)$", re.IGNORECASE)  # not a repo id
+
+
 def path_problems(config: dict) -> list[str]:
     """The model and dataset paths the config names: each must exist and be what it claims to be."""
     problems = []
@@ -235,7 +238,10 @@ def path_problems(config: dict) -> list[str]:
             if not globs.matches(value):
                 problems.append(f"{key}: {value} is a glob that matches no file")
         elif not path.exists():
-            problems.append(f"{key}: {value} does not exist")
+            repo = hub.parse(value) and value.count("/") == 1 and not _FILE_NAME.search(value)  # org/name
+            hint = (f" (a hub dataset is given by URL: hf://datasets/{value}/<file or glob in the repo>, e.g. "
+                    f"hf://datasets/{value}/data/train-*.parquet)") if repo else ""
+            problems.append(f"{key}: {value} does not exist{hint}")
         elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES) and not any(
                 p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
             # a directory of data files is read as one dataset; which of its files are data, validation says

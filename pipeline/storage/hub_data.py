@@ -4,7 +4,8 @@
 
 `data.train` / `data.val` / `data.test` (and a `data.train` list entry's `path`)
 may be the URL the hub's "Use this dataset" pandas snippet shows, huggingface_hub's
-HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``,
+HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``
+(or a file's address in a browser, ``https://huggingface.co/datasets/<org>/<name>/blob/<revision>/<path>``),
 the path a file or a glob over several (``data/train-*.parquet``; matched as
 `hf download --include` matches, so ``*`` also crosses ``/``). One job,
 `fetch_data`, run where Snakemake runs (compute nodes often have no network),
@@ -25,6 +26,7 @@ the Snakefile and every reader import it.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import re
 from dataclasses import dataclass
@@ -38,6 +40,11 @@ PIN_KEYS = ("url", "repo_id", "revision", "files")
 # hf://datasets/org/name[@revision]/path; a revision holding "/" is written %2F, as HfFileSystem does.
 _URL = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[^/]+))?"
                   r"/(?P<path>[^/].*)$")
+# A file's address on the hub's web pages, as a browser shows it: its page (/blob/) or its download link
+# (/resolve/), with the branch, tag or commit it is at; a folder's page (/tree/) is refused (`url_problem`).
+_WEB_PREFIXES = ("https://huggingface.co/datasets/", "https://hf.co/datasets/")
+_WEB = re.compile(r"^https://(?:huggingface|hf)\.co/datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+                  r"/(?P<kind>blob|resolve|tree)/(?P<rev>[^/?#]+)/(?P<path>[^/?#][^?#]*?)/?(?:[?#].*)?$")
 
 
 @dataclass(frozen=True)
@@ -56,22 +63,32 @@ class HubFiles:
 
 
 def is_url(value) -> bool:
-    """`value` is meant as a hub dataset URL (it starts hf://), well formed or not."""
-    return isinstance(value, str) and value.startswith("hf://")
+    """`value` is meant as a hub dataset URL (it starts hf://, or https:// on a dataset's web pages), well
+    formed or not."""
+    return isinstance(value, str) and value.startswith(("hf://", *_WEB_PREFIXES))
 
 
 def parse(value: str) -> HubFiles | None:
-    """The hub files `value` names (`hf://datasets/org/name[@revision]/path`), or None."""
+    """The hub files `value` names (`hf://datasets/org/name[@revision]/path`; a file's web page or download
+    link, `https://huggingface.co/datasets/org/name/blob/<revision>/path`), or None."""
     m = _URL.match(str(value))
-    if not m:
-        return None
-    return HubFiles(str(value), m["repo"], unquote(m["rev"]) if m["rev"] else None, m["path"].rstrip("/"))
+    if m:
+        return HubFiles(str(value), m["repo"], unquote(m["rev"]) if m["rev"] else None, m["path"].rstrip("/"))
+    m = _WEB.match(str(value))
+    if m and m["kind"] != "tree":
+        return HubFiles(str(value), m["repo"], unquote(m["rev"]), glob.escape(unquote(m["path"])))  # one file
+    return None
 
 
 def url_problem(key: str, value: str) -> str:
-    """The one-line refusal of a config value that starts hf:// but is no hub dataset URL."""
+    """The one-line refusal of a config value that is meant as a hub URL but names no file (or glob) in a repo."""
+    m = _WEB.match(str(value))
+    if m and m["kind"] == "tree":  # a folder: its files may be of several splits; the user says which
+        return (f"{key}: {value} is a folder's page; give its files as a glob, e.g. "
+                f"hf://datasets/{m['repo']}@{m['rev']}/{unquote(m['path']).rstrip('/')}/train-*.parquet")
     return (f"{key}: {value} is not a hub dataset URL like hf://datasets/org/name/data/train-*.parquet "
-            "(hf://datasets/org/name@revision/path pins a branch, tag or commit)")
+            "(hf://datasets/org/name@revision/path pins a branch, tag or commit; a file's page "
+            "https://huggingface.co/datasets/org/name/blob/main/path is one too)")
 
 
 def _match(snapshot: Path, pattern: str) -> list[Path]:

@@ -43,6 +43,13 @@ def cache(tmp_path) -> tuple[Path, Path]:
     ("hf://datasets/org/name@v1.0/train.jsonl", "org/name", "v1.0", "train.jsonl"),
     ("hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train/0000.parquet", "org/name",
      "refs/convert/parquet", "default/train/0000.parquet"),
+    # a file's address as a browser shows it: its page, its download link; one file (its name's [ is no glob)
+    ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/blob/main/data/train_sft-00000-of-00003.parquet",
+     "HuggingFaceH4/ultrachat_200k", "main", "data/train_sft-00000-of-00003.parquet"),
+    ("https://huggingface.co/datasets/org/name/resolve/refs%2Fconvert%2Fparquet/default/train/0000.parquet"
+     "?download=true", "org/name", "refs/convert/parquet", "default/train/0000.parquet"),
+    ("https://hf.co/datasets/org/name/blob/v1.0/chats/my%20set%20%5B2%5D.jsonl", "org/name", "v1.0",
+     "chats/my set [[]2].jsonl"),
 ])
 def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pattern):
     assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, revision, pattern)
@@ -56,6 +63,30 @@ def test_a_malformed_hub_url_is_refused_naming_the_key(url):
     local = f"data.train: {url} does not exist"  # not hf://...: a local path, which does not exist
     expected = hub_data.url_problem("data.train", url) if url.startswith("hf://") else local
     assert problems == [expected]
+
+
+def test_a_folder_s_page_or_a_bare_repo_id_is_refused_with_the_url_to_give():
+    """A folder's page may hold several splits' files: the user names them with a glob. `org/name` (as
+    `load_dataset` takes it) that is no local path: the hub URL form to give."""
+    folder = "https://huggingface.co/datasets/org/name/tree/main/data"
+    assert hub_data.parse(folder) is None
+    assert path_problems({"model": "embedded", "data": {"train": folder, "val": None, "test": None}}) == [
+        f"data.train: {folder} is a folder's page; give its files as a glob, e.g. "
+        "hf://datasets/org/name@main/data/train-*.parquet"]
+    assert path_problems({"model": "embedded", "data": {"train": "teknium/OpenHermes-2.5", "val": "data/v.jsonl",
+                                                        "test": None}}) == [
+        "data.train: teknium/OpenHermes-2.5 does not exist (a hub dataset is given by URL: "
+        "hf://datasets/teknium/OpenHermes-2.5/<file or glob in the repo>, e.g. "
+        "hf://datasets/teknium/OpenHermes-2.5/data/train-*.parquet)",
+        "data.val: data/v.jsonl does not exist"]
+
+
+def test_a_file_s_web_address_fetches_that_file_offline_from_the_cache(cache, offline):
+    cache_dir, snapshot = cache
+    url = f"https://huggingface.co/datasets/{REPO_ID}/blob/main/data/train-00001.parquet"
+    got = hub_data.fetch(hub_data.parse(url), cache_dir)
+    assert (got.revision, got.paths) == (snapshot.name, [snapshot / "data/train-00001.parquet"])
+    assert default_name(url) == "chat-data"
 
 
 def test_fetching_offline_finds_the_matched_shards_in_the_cache_sorted(cache, offline):
