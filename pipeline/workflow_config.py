@@ -222,7 +222,13 @@ def path_problems(config: dict) -> list[str]:
         elif path.exists():
             problems.append(f"model: {model} is a file; give a Hugging Face model directory or a hub id")
         elif model.startswith((".", "/", "~")) or hub.parse(model) is None:
-            problems.append(f"model: {model} does not exist (and is not a hub id like org/name or org/name@revision)")
+            page = re.match(r"https://(?:huggingface|hf)\.co/([\w.-]+/[\w.-]+)(?:/tree/([^/?#]+))?/?$", model)
+            if page:  # a model's page copied from the browser
+                problems.append(f"model: {model} is a web page; give the model's hub id: "
+                                f"{page[1]}{'@' + page[2] if page[2] else ''}")
+            else:
+                problems.append(f"model: {model} does not exist (and is not a hub id like org/name or "
+                                "org/name@revision)")
     data = config.get("data") or {}
     named = [(f"data.{split}", data.get(split)) for split in ("train", "val", "test")]
     if isinstance(data.get("train"), list):

@@ -95,6 +95,9 @@ def test_paths_name_the_key_that_holds_them(tmp_path):
     assert path_problems(globbed) == [f"data.val: {tmp_path / 'v*.jsonl'} is a glob that matches no file"]
     assert path_problems({"model": "./models/missing", "data": {}}) == [
         "model: ./models/missing does not exist (and is not a hub id like org/name or org/name@revision)"]
+    assert path_problems({"model": "https://huggingface.co/Qwen/Qwen3-0.6B/tree/v1.0", "data": {}}) == [
+        "model: https://huggingface.co/Qwen/Qwen3-0.6B/tree/v1.0 is a web page; give the model's hub id: "
+        "Qwen/Qwen3-0.6B@v1.0"]
 
 
 def _from_command_line(given: dict) -> dict:
