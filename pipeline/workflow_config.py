@@ -207,9 +207,6 @@ def _relative(path) -> str:
         return str(path)
 
 
-_FILE_NAME = re.compile(r"\.(jsonl?|ndjson|csv|tsv|parquet|arrow|gz|zst|bz2|xz|txt)$", re.IGNORECASE)  # not a repo id
-
-
 def path_problems(config: dict) -> list[str]:
     """The model and dataset paths the config names: each must exist and be what it claims to be."""
     problems = []
@@ -244,9 +241,9 @@ def path_problems(config: dict) -> list[str]:
             if not globs.matches(value):
                 problems.append(f"{key}: {value} is a glob that matches no file")
         elif not path.exists():
-            repo = hub.parse(value) and value.count("/") == 1 and not _FILE_NAME.search(value)  # org/name
-            hint = (f" (a hub dataset is given by URL: hf://datasets/{value}/<file or glob in the repo>, e.g. "
-                    f"hf://datasets/{value}/data/train-*.parquet)") if repo else ""
+            repo = hub.parse(value) and value.count("/") == 1 and not hub_data.looks_like_file(value)  # org/name
+            hint = (f" (a hub dataset is given by URL: hf://datasets/{value} for its split of {key}, or a file or "
+                    f"glob in it, e.g. hf://datasets/{value}/data/train-*.parquet)") if repo else ""
             problems.append(f"{key}: {value} does not exist{hint}")
         elif path.is_dir() and not any((path / name).is_file() for name in SAVED_DATASET_FILES) and not any(
                 p.is_file() and not p.name.startswith(".") for p in path.rglob("*")):
@@ -264,7 +261,7 @@ def _hub_data_problems(key: str, value: str) -> list[str]:
     files = hub_data.parse(value)
     if files is None:
         return [hub_data.url_problem(key, value)]
-    if hub.offline() and hub_data.cached(files) is None:
+    if hub.offline() and (hub_data.cached_listing(files) if files.pattern is None else hub_data.cached(files)) is None:
         return [f"{key}: {hub_data.not_cached_message(files)}"]
     return []
 

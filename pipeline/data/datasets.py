@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline import layout
 from pipeline.data import kinds
+from pipeline.data.hub_splits import split_of_key
 from pipeline.data.shards import DEFAULT_SHARD_MB, shard_count
 from pipeline.storage import globs, hub_data
 from pipeline.workflow_config import train_sets
@@ -82,10 +83,10 @@ class RunData:
         return key if key in self.hub else None
 
     def fetch_flags(self, key: str) -> str:
-        """`fetch_data`'s ``--columns`` / ``--roles`` for the dataset of `key` (it reads the records' image paths):
-        a training dataset's own, else data.columns / data.roles."""
+        """`fetch_data`'s ``--split`` (for a URL naming a whole repo) and ``--columns`` / ``--roles`` for the dataset
+        of `key` (it reads the records' image paths): a training dataset's own, else data.columns / data.roles."""
         name = key.removeprefix("train/") if key.startswith("train/") else None
-        return self.field_flags(name)
+        return f"--split {split_of_key(key)} {self.field_flags(name)}".strip()
 
     def hub_wildcard(self) -> str:
         """The `fetch_data` rule's `key` wildcard: one of the keys of the datasets given by hub URL."""

@@ -18,7 +18,7 @@ import posixpath
 from collections import defaultdict
 from pathlib import Path
 
-from pipeline.data import columnar, readers
+from pipeline.data import columnar, hub_splits, readers
 from pipeline.data.formats import stream_file
 from pipeline.data.kinds import is_columnar
 from pipeline.data.shapes import FieldMap, add_arguments, field_map
@@ -106,8 +106,10 @@ def fetch_images(pin: str | Path, fields: FieldMap) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = hub_data.arguments()
     add_arguments(parser)
+    parser.add_argument("--split", choices=sorted(hub_splits.SPLIT_WORDS), default="train",
+                        help="for a URL naming a whole repo (hf://datasets/org/name): the split to fetch")
     args = parser.parse_args(argv)
-    hub_data.write_pin(args.url, args.out)
+    hub_data.write_pin(args.url, args.out, choose=hub_splits.choose(args.split))
     if offline():
         return 0
     wanted, still = fetch_images(args.out, field_map(args.columns, args.roles))

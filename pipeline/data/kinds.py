@@ -281,7 +281,7 @@ def glob_files(path: str | Path) -> list[Path] | None:
 
 def _data_files(paths, root: Path) -> list[Path]:
     """The files among `paths` with a data kind's name, none hidden below `root`, sorted by their path there."""
-    return sorted((p for p in paths if p.is_file() and _data_name(p)
+    return sorted((p for p in paths if p.is_file() and data_name(p)
                    and not any(part.startswith(".") for part in p.relative_to(root).parts)),
                   key=lambda p: p.relative_to(root).as_posix())
 
@@ -319,7 +319,8 @@ def _words(name: str) -> list[str]:
     return [w for w in "".join(c if c.isalnum() else " " for c in name.lower()).split()]
 
 
-def _data_name(path: Path) -> bool:
+def data_name(path: Path) -> bool:
+    """Whether the file name is a data kind's (`_SUFFIXES`, compressed too): what a folder or glob of data files reads."""
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in _CODEC_SUFFIXES:
         suffixes = suffixes[:-1]

@@ -5,7 +5,9 @@
 `data.train` / `data.val` / `data.test` (and a `data.train` list entry's `path`)
 may be the URL the hub's "Use this dataset" pandas snippet shows, huggingface_hub's
 HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``
-(or a file's address in a browser, ``https://huggingface.co/datasets/<org>/<name>/blob/<revision>/<path>``),
+(or a file's address in a browser, ``https://huggingface.co/datasets/<org>/<name>/blob/<revision>/<path>``;
+or the repo alone, ``hf://datasets/<org>/<name>``, whose files of the split a key asks for are chosen from its
+`listing` by `pipeline.data.hub_splits`),
 the path a file or a glob over several (``data/train-*.parquet``; matched as
 `hf download --include` matches, so ``*`` also crosses ``/``). One job,
 `fetch_data`, run where Snakemake runs (compute nodes often have no network),
@@ -29,7 +31,7 @@ import argparse
 import glob
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -39,7 +41,7 @@ from pipeline.layout import HUB_PIN_SUFFIX as PIN_SUFFIX  # a JSON dataset is an
 PIN_KEYS = ("url", "repo_id", "revision", "files")
 # hf://datasets/org/name[@revision]/path; a revision holding "/" is written %2F, as HfFileSystem does.
 _URL = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[^/]+))?"
-                  r"/(?P<path>[^/].*)$")
+                  r"(?:/(?P<path>[^/].*)|/?)$")
 # A file's address on the hub's web pages, as a browser shows it: its page (/blob/) or its download link
 # (/resolve/), with the branch, tag or commit it is at; a folder's page (/tree/) is refused (`url_problem`).
 _WEB_PREFIXES = ("https://huggingface.co/datasets/", "https://hf.co/datasets/")
@@ -54,12 +56,12 @@ class HubFiles:
     url: str  # as the config gives it
     repo_id: str
     revision: str | None  # as asked for; None: the default branch
-    pattern: str  # a path in the repo, or a glob over several
+    pattern: str | None  # a path in the repo, or a glob over several; None: the whole repo (its split of a key)
 
     def download_command(self, cache: Path) -> str:
         rev = f" --revision {self.revision}" if self.revision else ""
-        return (f"hf download {self.repo_id} --repo-type dataset{rev} --include '{self.pattern}' "
-                f"--cache-dir {cache}")
+        include = f" --include '{self.pattern}'" if self.pattern else ""
+        return f"hf download {self.repo_id} --repo-type dataset{rev}{include} --cache-dir {cache}"
 
 
 def is_url(value) -> bool:
@@ -72,12 +74,21 @@ def parse(value: str) -> HubFiles | None:
     """The hub files `value` names (`hf://datasets/org/name[@revision]/path`; a file's web page or download
     link, `https://huggingface.co/datasets/org/name/blob/<revision>/path`), or None."""
     m = _URL.match(str(value))
-    if m:
-        return HubFiles(str(value), m["repo"], unquote(m["rev"]) if m["rev"] else None, m["path"].rstrip("/"))
+    if m and (m["path"] or not looks_like_file(m["repo"])):  # hf://datasets/name/x.jsonl: a file, not a repo
+        path = m["path"].rstrip("/") if m["path"] else None
+        return HubFiles(str(value), m["repo"], unquote(m["rev"]) if m["rev"] else None, path)
     m = _WEB.match(str(value))
     if m and m["kind"] != "tree":
         return HubFiles(str(value), m["repo"], unquote(m["rev"]), glob.escape(unquote(m["path"])))  # one file
     return None
+
+
+_FILE_NAME = re.compile(r"\.(jsonl?|ndjson|csv|tsv|parquet|pq|arrow|gz|zst|bz2|xz|txt)$", re.IGNORECASE)
+
+
+def looks_like_file(path: str) -> bool:
+    """Whether `path` ends in a data file's name (x.jsonl, y.parquet.gz): not a repo id, though it could spell one."""
+    return bool(_FILE_NAME.search(path))
 
 
 def url_problem(key: str, value: str) -> str:
@@ -91,15 +102,19 @@ def url_problem(key: str, value: str) -> str:
             "https://huggingface.co/datasets/org/name/blob/main/path is one too)")
 
 
-def _match(snapshot: Path, pattern: str) -> list[Path]:
-    """The files of `snapshot` (a cache snapshot dir) the pattern matches, sorted by their path in the repo.
+def _match(snapshot: Path, patterns: list[str]) -> list[Path]:
+    """The files of `snapshot` (a cache snapshot dir) the patterns match, sorted by their path in the repo.
 
     Matched as `snapshot_download(allow_patterns=...)` matches (huggingface_hub's own filter), so what is
     downloaded and what is read are the same files."""
     from huggingface_hub.utils import filter_repo_objects
 
-    names = sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
-    return [snapshot / name for name in filter_repo_objects(names, allow_patterns=[pattern])]
+    return [snapshot / name for name in filter_repo_objects(snapshot_names(snapshot), allow_patterns=patterns)]
+
+
+def snapshot_names(snapshot: Path) -> list[str]:
+    """The paths in the repo of the files a cache snapshot holds, sorted."""
+    return sorted(p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file())
 
 
 @dataclass(frozen=True)
@@ -108,29 +123,91 @@ class Fetched:
     revision: str  # the commit sha
     paths: list[Path]  # the matched files in <cache>/datasets--org--name/snapshots/<sha>/, sorted
 
+    patterns: list[str]  # what was matched: [the URL's pattern], or the files of the split chosen (`Listing`)
+    split: str | None = None  # the split chosen, for a URL naming the whole repo
+
     def pin(self) -> dict:
-        return {"url": self.files.url, "repo_id": self.files.repo_id, "revision": self.revision,
-                "pattern": self.files.pattern, "files": [str(p) for p in self.paths]}
+        pin = {"url": self.files.url, "repo_id": self.files.repo_id, "revision": self.revision,
+               "pattern": self.files.pattern, "files": [str(p) for p in self.paths]}
+        return pin | ({"split": self.split} if self.split else {})
 
 
-def _snapshot(files: HubFiles, cache: Path | None, local_only: bool) -> Path:
+@dataclass(frozen=True)
+class Listing:
+    """A whole dataset repo at one commit, for choosing a split's files (`pipeline.data.hub_splits`): every file's
+    path in the repo, and its README.md (the dataset card, whose YAML may declare its configs and splits)."""
+
+    revision: str  # the commit sha
+    names: list[str]
+    readme: str | None
+
+
+def _snapshot(files: HubFiles, cache: Path | None, local_only: bool, patterns: list[str] | None = None,
+              revision: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
-    return Path(snapshot_download(files.repo_id, repo_type="dataset", revision=files.revision, cache_dir=cache,
-                                  allow_patterns=[files.pattern], local_files_only=local_only))
+    return Path(snapshot_download(files.repo_id, repo_type="dataset", revision=revision or files.revision,
+                                  cache_dir=cache, allow_patterns=patterns or [files.pattern],
+                                  local_files_only=local_only))
 
 
-def cached(files: HubFiles, cache: Path | None = None) -> Fetched | None:
-    """The matched files in the cache, looked up without the network; None when the snapshot is not
-    there or holds none of them."""
+def _own_patterns(files: HubFiles, patterns: list[str] | None) -> list[str]:
+    if patterns is None and files.pattern is None:
+        raise ValueError(f"{files.url} names the whole repo: choose its split's files first (`listing`)")
+    return patterns or [files.pattern]
+
+
+def cached(files: HubFiles, cache: Path | None = None, patterns: list[str] | None = None,
+           revision: str | None = None) -> Fetched | None:
+    """The matched files in the cache (the URL's pattern, or `patterns` at `revision`), looked up without the
+    network; None when the snapshot is not there or holds none of them."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = _own_patterns(files, patterns)
+    try:
+        snapshot = _snapshot(files, cache, True, patterns, revision)
+    except LocalEntryNotFoundError:
+        return None
+    paths = _match(snapshot, patterns) if snapshot.is_dir() else []
+    return Fetched(files, snapshot.name, paths, patterns) if paths else None
+
+
+def cached_listing(files: HubFiles, cache: Path | None = None) -> Listing | None:
+    """The files of the repo's snapshot in the cache (as far as it was downloaded) and its README, without the
+    network; None when no snapshot of that revision is cached."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        snapshot = _snapshot(files, cache, local_only=True)
+        snapshot = _snapshot(files, cache, True, ["README.md"])
     except LocalEntryNotFoundError:
         return None
-    paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
-    return Fetched(files, snapshot.name, paths) if paths else None
+    if not snapshot.is_dir():
+        return None
+    readme = snapshot / "README.md"
+    return Listing(snapshot.name, snapshot_names(snapshot), readme.read_text(encoding="utf-8") if readme.is_file()
+                   else None)
+
+
+def _online_listing(files: HubFiles, cache: Path | None) -> Listing:
+    """The repo's files at the commit its revision points to now, from the hub, and its README (downloaded)."""
+    from huggingface_hub import HfApi, hf_hub_download
+
+    api = HfApi()
+    sha = api.dataset_info(files.repo_id, revision=files.revision).sha
+    names = sorted(api.list_repo_files(files.repo_id, repo_type="dataset", revision=sha))
+    readme = None
+    if "README.md" in names:
+        path = hf_hub_download(files.repo_id, "README.md", repo_type="dataset", revision=sha, cache_dir=cache)
+        readme = Path(path).read_text(encoding="utf-8")
+    return Listing(sha, names, readme)
+
+
+def listing(files: HubFiles, cache: Path | None = None) -> Listing:
+    """The whole repo at its revision (offline: as far as the cache holds it)."""
+    from pipeline.storage.hub import download
+
+    return download(files.url, lambda: _online_listing(files, cache), lambda: cached_listing(files, cache),
+                    not_cached_message(files, cache))
 
 
 def not_cached_message(files: HubFiles, cache: Path | None = None) -> str:
@@ -143,19 +220,24 @@ def not_cached_message(files: HubFiles, cache: Path | None = None) -> str:
             "on a machine with network access (into that cache), or give a local dataset file")
 
 
-def fetch(files: HubFiles, cache: Path | None = None) -> Fetched:
-    """Download the matched files into the cache (offline: only look them up there); the commit and the files."""
+def fetch(files: HubFiles, cache: Path | None = None, patterns: list[str] | None = None,
+          revision: str | None = None) -> Fetched:
+    """Download the matched files into the cache (offline: only look them up there); the commit and the files.
+    `patterns` at `revision` (a commit): the files chosen for a URL naming the whole repo."""
     from pipeline.storage.hub import download
 
+    patterns = _own_patterns(files, patterns)
+
     def online() -> Fetched:
-        snapshot = _snapshot(files, cache, local_only=False)
-        paths = _match(snapshot, files.pattern) if snapshot.is_dir() else []
+        snapshot = _snapshot(files, cache, False, patterns, revision)
+        paths = _match(snapshot, patterns) if snapshot.is_dir() else []
         if not paths:
             raise UserError(f"{files.url}: no file of {files.repo_id} at commit {snapshot.name} matches "
-                            f"{files.pattern!r}")
-        return Fetched(files, snapshot.name, paths)
+                            f"{' '.join(repr(p) for p in patterns)}")
+        return Fetched(files, snapshot.name, paths, patterns)
 
-    return download(files.url, online, lambda: cached(files, cache), not_cached_message(files, cache))
+    return download(files.url, online, lambda: cached(files, cache, patterns, revision),
+                    not_cached_message(files, cache))
 
 
 # --- the pin, as every reader sees it -------------------------------------------------------------
@@ -205,12 +287,20 @@ def arguments() -> argparse.ArgumentParser:
     return ap
 
 
-def write_pin(url: str, out: Path) -> Fetched:
-    """Fetch the files `url` matches (offline: find them in the cache) and write their pin to `out`."""
+def write_pin(url: str, out: Path, choose=None) -> Fetched:
+    """Fetch the files `url` matches (offline: find them in the cache) and write their pin to `out`. A URL naming
+    the whole repo: `choose(files, listing)` gives the patterns of the files to fetch and the split they are."""
     files = parse(url)
     if files is None:
         raise UserError(url_problem("--url", url))
-    got = fetch(files)
+    if files.pattern is None:
+        if choose is None:
+            raise UserError(f"{url} names a whole dataset repo: give the file or glob in it")
+        found = listing(files)
+        patterns, split = choose(files, found)
+        got = replace(fetch(files, patterns=patterns, revision=found.revision), split=split)
+    else:
+        got = fetch(files)
     from pipeline.storage.publish import write_text
 
     write_text(out, json.dumps(got.pin(), indent=2) + "\n")

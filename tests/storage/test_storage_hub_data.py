@@ -41,6 +41,9 @@ def cache(tmp_path) -> tuple[Path, Path]:
     ("hf://datasets/HuggingFaceH4/no_robots/data/train-*.parquet", "HuggingFaceH4/no_robots", None,
      "data/train-*.parquet"),
     ("hf://datasets/org/name@v1.0/train.jsonl", "org/name", "v1.0", "train.jsonl"),
+    # the whole repo: the split each key asks for (pipeline/data/hub_splits.py)
+    ("hf://datasets/HuggingFaceH4/no_robots", "HuggingFaceH4/no_robots", None, None),
+    ("hf://datasets/teknium/OpenHermes-2.5@main/", "teknium/OpenHermes-2.5", "main", None),
     ("hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train/0000.parquet", "org/name",
      "refs/convert/parquet", "default/train/0000.parquet"),
     # a file's address as a browser shows it: its page, its download link; one file (its name's [ is no glob)
@@ -55,7 +58,7 @@ def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pat
     assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, revision, pattern)
 
 
-@pytest.mark.parametrize("url", ["hf://datasets/org/name", "hf://datasets/org/name/", "hf://datasets/name/x.jsonl",
+@pytest.mark.parametrize("url", ["hf://datasets/name/x.jsonl", "hf://datasets/org/name@",
                                  "hf://org/name/x.jsonl", "datasets/org/name/x.jsonl", "hf://datasets//name/x"])
 def test_a_malformed_hub_url_is_refused_naming_the_key(url):
     assert hub_data.parse(url) is None
@@ -67,7 +70,7 @@ def test_a_malformed_hub_url_is_refused_naming_the_key(url):
 
 def test_a_folder_s_page_or_a_bare_repo_id_is_refused_with_the_url_to_give():
     """A folder's page may hold several splits' files: the user names them with a glob. `org/name` (as
-    `load_dataset` takes it) that is no local path: the hub URL form to give."""
+    `load_dataset` takes it) that is no local path: the hub URL to give."""
     folder = "https://huggingface.co/datasets/org/name/tree/main/data"
     assert hub_data.parse(folder) is None
     assert path_problems({"model": "embedded", "data": {"train": folder, "val": None, "test": None}}) == [
@@ -76,7 +79,7 @@ def test_a_folder_s_page_or_a_bare_repo_id_is_refused_with_the_url_to_give():
     assert path_problems({"model": "embedded", "data": {"train": "teknium/OpenHermes-2.5", "val": "data/v.jsonl",
                                                         "test": None}}) == [
         "data.train: teknium/OpenHermes-2.5 does not exist (a hub dataset is given by URL: "
-        "hf://datasets/teknium/OpenHermes-2.5/<file or glob in the repo>, e.g. "
+        "hf://datasets/teknium/OpenHermes-2.5 for its split of data.train, or a file or glob in it, e.g. "
         "hf://datasets/teknium/OpenHermes-2.5/data/train-*.parquet)",
         "data.val: data/v.jsonl does not exist"]
 
@@ -119,7 +122,7 @@ def test_not_cached_offline_is_one_line_naming_the_url_and_the_command(cache, of
 def test_online_a_url_matching_no_file_is_one_line_naming_it(cache, monkeypatch):
     _, snapshot = cache
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hub_data, "_snapshot", lambda files, cache, local_only: snapshot)  # as downloaded
+    monkeypatch.setattr(hub_data, "_snapshot", lambda files, cache, local_only, *patterns: snapshot)  # as downloaded
     url = f"hf://datasets/{REPO_ID}/data/valid-*.parquet"
     with pytest.raises(UserError) as err:
         hub_data.fetch(hub_data.parse(url))

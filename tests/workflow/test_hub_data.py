@@ -101,9 +101,14 @@ def test_fetch_data_is_given_the_dataset_s_columns_to_find_its_images(tiny, tmp_
     cache = tmp_path / "hf-cache"
     add_to_cache(cache, REPO_ID, repo, repo_type="dataset")
     workdir = copy_workflow(tmp_path / "wf")
-    _config(workdir, tiny, URL, columns={"image": "picture"}, roles={"bot": "assistant"})
-    proc = snakemake(workdir, "-n", "-p", TOKENIZED, "--configfile", "hub.yaml", env=_env(cache), timeout=120)
+    # data.val names the whole repo: its fetch asks for the repo's validation split (pipeline/data/hub_splits.py)
+    _config(workdir, tiny, URL, val=f"hf://datasets/{REPO_ID}", columns={"image": "picture"},
+            roles={"bot": "assistant"})
+    proc = snakemake(workdir, "-n", "-p", TOKENIZED, "results/hub/data/val.safetensors", "--configfile", "hub.yaml",
+                     env=_env(cache), timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    commands = [line.strip() for line in proc.stdout.splitlines() if "python -m pipeline fetch-data" in line]
-    assert len(commands) == 1 and commands[0].endswith(
-        "--out results/hub/data/hub/train/train.hub.json --columns image=picture --roles bot=assistant"), commands
+    commands = sorted(line.strip() for line in proc.stdout.splitlines() if "python -m pipeline fetch-data" in line)
+    assert len(commands) == 2, commands
+    assert commands[0].endswith("--out results/hub/data/hub/train/train.hub.json --split train "
+                                "--columns image=picture --roles bot=assistant"), commands
+    assert f"--url hf://datasets/{REPO_ID} --out results/hub/data/hub/val.hub.json --split validation " in commands[1]

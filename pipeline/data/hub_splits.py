@@ -1,0 +1,187 @@
+"""A hub dataset named by its repo alone (``hf://datasets/org/name[@revision]``): which of its files are the split a
+config key asks for, chosen as `datasets.load_dataset("org/name", split=...)` chooses them.
+
+``data.train`` asks for the repo's ``train`` split, ``data.val`` for its validation split (declared as
+``validation``, ``valid``, ``val`` or ``dev``), ``data.test`` for ``test``. Where the files come from:
+
+1. The dataset card's YAML (README.md) ``configs:``: the one marked ``default: true``, else the one named
+   ``default``, else the only one; its ``data_files`` (a path or glob, a list of them, or a list of
+   ``{split, path}``) name each split's files. Several subsets and none the default: one problem listing them.
+2. Else the repo's own layout, in the order `datasets` tries it: shards named ``data/<split>-00000-of-00002...``
+   (what ``push_to_hub`` writes); else split folders (``train/``, ``validation_data/``, ...: a folder whose
+   name starts with a split's word); else split words in file names (``train.jsonl``, ``dev-v2.json``); else
+   every data file is ``train``.
+
+A split the repo does not have is one problem naming the splits it has, each with its files, so the user can
+give one as a glob (``hf://datasets/org/name/data/train_sft-*``). The files chosen are fetched at the listing's
+commit and pinned as any hub URL's (`pipeline.storage.hub_data`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import re
+from pathlib import PurePosixPath
+
+import yaml
+
+from pipeline.data.kinds import data_name
+from pipeline.errors import UserError
+from pipeline.storage.hub_data import HubFiles, Listing
+
+# The words that name each split (as `datasets` names them); the first is the split's own name.
+SPLIT_WORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+KEY_SPLIT = {"train": "train", "val": "validation", "test": "test"}  # a config key (fetch_data's) -> its split
+_SHARDED = re.compile(r"^data/(?P<split>[^/]+?)-\d{5}-of-\d{5}[^/]*$")
+_SEPARATORS = re.compile(r"[-._ 0-9]+")
+_SHOWN = 3  # files shown per split in a problem
+
+
+def split_of_key(key: str) -> str:
+    """The split `fetch_data`'s key asks for: ``train/<name>`` and ``train`` -> train, ``val``, ``test``."""
+    return KEY_SPLIT[key.split("/")[0]]
+
+
+def choose(split: str):
+    """A `hub_data.write_pin` chooser: the files of `split` in a listed repo, as exact patterns, and the split's
+    name in the repo."""
+
+    def chosen(files: HubFiles, listing: Listing) -> tuple[list[str], str]:
+        name, names = split_files(files.url, listing, split)
+        return [glob.escape(n) for n in names], name
+
+    return chosen
+
+
+def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]:
+    """(the split's name in the repo, its files' paths in the repo, sorted) for `split` (train / validation /
+    test); `UserError` when the repo does not have it, naming the splits it has."""
+    where = url
+    declared = _card_splits(url, listing)
+    if declared is not None:
+        subset, patterns = declared
+        where = f"{url} (subset {subset!r})" if subset else url
+        splits = {name: _matching(listing.names, globs) for name, globs in patterns.items()}
+    else:
+        splits = _layout_splits([n for n in listing.names if _is_data(n)])
+    for name in sorted(splits, key=lambda n: (n.lower() not in SPLIT_WORDS[split], n)):
+        if name.lower() in SPLIT_WORDS[split] and splits[name]:
+            return name, splits[name]
+    if not any(splits.values()):
+        raise UserError(f"{where}: no data file at commit {listing.revision} ({len(listing.names)} file(s) "
+                        "listed): give the file or glob in the repo, hf://datasets/<org>/<name>/<path>")
+    have = "; ".join(f"{name}: {', '.join(found[:_SHOWN])}{', ...' if len(found) > _SHOWN else ''}"
+                     for name, found in sorted(splits.items()) if found)
+    like = [found for name, found in splits.items() if found and set(_words(name)) & set(SPLIT_WORDS[split])]
+    example = (like or [found for found in splits.values() if found])[0][0]  # train_sft for train
+    raise UserError(f"{where} has no {split} split at commit {listing.revision} (its splits: {have}): give that "
+                    f"split's files as a glob, e.g. {_url_with(url, _glob_of(example))}")
+
+
+def _is_data(name: str) -> bool:
+    return data_name(PurePosixPath(name)) and not any(part.startswith(".") for part in name.split("/"))
+
+
+def _matching(names: list[str], patterns: list[str]) -> list[str]:
+    """The files the card's patterns match (as `hf download --include` matches: ``*`` crosses ``/``)."""
+    return sorted({n for n in names for p in patterns if fnmatch.fnmatchcase(n, p)})
+
+
+def _card_splits(url: str, listing: Listing) -> tuple[str | None, dict[str, list[str]]] | None:
+    """The default subset's splits the dataset card declares: (its name, split -> patterns); None when the card
+    declares no configs."""
+    card = _front_matter(listing.readme)
+    configs = card.get("configs") if isinstance(card, dict) else None
+    if not isinstance(configs, list) or not configs:
+        return None
+    configs = [c for c in configs if isinstance(c, dict)]
+    chosen = ([c for c in configs if c.get("default") is True] or
+              [c for c in configs if c.get("config_name") == "default"] or (configs if len(configs) == 1 else []))
+    if not chosen:
+        names = ", ".join(str(c.get("config_name")) for c in configs)
+        raise UserError(f"{url} has several subsets and none is the default ({names}): give one subset's files as "
+                        "a glob (its card's data_files), hf://datasets/<org>/<name>/<path>")
+    config = chosen[0]
+    name = config.get("config_name")
+    return (None if name in (None, "default") else name), _data_files(config.get("data_files"))
+
+
+def _data_files(value) -> dict[str, list[str]]:
+    """A config's data_files, every form the card allows, as split -> patterns."""
+    as_list = lambda v: [str(v)] if isinstance(v, str) else [str(x) for x in v or []]
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        return {"train": [value]}
+    if isinstance(value, dict):
+        return {str(split): as_list(paths) for split, paths in value.items()}
+    out: dict[str, list[str]] = {}
+    for entry in value:
+        if isinstance(entry, dict) and "split" in entry:
+            out.setdefault(str(entry["split"]), []).extend(as_list(entry.get("path")))
+        else:
+            out.setdefault("train", []).extend(as_list(entry))
+    return out
+
+
+def _front_matter(readme: str | None):
+    if not readme or not readme.startswith("---"):
+        return None
+    end = readme.find("\n---", 3)
+    try:
+        return yaml.safe_load(readme[3:end] if end != -1 else "")
+    except yaml.YAMLError:
+        return None
+
+
+def _layout_splits(names: list[str]) -> dict[str, list[str]]:
+    """Splits by the repo's layout: push_to_hub's shards, else split folders, else split words in file names,
+    else every data file is train."""
+    sharded: dict[str, list[str]] = {}
+    for n in names:
+        m = _SHARDED.match(n)
+        if m:
+            sharded.setdefault(m["split"], []).append(n)
+    if sharded:
+        return sharded
+    for by_folder in (True, False):
+        found: dict[str, list[str]] = {}
+        for n in names:
+            split = _split_named(n, by_folder)
+            if split:
+                found.setdefault(split, []).append(n)
+        if found:
+            return found
+    return {"train": list(names)} if names else {}
+
+
+def _split_named(name: str, by_folder: bool) -> str | None:
+    """The split a file's folders name (a folder whose name's first word is a split word), or its file name does
+    (any of its words)."""
+    parts = name.split("/")
+    if by_folder:
+        words = [_words(folder)[:1] for folder in parts[:-1]]
+    else:
+        words = [_words(parts[-1])]
+    for split, keywords in SPLIT_WORDS.items():
+        if any(w in keywords for group in words for w in group):
+            return split
+    return None
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in _SEPARATORS.split(text.lower()) if w]
+
+
+def _glob_of(name: str) -> str:
+    """A glob over a split's shards from one of its files: its shard number and count made wildcards."""
+    return re.sub(r"\d{5}-of-\d{5}", "*", name) if re.search(r"\d{5}-of-\d{5}", name) else name
+
+
+def _url_with(url: str, path: str) -> str:
+    return f"{url.rstrip('/')}/{path}"
