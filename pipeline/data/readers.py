@@ -219,8 +219,8 @@ def _read_json_array(f, kind: str, problems: list, owns) -> Iterator[tuple[None,
         problems.append(("invalid_json", message, err.lineno))
         return
     if not isinstance(doc, list):
-        problems.append(("wrong_top_level_type", f"expected a JSON array of records, found a JSON {json_type(doc)}",
-                         None))
+        problems.append(("wrong_top_level_type", f"expected a JSON array of records, found a JSON {json_type(doc)}"
+                         + _object_hint(doc), None))
         return
     for i, raw in enumerate(doc):
         yield None, (raw if owns is None or owns(i) else SKIPPED)
@@ -265,6 +265,20 @@ def _decode_error_text(err: json.JSONDecodeError, line: int) -> str:
     "at at", so that trailing word is dropped first.
     """
     return f"{err.msg.removesuffix(' at')} at line {line} column {err.colno}"
+
+
+def _object_hint(doc) -> str:
+    """What a top-level JSON object holds, for its refusal: a key holding the records (``{"data": [...]}``, as
+    `datasets` would need ``field="data"`` for), else its keys."""
+    if not isinstance(doc, dict):
+        return ""
+    lists = [k for k, v in doc.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+    turns = any(set(x) & {"role", "from"} for k in lists for x in doc[k])  # a conversation's turns: one record
+    if len(lists) == 1 and not turns:
+        return (f" whose {lists[0]!r} holds a list of {len(doc[lists[0]])} objects: give those records as the file "
+                "(a JSON array, or JSON Lines)")
+    keys = ", ".join(repr(k) for k in list(doc)[:8]) + (", ..." if len(doc) > 8 else "")
+    return f" with keys {keys} (one record? a JSON file holds an array of them: [{{...}}, {{...}}])" if doc else ""
 
 
 def _extra_data_message(text: str, err: json.JSONDecodeError) -> str:

@@ -386,3 +386,16 @@ def test_embedded_image_forms_and_their_problems(tmp_path, monkeypatch):
     problem = parse_file(tmp_path / "raw.parquet").problems[0]
     assert (problem.index, problem.reason, problem.field) == (0, "bad_image_field", "image")
     assert str(blocked / "sft-pipeline" / "images") in problem.message and "HF_HOME" in problem.message
+
+
+def test_a_top_level_object_says_what_it_holds(tmp_path):
+    """A .json file that is one object: the key holding the records (SQuAD-style `{"version", "data": [...]}`,
+    which `datasets` reads only with field="data"), or one record, named as such."""
+    holder = tmp_path / "holder.json"
+    holder.write_text(json.dumps({"version": "1.1", "data": [{"prompt": "q", "completion": "a"}] * 3}))
+    (problem,) = parse_file(holder).problems
+    assert problem.message == ("expected a JSON array of records, found a JSON object whose 'data' holds a list of 3 "
+                               "objects: give those records as the file (a JSON array, or JSON Lines)")
+    (problem,) = parse_file(MALFORMED / "top_level_object.json").problems
+    assert problem.message == ("expected a JSON array of records, found a JSON object with keys 'id', 'conversations' "
+                               "(one record? a JSON file holds an array of them: [{...}, {...}])")
