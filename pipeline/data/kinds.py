@@ -8,7 +8,8 @@ their kind, read one file after another. A text kind may
 be compressed (`CODECS`: ``.gz``, ``.zst``, ``.bz2``, ``.xz``); its kind is then
 ``<kind>.<codec>``, e.g. ``jsonl.gz``, and the codec is confirmed by its magic
 bytes as well. A file named ``.json`` that holds JSON Lines (its first two lines each
-one object) is JSON Lines, as the `datasets` json loader reads it.
+one object) is JSON Lines, and one named ``.jsonl`` that holds a JSON array is JSON, as
+the `datasets` json loader reads them.
 
 Anything else -- a spreadsheet, a ``.txt``, a ZIP archive, a file whose name
 says one kind and whose bytes another -- is a `KindError` with one line naming
@@ -148,6 +149,8 @@ def sniff(path: Path) -> str:
         return content
     if named == "json" and _json_lines_inside(path, None):
         return "jsonl"
+    if named == "jsonl" and _json_array_inside(path, None):
+        return "json"
     if named:
         return named
     other = next((what for magic, what in _OTHER_MAGIC.items() if head.startswith(magic)), None)
@@ -181,6 +184,8 @@ def _sniff_compressed(path: Path, suffixes: list[str], named: str | None, found:
                           f"the file instead)")
     if inner == "json" and _json_lines_inside(path, found):
         inner = "jsonl"
+    elif inner == "jsonl" and _json_array_inside(path, found):
+        inner = "json"
     if inner is None:
         first = _first_non_blank_of(_open_decompressed(path, found))
         inner = "json" if first == b"[" else "jsonl" if first == b"{" else None
@@ -194,21 +199,56 @@ def _json_lines_inside(path: Path, codec: str | None) -> bool:
     """Whether a file named .json (or .json.gz, ...) holds JSON Lines: its first two non-blank lines are each one
     whole JSON object. `datasets`' json loader reads such a file as JSON Lines, and so do we (many dataset repos
     name their JSON Lines .json)."""
-    opened = lambda: _open_decompressed(path, codec) if codec else open(path, "rb")
-    with opened() as f:
-        if _first_non_blank_of(f) != b"{":  # an array (however long its first line) is not read further
-            return False
-    lines = []
-    with opened() as f:
-        for raw in f:
-            if raw.strip(b" \t\r\n"):
-                lines.append(raw.removeprefix(BOM))
-                if len(lines) == 2:
-                    break
+    lines = _first_lines(path, codec, b"{")  # an array (however long its first line) is not read further
     try:
         return len(lines) == 2 and all(isinstance(json.loads(line), dict) for line in lines)
     except ValueError:  # not JSON (UnicodeDecodeError is one)
         return False
+
+
+def _json_array_inside(path: Path, codec: str | None) -> bool:
+    """Whether a file named .jsonl holds one JSON array (`json.dump` of a list writes it on one line): it starts
+    with ``[`` and is not lines of arrays (its first line a whole array and another line after it)."""
+    lines = _first_lines(path, codec, b"[")
+    if len(lines) < 2:
+        return bool(lines)
+    try:
+        return not isinstance(json.loads(lines[0]), list)
+    except ValueError:  # the array goes on past its first line
+        return True
+
+
+def _first_lines(path: Path, codec: str | None, starting: bytes) -> list[bytes]:
+    """The first two non-blank lines of a text file whose first non-blank byte is `starting`; [] when it is not."""
+    opened = lambda: _open_decompressed(path, codec) if codec else open(path, "rb")
+    lines = []
+    try:
+        with opened() as f:
+            if _first_non_blank_of(f) != starting:
+                return []
+        with opened() as f:
+            for raw in f:
+                if raw.strip(b" \t\r\n"):
+                    lines.append(raw.removeprefix(BOM))
+                    if len(lines) == 2:
+                        break
+    except stream_errors():  # a truncated or corrupt stream: what came before it (reading it says the rest)
+        pass
+    return lines
+
+
+def stream_errors() -> tuple[type[Exception], ...]:
+    """What a broken compressed stream raises (gzip and bz2: OSError / EOFError)."""
+    import lzma
+
+    errors: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError)
+    try:
+        import zstandard
+
+        errors += (zstandard.ZstdError,)
+    except ImportError:
+        pass
+    return errors
 
 
 def open_binary(path: Path, kind: str):

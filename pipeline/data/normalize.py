@@ -79,7 +79,10 @@ def normalize_record(
         problems.append(Problem(file, reason, message, index=index, line=line, id=id_, field=field_, kind=kind))
 
     if not isinstance(raw, dict):
-        problem("not_object", f"a record must be a JSON object, found a JSON {_json_type(raw)}")
+        array = isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw) and line is not None
+        hint = (f" ({len(raw)} records in one array on one line: JSON Lines holds one record per line; a JSON array "
+                "is a .json file)") if array else ""
+        problem("not_object", f"a record must be a JSON object, found a JSON {_json_type(raw)}{hint}")
         return None, problems
     view = fields.view(raw)
     record_id = _record_id(view, fields, problem)

@@ -167,7 +167,7 @@ def read_raw(path: Path, kind: str, problems: list, owns: Callable[[int], bool] 
     try:
         with open_binary(path, kind) as f:
             yield from reader(f, kind, problems, owns)
-    except _stream_errors() as err:  # a corrupt or truncated compressed stream
+    except kinds.stream_errors() as err:  # a corrupt or truncated compressed stream
         problems.append((f"invalid_{kind.partition('.')[2] or kind}", f"cannot read the {describe_kind(kind)} "
                          f"data to its end: {err}", None))
 
@@ -186,20 +186,6 @@ def _read_files(files: list[Path], names: list[str], kind: str, problems: list, 
             before += 1
             yield item
         problems += [(reason, f"{name}: {message}", line) for reason, message, line in found]
-
-
-def _stream_errors() -> tuple[type[Exception], ...]:
-    """What a broken compressed stream raises (gzip and bz2: OSError / EOFError)."""
-    import lzma
-
-    errors: tuple[type[Exception], ...] = (OSError, EOFError, lzma.LZMAError)
-    try:
-        import zstandard
-
-        errors += (zstandard.ZstdError,)
-    except ImportError:
-        pass
-    return errors
 
 
 # --- JSON and JSON Lines --------------------------------------------------------------------------

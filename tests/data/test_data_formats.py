@@ -251,7 +251,7 @@ RECORD_FAULTS = [
 def test_record_fault_is_located_among_clean_records(tmp_path, name, reason):
     source = MALFORMED / name
     text = source.read_text()
-    (bad,) = json.loads(text) if source.suffix == ".json" else [json.loads(text)]
+    (bad,) = json.loads(text) if source.suffix == ".json" else [json.loads(text.splitlines()[0])]  # its bad line
     parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(0), bad, sharegpt(2)]))
     assert [(p.index, p.line, p.reason) for p in parsed.problems] == [(1, 2, reason)]
     assert [r.index for r in parsed.records] == [0, 2]
@@ -399,3 +399,23 @@ def test_a_top_level_object_says_what_it_holds(tmp_path):
     (problem,) = parse_file(MALFORMED / "top_level_object.json").problems
     assert problem.message == ("expected a JSON array of records, found a JSON object with keys 'id', 'conversations' "
                                "(one record? a JSON file holds an array of them: [{...}, {...}])")
+
+
+def test_a_json_array_named_jsonl_is_read_as_json_as_datasets_reads_it(tmp_path):
+    """`json.dump(records, f)` into a .jsonl (one line, or indented): the array's records, as `datasets` reads it;
+    lines that are each an array stay JSON Lines (each line one not_object problem)."""
+    import datasets
+
+    records = [sharegpt(0), sharegpt(1)]
+    for indent in (None, 2):
+        path = tmp_path / f"dumped-{indent}.jsonl"
+        path.write_text(json.dumps(records, indent=indent))
+        parsed = parse_file(path)
+        assert (parsed.layout, parsed.problems, [r.id for r in parsed.records]) == ("json", [], ["r0", "r1"])
+        assert [row["id"] for row in datasets.load_dataset("json", data_files=str(path), split="train")] == \
+            ["r0", "r1"]
+    lines = tmp_path / "arrays.jsonl"
+    lines.write_text('["a", 1]\n["b", 2]\n')
+    parsed = parse_file(lines)
+    assert parsed.layout == "jsonl" and [(p.line, p.reason) for p in parsed.problems] == [(1, "not_object"),
+                                                                                          (2, "not_object")]
