@@ -419,3 +419,9 @@ def test_a_json_array_named_jsonl_is_read_as_json_as_datasets_reads_it(tmp_path)
     parsed = parse_file(lines)
     assert parsed.layout == "jsonl" and [(p.line, p.reason) for p in parsed.problems] == [(1, "not_object"),
                                                                                           (2, "not_object")]
+    glued = tmp_path / "glued.jsonl"  # two files' worth cat together: an array line among record lines
+    glued.write_text(json.dumps(records) + "\n" + json.dumps(sharegpt(2)) + "\n")
+    (problem,) = parse_file(glued).problems
+    assert problem.line == 1 and problem.message == (
+        "a record must be a JSON object, found a JSON array (2 records in one array on one line: JSON Lines holds "
+        "one record per line; a JSON array is a .json file)")
