@@ -67,6 +67,7 @@ class RunData:
             self.sets[name] = TrainSet(name, path, entry["weight"], entry["records"], entry["columns"],
                                        entry["roles"])
         self.mixed = isinstance(data["train"], list)  # several datasets (or a list of one): tokens.mix
+        self.notes: list[str] = []  # how `resolve` read a path (a folder of several splits: the key's)
         self.held_out = {split: self._pinned(resolve(data[split], split), split) for split in ("val", "test")}
 
     def _pinned(self, path: str | None, key: str) -> str | None:

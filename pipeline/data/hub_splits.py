@@ -1,5 +1,7 @@
 """A hub dataset named by its repo alone (``hf://datasets/org/name[@revision]``): which of its files are the split a
-config key asks for, chosen as `datasets.load_dataset("org/name", split=...)` chooses them.
+config key asks for, chosen as `datasets.load_dataset("org/name", split=...)` chooses them. A local folder holding
+several splits (`folder_split`: a DatasetDict saved to disk, a dataset repo as ``hf download --local-dir`` leaves
+it) is read the same way: its split of the key.
 
 ``data.train`` asks for the repo's ``train`` split, ``data.val`` for its validation split (declared as
 ``validation``, ``valid``, ``val`` or ``dev``), ``data.test`` for ``test``. Where the files come from:
@@ -21,11 +23,15 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
+import os
+import posixpath
 import re
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import yaml
 
+from pipeline.data import kinds
 from pipeline.data.kinds import data_name
 from pipeline.errors import UserError
 from pipeline.storage.hub_data import HubFiles, Listing
@@ -61,7 +67,7 @@ def choose(split: str):
 def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]:
     """(the split's name in the repo, its files' paths in the repo, sorted) for `split` (train / validation /
     test); `UserError` when the repo does not have it, naming the splits it has."""
-    where = url
+    where, at = url, f" at commit {listing.revision}" if listing.revision else ""
     declared = _card_splits(url, listing)
     if declared is not None:
         subset, patterns = declared
@@ -73,13 +79,13 @@ def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]
         if name.lower() in SPLIT_WORDS[split] and splits[name]:
             return name, splits[name]
     if not any(splits.values()):
-        raise UserError(f"{where}: no data file at commit {listing.revision} ({len(listing.names)} file(s) "
+        raise UserError(f"{where}: no data file{at} ({len(listing.names)} file(s) "
                         "listed): give the file or glob in the repo, hf://datasets/<org>/<name>/<path>")
     have = "; ".join(f"{name}: {', '.join(found[:_SHOWN])}{', ...' if len(found) > _SHOWN else ''}"
                      for name, found in sorted(splits.items()) if found)
     like = [found for name, found in splits.items() if found and set(_words(name)) & set(SPLIT_WORDS[split])]
     example = (like or [found for found in splits.values() if found])[0][0]  # train_sft for train
-    raise UserError(f"{where} has no {split} split at commit {listing.revision} (its splits: {have}): give that "
+    raise UserError(f"{where} has no {split} split{at} (its splits: {have}): give that "
                     f"split's files as a glob, e.g. {_url_with(url, _glob_of(example))}")
 
 
@@ -185,3 +191,68 @@ def _glob_of(name: str) -> str:
 
 def _url_with(url: str, path: str) -> str:
     return f"{url.rstrip('/')}/{path}"
+
+
+def folder_split(path: str, split: str) -> str | None:
+    """The path to read for `split` (train / validation / test) of a local folder holding several splits, as
+    `datasets.load_dataset(<folder>, split=...)` reads it; None for anything else (a file, a glob, a folder of one
+    dataset, a save_to_disk split). A DatasetDict saved to disk: its split's folder. A dataset repo's folder whose
+    files name several splits: a glob matching exactly the split's data files (``nr/data/train-*``).
+    `UserError` when it has no such split, naming those it has."""
+    root = Path(os.path.expanduser(path))
+    if not root.is_dir():
+        return None
+    dict_file = root / "dataset_dict.json"
+    if dict_file.is_file():
+        try:
+            names = [str(n) for n in json.loads(dict_file.read_text())["splits"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            names = sorted(p.name for p in root.iterdir() if p.is_dir())
+        found = [n for n in names if n.lower() in SPLIT_WORDS[split] and (root / n).is_dir()]
+        if not found:
+            raise UserError(f"{path}: a DatasetDict without a {split} split (its splits: {', '.join(names)}): "
+                            f"give one split's folder, e.g. {os.path.join(path, names[0]) if names else path}")
+        return os.path.join(path, found[0])
+    try:
+        kinds.shard_files(root)
+        return None  # one dataset (or none: validation says so)
+    except kinds.KindError:
+        pass  # several splits' files
+    names = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    readme = root / "README.md"
+    listing = Listing("", names, readme.read_text(encoding="utf-8", errors="replace")
+                      if readme.is_file() else None)
+    try:
+        _, files = split_files(path, listing, split)
+    except UserError as err:
+        skip = {"validation": "data.val", "test": "data.test"}.get(split)
+        raise UserError(f"{err}{f' (or {skip}: null to go without one)' if skip else ''}") from None
+    if len(files) == 1:
+        return os.path.join(path, files[0])
+    for candidate in _globs_for(files):
+        given = os.path.join(path, candidate)
+        try:
+            matched = kinds.glob_files(given)  # as the readers will read it
+        except kinds.KindError:
+            continue
+        if matched is not None and sorted(f.relative_to(root).as_posix() for f in matched) == files:
+            return given
+    raise UserError(f"{path}: its {split} split is {', '.join(files[:_SHOWN])}{', ...' if len(files) > _SHOWN else ''}"
+                    ", files no one glob names: give them as a glob or a folder of their own")
+
+
+def _globs_for(files: list[str]) -> list[str]:
+    """Globs that may name exactly `files` (paths in a folder): their folder's files sharing the start of their
+    names up to a separator (``data/train-*``); their whole folder, at any depth."""
+    folder = _common_folder(files)
+    names = [f[len(folder) + 1:] if folder else f for f in files]
+    prefix = os.path.commonprefix(names)
+    cut = max((i + 1 for i, c in enumerate(prefix) if not c.isalnum()), default=0)  # up to its last separator
+    base = f"{glob.escape(folder)}/" if folder else ""
+    out = [f"{base}{glob.escape(prefix[:cut])}*"] if cut else []
+    return out + ([f"{base}**/*"] if folder else [])
+
+
+def _common_folder(files: list[str]) -> str:
+    """The folder all `files` are in ('' for the top)."""
+    return posixpath.commonpath([posixpath.dirname(f) for f in files]) if files else ""

@@ -37,12 +37,13 @@ from pathlib import Path
 from pipeline import config as train_config
 from pipeline import layout, workflow_config
 from pipeline.data.datasets import RunData
+from pipeline.data.hub_splits import KEY_SPLIT, folder_split
 from pipeline.errors import UserError
 from pipeline.planning import benchmarks, guard
 from pipeline.planning.checks import cross_check, world_size
 from pipeline.planning.schedule import PILOT, Stage, plan_stages
 from pipeline.planning.sweep import prune_points, variants as sweep_variants
-from pipeline.storage import hub
+from pipeline.storage import hub, hub_data
 from pipeline.workflow_config import EMBEDDED, EMBEDDED_KINDS
 
 TRAIN_CONFIG_DIR = "config/train"  # the trainer's Hydra configs, relative to the workflow's dir
@@ -214,8 +215,17 @@ def _derive(config: dict, sources: str) -> RunConfig:
     schedule, train = config["schedule"], config["train"]
     stages = plan_stages(schedule["total_updates"], schedule["pilot_fraction"], schedule["num_chunks"])
     model, hub_model, snapshot = _base_model(config["model"], config["run"])
-    data = RunData(config, layout.RunTree.of(config["run"]),
-                   lambda value, split: _dataset_path(value, split, config["model"]))
+    notes = []
+
+    def resolve(value, split: str) -> str | None:
+        path = _dataset_path(value, split, config["model"])
+        chosen = None if path is None or path != value or hub_data.is_url(path) else folder_split(path, KEY_SPLIT[split])
+        if chosen:
+            notes.append(f"data.{split}: {value} holds several splits: reading its {KEY_SPLIT[split]} split, {chosen}")
+        return chosen or path
+
+    data = RunData(config, layout.RunTree.of(config["run"]), resolve)
+    data.notes = notes
     try:
         world = world_size(train["nodes"], train["gpus_per_node"], train["nproc"])
     except UserError as err:

@@ -110,6 +110,55 @@ def test_the_split_s_files_are_those_datasets_chooses_for_the_same_repo(layout, 
                 assert f"{name}: {theirs[name][0]}" in str(err.value), (split, str(err.value))
 
 
+SEVERAL_SPLITS = ["push_to_hub", "split_folders", "split_words_in_names", "card_configs", "default_subset"]
+
+
+@pytest.mark.parametrize("layout", SEVERAL_SPLITS)
+def test_a_local_folder_of_several_splits_reads_the_split_of_the_key_as_datasets_does(layout, tmp_path, monkeypatch):
+    """The same repo as `hf download --local-dir` leaves it, given as a local path: `data.train` reads its train
+    split, `data.val` its validation split, as `datasets.load_dataset(<folder>)` splits it: through a glob that
+    matches exactly those files (or the one file)."""
+    import datasets
+
+    from pipeline.data import kinds
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    root = _write(tmp_path / layout, *LAYOUTS[layout])
+    theirs = {str(split): sorted(Path(p).relative_to(root).as_posix() for p in files)
+              for split, files in datasets.load_dataset_builder(str(root)).config.data_files.items()}
+    for split, words in hub_splits.SPLIT_WORDS.items():
+        named = [name for name in theirs if name.lower() in words]
+        if not named:
+            with pytest.raises(UserError, match=f"^{layout}( \\(subset '\\w+'\\))? has no {split} split"):
+                hub_splits.folder_split(layout, split)
+            continue
+        path = hub_splits.folder_split(layout, split)
+        matched = kinds.glob_files(path)
+        read = [Path(path).relative_to(layout).as_posix()] if matched is None else sorted(
+            f.relative_to(layout).as_posix() for f in matched)
+        assert read == theirs[named[0]], (split, path)
+
+
+def test_a_saved_dataset_dict_reads_the_split_of_the_key(tmp_path):
+    import datasets
+
+    rows = [{"prompt": "q?", "completion": "a."}]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows * 3),
+                          "valid": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "dd"))
+    dd = str(tmp_path / "dd")
+    assert hub_splits.folder_split(dd, "train") == f"{dd}/train"
+    assert len(load_records(hub_splits.folder_split(dd, "validation"))) == 1
+    with pytest.raises(UserError) as err:
+        hub_splits.folder_split(dd, "test")
+    assert str(err.value) == (f"{dd}: a DatasetDict without a test split (its splits: train, valid): give one "
+                              f"split's folder, e.g. {dd}/train")
+    assert hub_splits.folder_split(f"{dd}/train", "test") is None  # a save_to_disk split: itself
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "part-0.jsonl").write_text(RECORD)
+    assert hub_splits.folder_split(str(tmp_path / "one"), "test") is None  # a folder of one dataset: itself
+
+
 def test_a_missing_split_or_several_subsets_is_one_line_with_the_glob_to_give(tmp_path):
     listing = _listing(_write(tmp_path / "chat", *LAYOUTS["card_configs"]))
     with pytest.raises(UserError) as err:

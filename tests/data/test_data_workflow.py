@@ -140,3 +140,36 @@ def test_globs_reach_every_reader_of_the_data_as_given_and_shard_by_the_files_th
     assert any("--train 'data/train-*.jsonl'" in text for text in by_command["tokenize"])
     for command in ("evaluate", "smoke-test"):
         assert by_command[command] and all("--test 'data/test-*.jsonl'" in text for text in by_command[command])
+
+
+def test_a_local_folder_of_several_splits_gives_each_key_its_split(tmp_path):
+    """A dataset repo as `hf download --local-dir` leaves it (push_to_hub's shards, its card's configs): data.train
+    and data.test name the folder and read its train and test splits, said once as the workflow loads; data.val
+    naming it, with no validation split there, stops the workflow with one line naming the splits it has."""
+    import datasets
+
+    workdir = copy_workflow(tmp_path / "wf")
+    repo = workdir / "no_robots"
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+            for i in range(4)]
+    for name, part in (("train-00000-of-00002.parquet", rows[:2]), ("train-00001-of-00002.parquet", rows[2:3]),
+                       ("test-00000-of-00001.parquet", rows[3:])):
+        datasets.Dataset.from_list(part).to_parquet(str(repo / "data" / name))
+    (repo / "README.md").write_text("---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+                                    "    path: data/train-*\n  - split: test\n    path: data/test-*\n---\n")
+    (workdir / "folder.yaml").write_text(yaml.safe_dump({"data": {"train": "no_robots", "val": None,
+                                                                  "test": "no_robots"}}))
+    proc = snakemake(workdir, "-n", "-p", "--cores", "1", "--configfile", "folder.yaml", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "data.train: no_robots holds several splits: reading its train split, no_robots/data/train-*" in out
+    commands = _shell_commands(out)
+    assert "--train 'no_robots/data/train-*' --test no_robots/data/test-00000-of-00001.parquet " in commands["validate"]
+    assert "--test no_robots/data/test-00000-of-00001.parquet " in commands["smoke-test"]
+
+    (workdir / "folder.yaml").write_text(yaml.safe_dump({"data": {"train": "no_robots", "val": "no_robots"}}))
+    proc = snakemake(workdir, "-n", "--cores", "1", "--configfile", "folder.yaml", timeout=120)
+    assert proc.returncode != 0
+    assert ("no_robots has no validation split (its splits: test: data/test-00000-of-00001.parquet; train: "
+            "data/train-00000-of-00002.parquet, data/train-00001-of-00002.parquet): give that split's files as a "
+            "glob, e.g. no_robots/data/train-*.parquet (or data.val: null to go without one)") in proc.stdout + proc.stderr

@@ -48,6 +48,8 @@ TOKENIZER = R.tokenizer
 
 for _note in RUN_CONFIG.archive_notes():
     logger.warning(_note)
+for _note in RUN_CONFIG.data.notes if workflow.is_main_process else []:
+    logger.info(_note)
 
 
 onstart:
