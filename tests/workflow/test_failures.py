@@ -22,8 +22,6 @@ from kits.run import copy_run, jobs_in_log
 
 pytestmark = pytest.mark.workflow
 
-HERE = Path(__file__).resolve().parent
-
 
 @dataclass
 class Case:
@@ -61,11 +59,6 @@ def _corrupt_final_checkpoint(run: Path) -> None:
     shutil.rmtree(run / "results/demo/export/adapter_final")  # consolidate runs again and reads it
 
 
-def _lr0_overrides() -> list[str]:
-    overrides = yaml.safe_load((HERE.parents[1] / "config/config.yaml").read_text())["train"]["overrides"]
-    return [*overrides, "optim.lr=0.0"]
-
-
 CASES = [
     Case("unknown config key", {"trian": {"nproc": 2}}, ["trian: unknown key"], at_load=True),
     Case("wrong value type", {"schedule": {"total_updates": "many"}},
@@ -81,9 +74,7 @@ CASES = [
     Case("malformed dataset", {"data": {"train": "bad.jsonl"}},
          ["pipeline: validate failed (exit 3)", "bad.jsonl (JSON Lines) record 1 (line 2, id 'b')", "empty_text",
           "bad.jsonl (JSON Lines) record 2 (line 3, id 'c')", "unknown_role", "full report:"], prepare=_malformed_dataset),
-    # A new trainer config on the finished run: its stages are archived, then the pilot trains again.
-    Case("failed pilot gate", {"train": {"overrides": _lr0_overrides()}, "on_config_change": "archive"},
-         ["pipeline: pilot-gate failed (exit 77)", "grads_flowing", "gate.override"]),
+    # A failed pilot gate: tests/workflow/test_gate.py (its one run checks the terminal too).
     Case("training stage that crashes", env={"SFT_FAULTS": '{"stage": "tail", "fail_at_step": 299}'},
          expect=["pipeline: train failed (exit 1)", "injected failure at update 299"], prepare=_tail_crashes),
     Case("corrupt stage checkpoint at consolidate", expect=[

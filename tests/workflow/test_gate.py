@@ -30,3 +30,8 @@ def test_pilot_with_zero_lr_stops_the_run_before_any_chunk(done, tmp_path):
     assert "pilot gate: grads_flowing" in gate_log and "FAIL" in gate_log
     error = next(line for line in gate_log.splitlines() if line.startswith("error: pilot gate failed ("))
     assert "grads_flowing" in error.split(")")[0] and "gate.override" in error, error
+    # The terminal says why, the cause before any traceback (the failed-run messages of tests/workflow/test_failures.py)
+    expect = ["pipeline: pilot-gate failed (exit 77)", "grads_flowing", "gate.override"]
+    where = [proc.stderr.find(text) for text in expect]
+    assert all(i >= 0 for i in where), proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr[:min(where)], proc.stderr[:min(where) + 500]
