@@ -71,9 +71,7 @@ CASES = [
     Case("export.ema_rate not in ema.rates", {"export": {"ema_rate": 0.5}},
          ["export.ema_rate=0.5 is not one of the trainer's ema.rates=[0.9, 0.98]"], at_load=True),
     Case("unknown trainer key", {"train": {"overrides": ["optim.lrr=1"]}}, ["optim.lrr"], at_load=True),
-    Case("malformed dataset", {"data": {"train": "bad.jsonl"}},
-         ["pipeline: validate failed (exit 3)", "bad.jsonl (JSON Lines) record 1 (line 2, id 'b')", "empty_text",
-          "bad.jsonl (JSON Lines) record 2 (line 3, id 'c')", "unknown_role", "full report:"], prepare=_malformed_dataset),
+    # A malformed dataset: test_a_failed_validation_leaves_the_report_it_names (one run, its terminal and report).
     # A failed pilot gate: tests/workflow/test_gate.py (its one run checks the terminal too).
     Case("training stage that crashes", env={"SFT_FAULTS": '{"stage": "tail", "fail_at_step": 299}'},
          expect=["pipeline: train failed (exit 1)", "injected failure at update 299"], prepare=_tail_crashes),
@@ -105,6 +103,11 @@ def test_a_failed_validation_leaves_the_report_it_names(done, run_snakemake, tmp
     (run / "variant.yaml").write_text(yaml.safe_dump({"data": {"train": "bad.jsonl"}}))
     proc = run_snakemake(run, "--cores", "all", "--configfile", "variant.yaml")
     assert proc.returncode != 0
+    expect = ["pipeline: validate failed (exit 3)", "bad.jsonl (JSON Lines) record 1 (line 2, id 'b')", "empty_text",
+              "bad.jsonl (JSON Lines) record 2 (line 3, id 'c')", "unknown_role", "full report:"]
+    where = [proc.stderr.find(text) for text in expect]
+    assert all(i >= 0 for i in where), proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr[:min(where)]
     json_path, csv_path = re.search(r"full report: (\S+) and (\S+)", proc.stderr).groups()
     assert not (run / "results/demo/data/train/train/validation.csv").exists()  # snakemake removed the job's outputs
     with open(run / csv_path) as f:
