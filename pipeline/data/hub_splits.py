@@ -75,9 +75,10 @@ def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]
         splits = {name: _matching(listing.names, globs) for name, globs in patterns.items()}
     else:
         splits = _layout_splits([n for n in listing.names if _is_data(n)])
-    for name in sorted(splits, key=lambda n: (n.lower() not in SPLIT_WORDS[split], n)):
-        if name.lower() in SPLIT_WORDS[split] and splits[name]:
-            return name, splits[name]
+    for word in SPLIT_WORDS[split]:  # a repo with both `validation` and `dev`: validation
+        for name, found in splits.items():
+            if name.lower() == word and found:
+                return name, found
     if not any(splits.values()):
         raise UserError(f"{where}: no data file{at} ({len(listing.names)} file(s) "
                         "listed): give the file or glob in the repo, hf://datasets/<org>/<name>/<path>")

@@ -168,6 +168,10 @@ def test_a_missing_split_or_several_subsets_is_one_line_with_the_glob_to_give(tm
         "data/test_sft-00000-of-00001.parquet; train_gen: data/train_gen-00000-of-00001.parquet; train_sft: "
         "data/train_sft-00000-of-00001.parquet): give that split's files as a glob, e.g. "
         "hf://datasets/HuggingFaceH4/chat/data/train_sft-*.parquet")
+    card = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - {split: dev, path: d.jsonl}\n"
+            "  - {split: validation, path: v.jsonl}\n---\n")
+    both = hub_data.Listing("c0ffee", ["d.jsonl", "v.jsonl"], card)  # declared both: validation is validation
+    assert hub_splits.split_files("hf://datasets/org/x", both, "validation") == ("validation", ["v.jsonl"])
     several = hub_data.Listing("c0ffee", ["en/a.jsonl", "de/b.jsonl"],
                                SUBSETS_CARD.replace("  default: true\n", ""))
     with pytest.raises(UserError, match=r"several subsets and none is the default \(en, de\)"):
