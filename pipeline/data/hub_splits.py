@@ -80,8 +80,8 @@ def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]
             if name.lower() == word and found:
                 return name, found
     if not any(splits.values()):
-        raise UserError(f"{where}: no data file{at} ({len(listing.names)} file(s) "
-                        "listed): give the file or glob in the repo, hf://datasets/<org>/<name>/<path>")
+        raise UserError(f"{where}: no data file{at} ({len(listing.names)} file(s) listed): give the file or glob "
+                        f"in it, {_url_with(url, '<path>')}")
     have = "; ".join(f"{name}: {', '.join(found[:_SHOWN])}{', ...' if len(found) > _SHOWN else ''}"
                      for name, found in sorted(splits.items()) if found)
     like = [found for name, found in splits.items() if found and set(_words(name)) & set(SPLIT_WORDS[split])]
@@ -112,7 +112,7 @@ def _card_splits(url: str, listing: Listing) -> tuple[str | None, dict[str, list
     if not chosen:
         names = ", ".join(str(c.get("config_name")) for c in configs)
         raise UserError(f"{url} has several subsets and none is the default ({names}): give one subset's files as "
-                        "a glob (its card's data_files), hf://datasets/<org>/<name>/<path>")
+                        f"a glob (its card's data_files), {_url_with(url, '<path>')}")
     config = chosen[0]
     name = config.get("config_name")
     return (None if name in (None, "default") else name), _data_files(config.get("data_files"))
