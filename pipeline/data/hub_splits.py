@@ -14,8 +14,12 @@ it) is read the same way: its split of the key.
    name starts with a split's word); else split words in file names (``train.jsonl``, ``dev-v2.json``); else
    every data file is ``train``.
 
+The dataset viewer's address of a split (``https://huggingface.co/datasets/org/name/viewer/<subset>/<split>``)
+names the subset (a card config's name; ``default`` for a repo whose card declares none) and the split by their
+exact names, as `datasets.load_dataset("org/name", "<subset>", split="<split>")` does, whatever the key.
+
 A split the repo does not have is one problem naming the splits it has, each with its files, so the user can
-give one as a glob (``hf://datasets/org/name/data/train_sft-*``). The files chosen are fetched at the listing's
+name one by its viewer address or give it as a glob (``hf://datasets/org/name/data/train_sft-*``). The files chosen are fetched at the listing's
 commit and pinned as any hub URL's (`pipeline.storage.hub_data`).
 """
 
@@ -28,13 +32,15 @@ import os
 import posixpath
 import re
 from pathlib import Path, PurePosixPath
+from urllib.parse import quote
 
 import yaml
 
 from pipeline.data import kinds
 from pipeline.data.kinds import data_name
 from pipeline.errors import UserError
-from pipeline.storage.hub_data import HubFiles, Listing
+from pipeline.storage import hub_data
+from pipeline.storage.hub_data import HubFiles, Listing, viewer_url
 
 # The words that name each split (as `datasets` names them); the first is the split's own name.
 SPLIT_WORDS = {
@@ -43,6 +49,7 @@ SPLIT_WORDS = {
     "test": ("test", "testing", "eval", "evaluation"),
 }
 KEY_SPLIT = {"train": "train", "val": "validation", "test": "test"}  # a config key (fetch_data's) -> its split
+DEFAULT_SUBSET = "default"  # the subset of a repo whose card declares no configs, as `datasets` names it
 _SHARDED = re.compile(r"^data/(?P<split>[^/]+?)-\d{5}-of-\d{5}[^/]*$")
 _SEPARATORS = re.compile(r"[-._ 0-9]+")
 _SHOWN = 3  # files shown per split in a problem
@@ -54,40 +61,59 @@ def split_of_key(key: str) -> str:
 
 
 def choose(split: str):
-    """A `hub_data.write_pin` chooser: the files of `split` in a listed repo, as exact patterns, and the split's
-    name in the repo."""
+    """A `hub_data.write_pin` chooser: the files of `split` in a listed repo (or of the split and subset the URL
+    names: the dataset viewer's address), as exact patterns, and the split's name in the repo."""
 
     def chosen(files: HubFiles, listing: Listing) -> tuple[list[str], str]:
-        name, names = split_files(files.url, listing, split)
+        name, names = split_files(files.url, listing, split, subset=files.subset, named=files.split)
         return [glob.escape(n) for n in names], name
 
     return chosen
 
 
-def split_files(url: str, listing: Listing, split: str) -> tuple[str, list[str]]:
+def split_files(url: str, listing: Listing, split: str, *, subset: str | None = None,
+                named: str | None = None) -> tuple[str, list[str]]:
     """(the split's name in the repo, its files' paths in the repo, sorted) for `split` (train / validation /
-    test); `UserError` when the repo does not have it, naming the splits it has."""
+    test; or the split `named`, by its exact name) of the default subset (or of `subset`, by its config name);
+    `UserError` when the repo does not have it, naming the splits (or subsets) it has."""
     where, at = url, f" at commit {listing.revision}" if listing.revision else ""
-    declared = _card_splits(url, listing)
+    declared = _card_splits(url, listing, subset, split)
     if declared is not None:
-        subset, patterns = declared
-        where = f"{url} (subset {subset!r})" if subset else url
+        config, patterns = declared
+        where = f"{url} (subset {config!r})" if config else url
         splits = {name: _matching(listing.names, globs) for name, globs in patterns.items()}
+    elif subset not in (None, DEFAULT_SUBSET):  # no configs on the card: one subset, as `datasets` names it
+        raise UserError(f"{url} has no subset {subset!r}: its only subset is {DEFAULT_SUBSET!r}")
     else:
         splits = _layout_splits([n for n in listing.names if _is_data(n)])
-    for word in SPLIT_WORDS[split]:  # a repo with both `validation` and `dev`: validation
+    for word in (named,) if named else SPLIT_WORDS[split]:  # a repo with both `validation` and `dev`: validation
         for name, found in splits.items():
-            if name.lower() == word and found:
+            if (name if named else name.lower()) == word and found:
                 return name, found
+    base, repo = _whole_repo(url)
     if not any(splits.values()):
         raise UserError(f"{where}: no data file{at} ({len(listing.names)} file(s) listed): give the file or glob "
-                        f"in it, {_url_with(url, '<path>')}")
+                        f"in it, {_url_with(base, '<path>')}")
     have = "; ".join(f"{name}: {', '.join(found[:_SHOWN])}{', ...' if len(found) > _SHOWN else ''}"
                      for name, found in sorted(splits.items()) if found)
-    like = [found for name, found in splits.items() if found and set(_words(name)) & set(SPLIT_WORDS[split])]
-    example = (like or [found for found in splits.values() if found])[0][0]  # train_sft for train
-    raise UserError(f"{where} has no {split} split{at} (its splits: {have}): give that "
-                    f"split's files as a glob, e.g. {_url_with(url, _glob_of(example))}")
+    like = [(name, found) for name, found in splits.items()
+            if found and set(_words(name)) & set(SPLIT_WORDS[split])]
+    example, files = (like or [(name, found) for name, found in splits.items() if found])[0]  # train_sft for train
+    config = declared[0] if declared is not None else None
+    by_name = (f"name it by the dataset viewer's address, {viewer_url(repo, config or DEFAULT_SUBSET, example)}, or "
+               if repo else "")
+    raise UserError(f"{where} has no {named or split} split{at} (its splits: {have}): {by_name}give that "
+                    f"split's files as a glob, e.g. {_url_with(base, _glob_of(files[0]))}")
+
+
+def _whole_repo(url: str) -> tuple[str, str | None]:
+    """(the URL a path in the repo is appended to, the repo id when the dataset viewer's address can name one of its
+    splits: a hub URL of the default branch) for a URL naming a whole repo; a local folder's path is itself."""
+    files = hub_data.parse(url) if hub_data.is_url(url) else None
+    if files is None:
+        return url, None
+    rev = f"@{quote(files.revision, safe='')}" if files.revision else ""
+    return f"hf://datasets/{files.repo_id}{rev}", None if files.revision else files.repo_id
 
 
 def _is_data(name: str) -> bool:
@@ -99,23 +125,32 @@ def _matching(names: list[str], patterns: list[str]) -> list[str]:
     return sorted({n for n in names for p in patterns if fnmatch.fnmatchcase(n, p)})
 
 
-def _card_splits(url: str, listing: Listing) -> tuple[str | None, dict[str, list[str]]] | None:
-    """The default subset's splits the dataset card declares: (its name, split -> patterns); None when the card
-    declares no configs."""
+def _card_splits(url: str, listing: Listing, subset: str | None,
+                 split: str) -> tuple[str | None, dict[str, list[str]]] | None:
+    """The splits the dataset card declares for `subset` (by its config name; None: the default subset): (its name,
+    split -> patterns); None when the card declares no configs."""
     card = _front_matter(listing.readme)
     configs = card.get("configs") if isinstance(card, dict) else None
     if not isinstance(configs, list) or not configs:
         return None
     configs = [c for c in configs if isinstance(c, dict)]
-    chosen = ([c for c in configs if c.get("default") is True] or
-              [c for c in configs if c.get("config_name") == "default"] or (configs if len(configs) == 1 else []))
+    names = [str(c.get("config_name", DEFAULT_SUBSET)) for c in configs]
+    if subset is not None:
+        chosen = [c for c, name in zip(configs, names) if name == subset]
+    else:
+        chosen = ([c for c in configs if c.get("default") is True] or
+                  [c for c, name in zip(configs, names) if name == DEFAULT_SUBSET] or
+                  (configs if len(configs) == 1 else []))
     if not chosen:
-        names = ", ".join(str(c.get("config_name")) for c in configs)
-        raise UserError(f"{url} has several subsets and none is the default ({names}): give one subset's files as "
-                        f"a glob (its card's data_files), {_url_with(url, '<path>')}")
+        base, repo = _whole_repo(url)
+        by_name = (f"name one by the dataset viewer's address, e.g. {viewer_url(repo, names[0], split)}, or give "
+                   if repo else "give ")
+        why = f"has no subset {subset!r}" if subset is not None else "has several subsets and none is the default"
+        raise UserError(f"{url} {why} ({', '.join(names)}): {by_name}one subset's files as a glob (its card's "
+                        f"data_files), {_url_with(base, '<path>')}")
     config = chosen[0]
-    name = config.get("config_name")
-    return (None if name in (None, "default") else name), _data_files(config.get("data_files"))
+    name = str(config.get("config_name", DEFAULT_SUBSET))
+    return (None if name == DEFAULT_SUBSET else name), _data_files(config.get("data_files"))
 
 
 def _data_files(value) -> dict[str, list[str]]:

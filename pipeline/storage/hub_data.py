@@ -7,7 +7,8 @@ may be the URL the hub's "Use this dataset" pandas snippet shows, huggingface_hu
 HfFileSystem path: ``hf://datasets/<org>/<name>[@<revision>]/<path in the repo>``
 (or a file's address in a browser, ``https://huggingface.co/datasets/<org>/<name>/blob/<revision>/<path>``;
 or the repo alone, ``hf://datasets/<org>/<name>``, whose files of the split a key asks for are chosen from its
-`listing` by `pipeline.data.hub_splits`),
+`listing` by `pipeline.data.hub_splits`; or the dataset viewer's address of one split,
+``https://huggingface.co/datasets/<org>/<name>/viewer/<subset>/<split>``, which names the split itself),
 the path a file or a glob over several (``data/train-*.parquet``; matched as
 `hf download --include` matches, so ``*`` also crosses ``/``). One job,
 `fetch_data`, run where Snakemake runs (compute nodes often have no network),
@@ -47,6 +48,11 @@ _URL = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]
 _WEB_PREFIXES = ("https://huggingface.co/datasets/", "https://hf.co/datasets/")
 _WEB = re.compile(r"^https://(?:huggingface|hf)\.co/datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
                   r"/(?P<kind>blob|resolve|tree)/(?P<rev>[^/?#]+)/(?P<path>[^/?#][^?#]*?)/?(?:[?#].*)?$")
+# A dataset's page (the whole repo), or its viewer's address as the browser shows it: the repo's viewer, a
+# subset's, or one split's of a subset (https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/viewer/default/
+# train_sft?row=3).
+_VIEWER = re.compile(r"^https://(?:huggingface|hf)\.co/datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+                     r"(?:/viewer(?:/(?P<subset>[^/?#]+)(?:/(?P<split>[^/?#]+))?)?)?/?(?:[?#].*)?$")
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ class HubFiles:
     repo_id: str
     revision: str | None  # as asked for; None: the default branch
     pattern: str | None  # a path in the repo, or a glob over several; None: the whole repo (its split of a key)
+    subset: str | None = None  # the whole repo: the subset (config) the dataset viewer's address names
+    split: str | None = None  # the whole repo: the split the dataset viewer's address names (else the key's)
 
     def download_command(self, cache: Path) -> str:
         rev = f" --revision {self.revision}" if self.revision else ""
@@ -80,7 +88,16 @@ def parse(value: str) -> HubFiles | None:
     m = _WEB.match(str(value))
     if m and m["kind"] != "tree":
         return HubFiles(str(value), m["repo"], unquote(m["rev"]), glob.escape(unquote(m["path"])))  # one file
+    m = _VIEWER.match(str(value))
+    if m:
+        name = lambda part: unquote(m[part]) if m[part] else None
+        return HubFiles(str(value), m["repo"], None, None, name("subset"), name("split"))
     return None
+
+
+def viewer_url(repo_id: str, subset: str, split: str) -> str:
+    """The dataset viewer's address of one split of a subset: a hub dataset URL that names the split."""
+    return f"https://huggingface.co/datasets/{repo_id}/viewer/{subset}/{split}"
 
 
 _FILE_NAME = re.compile(r"\.(jsonl?|ndjson|csv|tsv|parquet|pq|arrow|gz|zst|bz2|xz|txt)$", re.IGNORECASE)
@@ -99,7 +116,8 @@ def url_problem(key: str, value: str) -> str:
                 f"hf://datasets/{m['repo']}@{m['rev']}/{unquote(m['path']).rstrip('/')}/train-*.parquet")
     return (f"{key}: {value} is not a hub dataset URL like hf://datasets/org/name/data/train-*.parquet "
             "(hf://datasets/org/name@revision/path pins a branch, tag or commit; a file's page "
-            "https://huggingface.co/datasets/org/name/blob/main/path is one too)")
+            "https://huggingface.co/datasets/org/name/blob/main/path, or a split's in the dataset viewer, "
+            "https://huggingface.co/datasets/org/name/viewer/default/train, is one too)")
 
 
 def _match(snapshot: Path, patterns: list[str]) -> list[Path]:
@@ -129,7 +147,8 @@ class Fetched:
     def pin(self) -> dict:
         pin = {"url": self.files.url, "repo_id": self.files.repo_id, "revision": self.revision,
                "pattern": self.files.pattern, "files": [str(p) for p in self.paths]}
-        return pin | ({"split": self.split} if self.split else {})
+        return pin | ({"subset": self.files.subset} if self.files.subset else {}) | (
+            {"split": self.split} if self.split else {})
 
 
 @dataclass(frozen=True)

@@ -166,16 +166,62 @@ def test_a_missing_split_or_several_subsets_is_one_line_with_the_glob_to_give(tm
     assert str(err.value) == (
         "hf://datasets/HuggingFaceH4/chat has no train split at commit c0ffee (its splits: test_sft: "
         "data/test_sft-00000-of-00001.parquet; train_gen: data/train_gen-00000-of-00001.parquet; train_sft: "
-        "data/train_sft-00000-of-00001.parquet): give that split's files as a glob, e.g. "
-        "hf://datasets/HuggingFaceH4/chat/data/train_sft-*.parquet")
+        "data/train_sft-00000-of-00001.parquet): name it by the dataset viewer's address, "
+        "https://huggingface.co/datasets/HuggingFaceH4/chat/viewer/default/train_sft, or give that split's files as a "
+        "glob, e.g. hf://datasets/HuggingFaceH4/chat/data/train_sft-*.parquet")
+    with pytest.raises(UserError) as err:  # at a revision: the viewer shows the default branch only; the glob
+        hub_splits.split_files("hf://datasets/HuggingFaceH4/chat@v1", listing, "train")
+    assert str(err.value).endswith("): give that split's files as a glob, e.g. "
+                                   "hf://datasets/HuggingFaceH4/chat@v1/data/train_sft-*.parquet")
     card = ("---\nconfigs:\n- config_name: default\n  data_files:\n  - {split: dev, path: d.jsonl}\n"
             "  - {split: validation, path: v.jsonl}\n---\n")
     both = hub_data.Listing("c0ffee", ["d.jsonl", "v.jsonl"], card)  # declared both: validation is validation
     assert hub_splits.split_files("hf://datasets/org/x", both, "validation") == ("validation", ["v.jsonl"])
     several = hub_data.Listing("c0ffee", ["en/a.jsonl", "de/b.jsonl"],
                                SUBSETS_CARD.replace("  default: true\n", ""))
-    with pytest.raises(UserError, match=r"several subsets and none is the default \(en, de\)"):
+    with pytest.raises(UserError) as err:
         hub_splits.split_files("hf://datasets/org/x", several, "train")
+    assert str(err.value) == (
+        "hf://datasets/org/x has several subsets and none is the default (en, de): name one by the dataset viewer's "
+        "address, e.g. https://huggingface.co/datasets/org/x/viewer/en/train, or give one subset's files as a glob "
+        "(its card's data_files), hf://datasets/org/x/<path>")
+
+
+@pytest.mark.parametrize("layout", ["card_configs", "default_subset", "push_to_hub", "split_words_in_names"])
+def test_a_split_named_by_the_viewer_s_address_is_the_split_datasets_loads_by_that_name(layout, tmp_path, monkeypatch):
+    """`https://huggingface.co/datasets/org/x/viewer/<subset>/<split>` (the browser's address of one split in the
+    dataset viewer) names the subset and split as `datasets.load_dataset("org/x", subset, split=split)` does: for
+    every subset and split `datasets` finds in the same files, ours are the files of that split; a split or subset
+    the repo lacks is one line naming those it has."""
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    root = _write(tmp_path / layout, *LAYOUTS[layout])
+    listing = _listing(root)
+    card = hub_splits._front_matter(listing.readme) or {}
+    subsets = [c["config_name"] for c in card.get("configs", [])] or [hub_splits.DEFAULT_SUBSET]
+    for subset in subsets:
+        theirs = {str(split): sorted(Path(p).relative_to(root).as_posix() for p in files) for split, files in
+                  datasets.load_dataset_builder(str(root), name=subset).config.data_files.items()}
+        for name, files in theirs.items():
+            url = f"https://huggingface.co/datasets/org/x/viewer/{subset}/{name}"
+            files_url = hub_data.parse(url)
+            assert (files_url.subset, files_url.split) == (subset, name)
+            for key_split in ("train", "test"):  # the split the URL names, whatever the key
+                patterns, got = hub_splits.choose(key_split)(files_url, listing)
+                assert (got, hub_data._match(root, patterns)) == (name, [root / f for f in files]), (subset, name)
+        with pytest.raises(UserError, match=rf"has no Train split at commit c0ffee \(its splits: .*\): name it by the "
+                                            rf"dataset viewer's address, https://huggingface.co/datasets/org/x/viewer/"
+                                            rf"{subset}/\w+, or give"):
+            hub_splits.split_files("https://hf.co/datasets/org/x", listing, "train", subset=subset, named="Train")
+    with pytest.raises(UserError) as err:
+        hub_splits.split_files("https://hf.co/datasets/org/x/viewer/fr", listing, "train", subset="fr")
+    if card.get("configs"):
+        assert str(err.value).startswith(f"https://hf.co/datasets/org/x/viewer/fr has no subset 'fr' "
+                                         f"({', '.join(subsets)}): name one by the dataset viewer's address, e.g. "
+                                         f"https://huggingface.co/datasets/org/x/viewer/{subsets[0]}/train, or give")
+    else:
+        assert str(err.value) == "https://hf.co/datasets/org/x/viewer/fr has no subset 'fr': its only subset is 'default'"
 
 
 def test_a_whole_repo_url_fetches_the_split_of_each_key_offline_and_pins_it(tmp_path, monkeypatch):
@@ -195,6 +241,11 @@ def test_a_whole_repo_url_fetches_the_split_of_each_key_offline_and_pins_it(tmp_
         assert len(load_records(pin)) == len(files)
     with pytest.raises(UserError, match="has no test split"):
         hub_images.main(["--url", "hf://datasets/org/multi", "--out", str(tmp_path / "t.hub.json"), "--split", "test"])
+    # The dataset viewer's address of a subset's split: that split, whichever the key asks for.
+    viewer = "https://huggingface.co/datasets/org/multi/viewer/en/train?row=1"
+    assert hub_images.main(["--url", viewer, "--out", str(tmp_path / "en.hub.json"), "--split", "test"]) == 0
+    info = json.loads((tmp_path / "en.hub.json").read_text())
+    assert (info["files"], info["subset"], info["split"]) == ([str(snapshot / "en/a.jsonl")], "en", "train")
     assert not (tmp_path / "t.hub.json").exists()
     # Not cached at all: the one line naming the whole repo's download.
     with pytest.raises(UserError, match="run `hf download org/gone --repo-type dataset --cache-dir"):
@@ -205,12 +256,13 @@ def test_the_workflow_asks_each_key_s_split():
     from pipeline import layout
     from pipeline.data.datasets import RunData
 
-    data = {"train": "hf://datasets/org/multi", "val": "hf://datasets/org/multi@v1", "test": None,
+    data = {"train": "hf://datasets/org/multi", "val": "hf://datasets/org/multi@v1",
+            "test": "https://huggingface.co/datasets/org/multi/viewer/default/test_sft",
             "columns": {}, "roles": {}, "max_length": 64, "too_long": "error", "reasoning": "auto",
             "duplicates": "error"}
     run = RunData({"data": data}, layout.RunTree.of("r"), lambda value, split: value)
     assert {key: run.fetch_flags(key) for key in run.hub} == {"train/train": "--split train",
-                                                              "val": "--split validation"}
+                                                              "val": "--split validation", "test": "--split test"}
     assert os.path.basename(run.sets["train"].path).endswith(".hub.json")
 
 

@@ -102,13 +102,18 @@ def test_fetch_data_is_given_the_dataset_s_columns_to_find_its_images(tiny, tmp_
     add_to_cache(cache, REPO_ID, repo, repo_type="dataset")
     workdir = copy_workflow(tmp_path / "wf")
     # data.val names the whole repo: its fetch asks for the repo's validation split (pipeline/data/hub_splits.py)
-    _config(workdir, tiny, URL, val=f"hf://datasets/{REPO_ID}", columns={"image": "picture"},
+    # data.test names a split by the dataset viewer's address (its `?` is no glob: the URL is one quoted word)
+    viewer = f"https://huggingface.co/datasets/{REPO_ID}/viewer/default/train?row=3"
+    _config(workdir, tiny, URL, val=f"hf://datasets/{REPO_ID}", test=viewer, columns={"image": "picture"},
             roles={"bot": "assistant"})
-    proc = snakemake(workdir, "-n", "-p", TOKENIZED, "results/hub/data/val.safetensors", "--configfile", "hub.yaml",
-                     env=_env(cache), timeout=120)
+    proc = snakemake(workdir, "-n", "-p", TOKENIZED, "results/hub/data/val.safetensors",
+                     "results/hub/data/hub/test.hub.json", "--configfile", "hub.yaml", env=_env(cache), timeout=120)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     commands = sorted(line.strip() for line in proc.stdout.splitlines() if "python -m pipeline fetch-data" in line)
-    assert len(commands) == 2, commands
-    assert commands[0].endswith("--out results/hub/data/hub/train/train.hub.json --split train "
-                                "--columns image=picture --roles bot=assistant"), commands
-    assert f"--url hf://datasets/{REPO_ID} --out results/hub/data/hub/val.hub.json --split validation " in commands[1]
+    assert len(commands) == 3, commands
+    fetches = {c.split(" --out results/hub/data/hub/")[1].split(".hub.json")[0]: c for c in commands}
+    assert fetches["train/train"].endswith("--out results/hub/data/hub/train/train.hub.json --split train "
+                                           "--columns image=picture --roles bot=assistant"), commands
+    assert f"--url hf://datasets/{REPO_ID} --out results/hub/data/hub/val.hub.json --split validation " in \
+        fetches["val"]
+    assert f"--url '{viewer}' --out results/hub/data/hub/test.hub.json --split test " in fetches["test"]
