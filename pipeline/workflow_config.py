@@ -285,10 +285,12 @@ def train_sets(data: Mapping) -> dict[str, dict] | None:
 
 def default_name(path: str) -> str:
     """A training dataset's name when the config gives none: its file name without the extension (a dir's
-    whole name, a hub URL's dataset name; a glob's file name up to its first glob character, else its
+    whole name, a hub URL's dataset name, with the subset and split a viewer address names; a glob's file name up to its first glob character, else its
     directory's), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
     files = hub_data.parse(path) if hub_data.is_url(path) else None
     name = files.repo_id.split("/")[1] if files else Path(str(path).rstrip("/")).name
+    if files and files.split:  # the dataset viewer's address of a split: ultrachat_200k-train_sft
+        name = "-".join([name, *([files.subset] if files.subset != "default" else []), files.split])
     stem = name if files or Path(path).is_dir() else Path(name).stem
     if files is None and globs.is_glob(path):  # data/train-*.parquet: train; shards/*/*.jsonl: shards
         stem = re.split(r"[*?\[]", name)[0].rstrip("-_.") or globs.root(path).resolve().name

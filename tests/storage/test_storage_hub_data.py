@@ -58,19 +58,22 @@ def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pat
     assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, revision, pattern)
 
 
-@pytest.mark.parametrize("url, repo_id, subset, split", [
+@pytest.mark.parametrize("url, repo_id, subset, split, name", [
     # a dataset's page, its viewer, a subset's or one split's in the viewer, as the browser shows them
-    ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k", "HuggingFaceH4/ultrachat_200k", None, None),
-    ("https://hf.co/datasets/org/name/viewer/", "org/name", None, None),
-    ("https://huggingface.co/datasets/org/name/viewer/de", "org/name", "de", None),
+    ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k", "HuggingFaceH4/ultrachat_200k", None, None,
+     "ultrachat_200k"),
+    ("https://hf.co/datasets/org/name/viewer/", "org/name", None, None, "name"),
+    ("https://huggingface.co/datasets/org/name/viewer/de", "org/name", "de", None, "name"),
     ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/viewer/default/train_sft?row=7",
-     "HuggingFaceH4/ultrachat_200k", "default", "train_sft"),
-    ("https://huggingface.co/datasets/org/name/viewer/sub%20set/dev.v2/", "org/name", "sub set", "dev.v2"),
+     "HuggingFaceH4/ultrachat_200k", "default", "train_sft", "ultrachat_200k-train_sft"),
+    ("https://huggingface.co/datasets/org/name/viewer/sub%20set/dev.v2/", "org/name", "sub set", "dev.v2",
+     "name-sub_set-dev.v2"),
 ])
 def test_a_dataset_s_page_or_viewer_address_names_the_whole_repo_and_its_subset_and_split(url, repo_id, subset,
-                                                                                           split):
+                                                                                           split, name):
     assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, None, None, subset, split)
     assert path_problems({"model": "embedded", "data": {"train": url, "val": None, "test": None}}) == []
+    assert default_name(url) == name  # a mix's dataset: two splits of one repo are two datasets of their own
 
 
 @pytest.mark.parametrize("url", ["hf://datasets/name/x.jsonl", "hf://datasets/org/name@",
