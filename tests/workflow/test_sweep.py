@@ -1,8 +1,11 @@
 """Sweeps (config `sweep`): several runs as one DAG, shared data work, one comparison, pruning.
 
-One cold sweep of the embedded default (config/sweep.yaml: 2 learning rates x
-2 LoRA ranks) on a shorter schedule, on the session's prepared embedded base,
-made once for this module; the tests that change it take a copy. A variant of
+One cold sweep of the embedded default on a shorter schedule, on the session's
+prepared embedded base, made once for this module; the tests that change it take
+a copy. Its variants: config/sweep.yaml's grid narrowed to rank 8 (2 learning
+rates) and one named variant beside it (sweep.variants), so one run has both
+kinds; the user's whole 2 x 2 grid is planned by a dry run
+(test_benchmarks_run_the_base_once_and_each_variant_once). A variant of
 run `demo` lives in results/demo/variants/<name>/; results/demo/ keeps what they share (data, the
 base model's evaluation) and the comparison (sweep/).
 """
@@ -25,12 +28,14 @@ from kits.run import copy_run, copy_workflow, jobs_with_wildcards, seed_embedded
 pytestmark = pytest.mark.workflow
 
 RUN = "results/demo"
-# Short enough for CI (4 variants x 3 stages: pilot 0-6, chunk01 6-33, chunk02 33-60), long enough
+# Short enough for CI (3 variants x 3 stages: pilot 0-6, chunk01 6-33, chunk02 33-60), long enough
 # that the variants differ. No lm-eval benchmarks in the cold sweep (14 jobs that no comparison reads):
 # how a sweep schedules them is shown by a dry run (test_benchmarks_run_the_base_once_and_each_variant_once).
 SCHEDULE = {"schedule": {"total_updates": 60, "pilot_fraction": 0.1, "num_chunks": 2}}
-SMALL = {**SCHEDULE, "evaluate": {"max_test": 16, "benchmarks": {"tasks": []}}}
-GRID = ["lr-0.001_r-8", "lr-0.001_r-16", "lr-0.002_r-8", "lr-0.002_r-16"]
+SMALL = {**SCHEDULE, "evaluate": {"max_test": 16, "benchmarks": {"tasks": []}},
+         "sweep": {"grid": {"lora.r": [8]}, "variants": {"lr-0.002_r-16": ["optim.lr=2e-3", "lora.r=16"]}}}
+GRID = ["lr-0.001_r-8", "lr-0.002_r-8", "lr-0.002_r-16"]  # the cold sweep's variants: the grid's two, the named one
+USER_GRID = ["lr-0.001_r-8", "lr-0.001_r-16", "lr-0.002_r-8", "lr-0.002_r-16"]  # config/sweep.yaml's 2 x 2
 ADAPTER = "stages/chunk02/checkpoint/adapter/adapter_model.safetensors"
 
 
@@ -68,10 +73,10 @@ def test_one_command_runs_every_variant_on_data_prepared_once(sweep):
     # Per variant: its plan, 3 stages and their evaluations, its exports.
     trained = Counter(w["vrun"] for rule, w in jobs if rule == "train_stage")
     assert trained == {_vrun(name): 3 for name in GRID}
-    assert rules["merge_lora"] == rules["smoke_test"] == rules["plan"] == 4
-    # No variant wrote over another: four different final adapters, in four directories.
+    assert rules["merge_lora"] == rules["smoke_test"] == rules["plan"] == len(GRID)
+    # No variant wrote over another: different final adapters, each in its own directory.
     adapters = {sha256(workdir / RUN / "variants" / name / ADAPTER) for name in GRID}
-    assert len(adapters) == 4
+    assert len(adapters) == len(GRID)
     # Every variant trained with its own overrides.
     for name in GRID:
         cfg = yaml.safe_load((workdir / RUN / "variants" / name / "train_config.yaml").read_text())
@@ -111,9 +116,9 @@ def test_benchmarks_run_the_base_once_and_each_variant_once(tmp_path):
     assert rules["prepare_base"] == 1, rules
     assert rules["benchmark_base"] == rules["demo_benchmark"] == 1, rules  # the base model's, shared
     runs = Counter(w["vrun"] for rule, w in planned if rule == "benchmark")
-    assert runs == {_vrun(name): 1 for name in GRID}, runs
+    assert runs == {_vrun(name): 1 for name in USER_GRID}, runs
     for rule in ("benchmark_report", "benchmark_card"):
-        assert sorted(w["vrun"] for r, w in planned if r == rule) == sorted(map(_vrun, GRID)), rule
+        assert sorted(w["vrun"] for r, w in planned if r == rule) == sorted(map(_vrun, USER_GRID)), rule
 
 
 def test_report_holds_the_comparison(sweep, tmp_path):
@@ -129,10 +134,10 @@ def test_report_holds_the_comparison(sweep, tmp_path):
     assert "Sweep" in page and all(_vrun(name) in page for name in GRID)  # the category, a subcategory per variant
 
 
-def test_adding_a_fifth_variant_plans_only_its_jobs(sweep, tmp_path):
+def test_adding_a_variant_plans_only_its_jobs(sweep, tmp_path):
     work = copy_run(sweep[0], tmp_path / "wf")
-    (work / "fifth.yaml").write_text(yaml.safe_dump({"sweep": {"variants": {"lr-5e-4": ["optim.lr=5e-4"]}}}))
-    _, planned = _sweep(work, "fifth.yaml", dry=True)
+    (work / "more.yaml").write_text(yaml.safe_dump({"sweep": {"variants": {"lr-5e-4": ["optim.lr=5e-4"]}}}))
+    _, planned = _sweep(work, "more.yaml", dry=True)
     others = [(rule, w) for rule, w in planned if w.get("vrun") != _vrun("lr-5e-4")]
     assert [rule for rule, _ in others] == ["sweep_compare"], others
     assert Counter(w.get("stage") for rule, w in planned if rule == "train_stage") == \
@@ -155,13 +160,13 @@ def test_a_deleted_chunk_retrains_only_that_variants_later_stages(sweep, tmp_pat
 
 def test_removing_a_variant_leaves_its_outputs_and_the_others_untouched(sweep, tmp_path):
     work = copy_run(sweep[0], tmp_path / "wf")
-    (work / "fewer.yaml").write_text(yaml.safe_dump({"sweep": {"grid": {"optim.lr": [1.0e-3, 2.0e-3], "lora.r": [8]}}}))
+    (work / "fewer.yaml").write_text(yaml.safe_dump({"sweep": {"grid": {"optim.lr": [1.0e-3], "lora.r": [8]}}}))
     before = {n: sha256(work / RUN / "variants" / n / ADAPTER) for n in GRID}
     _, ran = _sweep(work, "fewer.yaml")
     assert [rule for rule, _ in ran] == ["sweep_compare"]
     assert {n: sha256(work / RUN / "variants" / n / ADAPTER) for n in GRID} == before
     table = pd.read_csv(work / RUN / "sweep" / "comparison.csv")
-    assert sorted(table["variant"]) == ["lr-0.001_r-8", "lr-0.002_r-8"]
+    assert sorted(table["variant"]) == ["lr-0.001_r-8", "lr-0.002_r-16"]  # lr-0.002_r-8 left the grid
 
 
 def _keep_only_pilots(work: Path) -> None:
@@ -175,31 +180,31 @@ def _keep_only_pilots(work: Path) -> None:
     shutil.rmtree(work / "work", ignore_errors=True)
 
 
-def test_pruning_at_the_pilot_trains_only_the_best_two_and_raising_k_brings_back_the_third(sweep, tmp_path):
+def test_pruning_at_the_pilot_trains_only_the_best_and_raising_k_brings_back_the_second(sweep, tmp_path):
     work = copy_run(sweep[0], tmp_path / "wf")
     _keep_only_pilots(work)
     pilot = {n: json.loads((work / RUN / "variants" / n / "eval" / "pilot.json").read_text()) for n in GRID}
     ranking = sorted(GRID, key=lambda n: min(r["loss"] for r in pilot[n]["rows"]))
-    (work / "prune2.yaml").write_text(yaml.safe_dump({"sweep": {"prune": {"at": ["pilot"], "keep": 2}}}))
-    _, ran = _sweep(work, "prune2.yaml")
+    (work / "prune1.yaml").write_text(yaml.safe_dump({"sweep": {"prune": {"at": ["pilot"], "keep": 1}}}))
+    _, ran = _sweep(work, "prune1.yaml")
     trained = Counter(w["vrun"] for rule, w in ran if rule == "train_stage")
-    assert trained == {_vrun(ranking[0]): 2, _vrun(ranking[1]): 2}  # chunk01 and chunk02 each
+    assert trained == {_vrun(ranking[0]): 2}  # chunk01 and chunk02
     decision = json.loads((work / RUN / "sweep" / "prune" / "pilot.json").read_text())
-    assert decision["kept"] == ranking[:2] and sorted(decision["stopped"]) == sorted(ranking[2:])
+    assert decision["kept"] == ranking[:1] and sorted(decision["stopped"]) == sorted(ranking[1:])
     table = pd.read_csv(work / RUN / "sweep" / "comparison.csv").set_index("variant")
-    for name in ranking[2:]:
+    for name in ranking[1:]:
         assert table.loc[name, "stopped"].startswith("pruned after pilot: rank") and table.loc[name, "last_stage"] == "pilot"
         assert not (work / RUN / "variants" / name / "stages" / "chunk01").exists()
-    assert (table.loc[ranking[:2], "stopped"] == "finished").all()
+    assert table.loc[ranking[0], "stopped"] == "finished"
     html = (work / RUN / "sweep" / "comparison.html").read_text()
-    assert "Stopped early" in html and all(name in html for name in ranking[2:])
-    # A larger k: only the third variant's remaining stages train; the pruned fourth keeps its pilot.
-    (work / "prune3.yaml").write_text(yaml.safe_dump({"sweep": {"prune": {"at": ["pilot"], "keep": 3}}}))
-    _, ran = _sweep(work, "prune3.yaml")
+    assert "Stopped early" in html and all(name in html for name in ranking[1:])
+    # A larger k: only the second variant's remaining stages train; the pruned third keeps its pilot.
+    (work / "prune2.yaml").write_text(yaml.safe_dump({"sweep": {"prune": {"at": ["pilot"], "keep": 2}}}))
+    _, ran = _sweep(work, "prune2.yaml")
     assert [(w["vrun"], w["stage"]) for rule, w in ran if rule == "train_stage"] == \
-        [(_vrun(ranking[2]), s) for s in ("chunk01", "chunk02")]
+        [(_vrun(ranking[1]), s) for s in ("chunk01", "chunk02")]
     table = pd.read_csv(work / RUN / "sweep" / "comparison.csv").set_index("variant")
-    assert table.loc[ranking[2], "stopped"] == "finished" and table.loc[ranking[3], "last_stage"] == "pilot"
+    assert table.loc[ranking[1], "stopped"] == "finished" and table.loc[ranking[2], "last_stage"] == "pilot"
     # Exactly what it had computed in the unpruned sweep.
-    assert sha256(work / RUN / "variants" / ranking[2] / ADAPTER) == \
-        sha256(sweep[0] / RUN / "variants" / ranking[2] / ADAPTER)
+    assert sha256(work / RUN / "variants" / ranking[1] / ADAPTER) == \
+        sha256(sweep[0] / RUN / "variants" / ranking[1] / ADAPTER)
