@@ -48,11 +48,12 @@ _URL = re.compile(r"^hf://datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]
 _WEB_PREFIXES = ("https://huggingface.co/datasets/", "https://hf.co/datasets/")
 _WEB = re.compile(r"^https://(?:huggingface|hf)\.co/datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
                   r"/(?P<kind>blob|resolve|tree)/(?P<rev>[^/?#]+)/(?P<path>[^/?#][^?#]*?)/?(?:[?#].*)?$")
-# A dataset's page (the whole repo), or its viewer's address as the browser shows it: the repo's viewer, a
-# subset's, or one split's of a subset (https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/viewer/default/
-# train_sft?row=3).
+# A dataset's page or its files' page at a revision (/tree/<revision>: the whole repo), or its viewer's address as
+# the browser shows it: the repo's viewer, a subset's, or one split's of a subset
+# (https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/viewer/default/train_sft?row=3).
 _VIEWER = re.compile(r"^https://(?:huggingface|hf)\.co/datasets/(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
-                     r"(?:/viewer(?:/(?P<subset>[^/?#]+)(?:/(?P<split>[^/?#]+))?)?)?/?(?:[?#].*)?$")
+                     r"(?:/viewer(?:/(?P<subset>[^/?#]+)(?:/(?P<split>[^/?#]+))?)?|/tree/(?P<rev>[^/?#]+))?"
+                     r"/?(?:[?#].*)?$")
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def parse(value: str) -> HubFiles | None:
     m = _VIEWER.match(str(value))
     if m:
         name = lambda part: unquote(m[part]) if m[part] else None
-        return HubFiles(str(value), m["repo"], None, None, name("subset"), name("split"))
+        return HubFiles(str(value), m["repo"], name("rev"), None, name("subset"), name("split"))
     return None
 
 

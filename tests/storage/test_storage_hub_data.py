@@ -76,6 +76,12 @@ def test_a_dataset_s_page_or_viewer_address_names_the_whole_repo_and_its_subset_
     assert default_name(url) == name  # a mix's dataset: two splits of one repo are two datasets of their own
 
 
+def test_a_dataset_s_files_page_at_a_revision_is_the_whole_repo_there_and_a_folder_s_page_is_refused():
+    url = "https://huggingface.co/datasets/org/name/tree/refs%2Fconvert%2Fparquet"
+    assert hub_data.parse(url) == hub_data.HubFiles(url, "org/name", "refs/convert/parquet", None)
+    assert hub_data.parse(f"{url}/default") is None  # a folder in it: `url_problem` asks for a glob
+
+
 @pytest.mark.parametrize("url", ["hf://datasets/name/x.jsonl", "hf://datasets/org/name@",
                                  "hf://org/name/x.jsonl", "datasets/org/name/x.jsonl", "hf://datasets//name/x"])
 def test_a_malformed_hub_url_is_refused_naming_the_key(url):
