@@ -289,8 +289,8 @@ def default_name(path: str) -> str:
     directory's), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
     files = hub_data.parse(path) if hub_data.is_url(path) else None
     name = files.repo_id.split("/")[1] if files else Path(str(path).rstrip("/")).name
-    if files and files.split:  # the dataset viewer's address of a split: ultrachat_200k-train_sft
-        name = "-".join([name, *([files.subset] if files.subset != "default" else []), files.split])
+    if files and (files.subset or files.split):  # the dataset viewer's address of a split: ultrachat_200k-train_sft
+        name = "-".join([name, *[part for part in (files.subset, files.split) if part not in (None, "default")]])
     stem = name if files or Path(path).is_dir() else Path(name).stem
     if files is None and globs.is_glob(path):  # data/train-*.parquet: train; shards/*/*.jsonl: shards
         stem = re.split(r"[*?\[]", name)[0].rstrip("-_.") or globs.root(path).resolve().name

@@ -63,7 +63,7 @@ def test_a_hub_url_names_the_repo_revision_and_files(url, repo_id, revision, pat
     ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k", "HuggingFaceH4/ultrachat_200k", None, None,
      "ultrachat_200k"),
     ("https://hf.co/datasets/org/name/viewer/", "org/name", None, None, "name"),
-    ("https://huggingface.co/datasets/org/name/viewer/de", "org/name", "de", None, "name"),
+    ("https://huggingface.co/datasets/org/name/viewer/de", "org/name", "de", None, "name-de"),
     ("https://huggingface.co/datasets/HuggingFaceH4/ultrachat_200k/viewer/default/train_sft?row=7",
      "HuggingFaceH4/ultrachat_200k", "default", "train_sft", "ultrachat_200k-train_sft"),
     ("https://huggingface.co/datasets/org/name/viewer/sub%20set/dev.v2/", "org/name", "sub set", "dev.v2",
