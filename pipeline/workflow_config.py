@@ -285,8 +285,9 @@ def train_sets(data: Mapping) -> dict[str, dict] | None:
 
 def default_name(path: str) -> str:
     """A training dataset's name when the config gives none: its file name without the extension (a dir's
-    whole name, a hub URL's dataset name, with the subset and split a viewer address names; a glob's file name up to its first glob character, else its
-    directory's), in letters, digits and . _ - (the name is a directory and a Snakemake wildcard value)."""
+    whole name, a hub URL's dataset name, with the subset and split a viewer address names; a glob's file name
+    up to its first glob character, else its directory's), in letters, digits and . _ - (the name is a directory
+    and a Snakemake wildcard value)."""
     files = hub_data.parse(path) if hub_data.is_url(path) else None
     name = files.repo_id.split("/")[1] if files else Path(str(path).rstrip("/")).name
     if files and (files.subset or files.split):  # the dataset viewer's address of a split: ultrachat_200k-train_sft

@@ -19,8 +19,8 @@ names the subset (a card config's name; ``default`` for a repo whose card declar
 exact names, as `datasets.load_dataset("org/name", "<subset>", split="<split>")` does, whatever the key.
 
 A split the repo does not have is one problem naming the splits it has, each with its files, so the user can
-name one by its viewer address or give it as a glob (``hf://datasets/org/name/data/train_sft-*``). The files chosen are fetched at the listing's
-commit and pinned as any hub URL's (`pipeline.storage.hub_data`).
+name one by its viewer address or give it as a glob (``hf://datasets/org/name/data/train_sft-*``).
+The files chosen are fetched at the listing's commit and pinned as any hub URL's (`pipeline.storage.hub_data`).
 """
 
 from __future__ import annotations
