@@ -333,6 +333,8 @@ class ValidationConfig:
     every: int = setting(0, "full validation + best-weights tracking every N updates of the run (always after "
                             "the last); 0 = after the last only")
     batch_size: int = setting(16, "sequences per validation forward")
+    max_records: int | None = setting(None, "validate on the first N records of the validation set (in its file "
+                                            "order; the evaluation jobs too); null = all of them")
 
 
 @dataclass
@@ -442,6 +444,8 @@ def _check(cfg: TrainConfig) -> None:
         problems.append("optim.global_batch and optim.micro_batch must be positive")
     if cfg.validation.batch_size <= 0:
         problems.append("validation.batch_size must be positive")
+    if cfg.validation.max_records is not None and cfg.validation.max_records <= 0:
+        problems.append("validation.max_records must be positive (or null: all)")
     if cfg.profile.updates < 0 or cfg.profile.warmup < 0:
         problems.append("profile.updates and profile.warmup must be >= 0")
     for rate in cfg.ema.rates:

@@ -30,6 +30,7 @@ def test_overrides_apply_and_groups_compose():
                                         "[auto, sdpa, eager, flash_attention_2, flash_attention_3, flex_attention]"),
     ("model.gpu_memory_gb=-1", "model.gpu_memory_gb"),
     ("validation.batch_size=0", "validation.batch_size must be positive"),
+    ("validation.max_records=0", "validation.max_records must be positive (or null: all)"),
     ("lora.init=pissa", "lora.init='pissa' is not supported: it rewrites the base weights"),
     ("lora.init=pissa_niter_4", "lora.init='pissa_niter_4' is not supported: it rewrites the base weights"),
     ("lora.init=olora", "lora.init='olora' is not supported: it rewrites the base weights"),

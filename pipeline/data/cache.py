@@ -186,10 +186,13 @@ class TokenCache:
     safe to modify). `lengths` is the token count per record, `num_tokens`
     their sum, `metadata` the safetensors metadata; `images(i)` the image
     paths of record i (none in a text-only cache, `has_images` False).
+    `records`: the first N records alone (all of them when the file holds
+    fewer, or when None); the file is checked whole either way.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, records: int | None = None):
         self.path = Path(path)
+        self.records = records
         self._open()
 
     def _open(self) -> None:
@@ -228,6 +231,9 @@ class TokenCache:
         if (self._image_offsets.size != len(self) + 1 or self._image_offsets[-1] != self._path_offsets.size - 1
                 or self._path_offsets[-1] != len(self._path_bytes)):
             raise DataError(f"{self.path}: corrupt token cache (image offsets do not match the image paths)")
+        if self.records is not None:
+            self._offsets = self._offsets[:self.records + 1]
+            self._image_offsets = self._image_offsets[:self.records + 1]
 
     def __len__(self) -> int:
         return self._offsets.size - 1
@@ -288,10 +294,10 @@ class TokenCache:
 
     # Pickle by path, so DataLoader workers re-map the file instead of copying arrays.
     def __getstate__(self) -> dict:
-        return {"path": self.path}
+        return {"path": self.path, "records": self.records}
 
     def __setstate__(self, state: dict) -> None:
-        self.path = state["path"]
+        self.path, self.records = state["path"], state.get("records")
         self._open()
 
     def __repr__(self) -> str:

@@ -3,8 +3,8 @@
     python -m pipeline evaluate --checkpoint results/<run>/stages/chunk01/checkpoint \
         --stage chunk01 --out results/<run>/eval/chunk01.json
 
-For each weight set: validation loss and perplexity over the whole validation
-cache, and, when a held-out test file is given, greedy-decoding exact match
+For each weight set: validation loss and perplexity over the validation cache
+(its first `validation.max_records` records, as in the stages), and, when a held-out test file is given, greedy-decoding exact match
 (for a vision-language model: on the held-out image questions, with their images),
 with the answers of every weight set to the same first `--samples` held-out prompts
 next to their references (the report's samples page shows them side by side).
@@ -29,7 +29,8 @@ from pipeline.checkpoint.reader import open_checkpoint
 from pipeline.data import run_tokenizer
 from pipeline.evaluate.metrics import add_held_out_args, exact_match, held_out_examples
 from pipeline.model import base, loading, precision as prec
-from pipeline.model.loss import Collator, TokenLoss, validation_loss
+from pipeline.model.batch import validation_collator
+from pipeline.model.loss import TokenLoss, validation_loss
 from pipeline.model.prompts import Prompts
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,6 @@ def _evaluate_current(model, prompts, val, examples, cfg, device, precision, max
 def evaluate(args) -> dict:
     from transformers import AutoTokenizer
 
-    from pipeline.data.cache import TokenCache
-
     # HF dirs (adapter/ or model/, ema/<tag>/) or, from an FSDP run, the DCP shards (dcp/), unsharded here.
     ckpt = open_checkpoint(args.checkpoint, verify=True) if args.checkpoint is not None else None
     cfg = train_config.load(ckpt.config_path if ckpt is not None else args.config)
@@ -66,7 +65,7 @@ def evaluate(args) -> dict:
     prec.use_tf32(device, cfg.precision.tf32)
     images = base.image_text(cfg.model)  # a vision-language model's processor; None for a text model
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(run_tokenizer.path(cfg.model)), images)
-    val = Collator(TokenCache(cfg.tokens.val_cache), prompts.pad_token_id, images=images) if cfg.tokens.val_cache else None
+    val = validation_collator(cfg, prompts.pad_token_id, images)
     examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
     samples = getattr(args, "samples", SAMPLES)
     result = {"stage": args.stage, "rows": []}

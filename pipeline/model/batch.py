@@ -177,6 +177,16 @@ def _flat(items, *, bounds_as_ints: bool = False) -> Batch:
                  torch.cat(targets), tokens=offset)
 
 
+def validation_collator(cfg, pad_id: int, images: ImageText | None) -> Collator | None:
+    """The batch maker of a run's validation set (`cfg`: its `TrainConfig`): padded, the first
+    `validation.max_records` records of the validation cache; None without one."""
+    if not cfg.tokens.val_cache:
+        return None
+    from pipeline.data.cache import TokenCache
+
+    return Collator(TokenCache(cfg.tokens.val_cache, records=cfg.validation.max_records), pad_id, images=images)
+
+
 class Collator:
     """A micro-batch's records of a token cache -> one `Batch`, plus a vision-language model's image
     inputs: pixels made here from the records' image files (in their token order, record by

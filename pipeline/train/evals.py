@@ -5,10 +5,10 @@ swapped in and out):
 
 quick   the first `validation.quick_batches` batches, every `validation.quick_every` updates
         and on an alert; logged only.
-full    the whole validation set, every `validation.every` updates of the run and
-        after its last update; tracks the best weights of the run. (Not at every
-        stage end: how a run is cut into stages must not change what it computes.
-        The `evaluate_stage` rule evaluates each stage's final weights.)
+full    the whole validation set (its first `validation.max_records` records), every
+        `validation.every` updates of the run and after its last update; tracks the best
+        weights of the run. (Not at every stage end: how a run is cut into stages must not
+        change what it computes. The `evaluate_stage` rule evaluates each stage's final weights.)
 
 Best tracking: the lowest full-eval loss of the raw weights and, separately, of
 any EMA rate. When one improves, its weights are saved by the checkpointer

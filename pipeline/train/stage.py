@@ -51,7 +51,7 @@ from pipeline.data import run_tokenizer
 from pipeline.data.mix import ConcatCache, Mix, from_config as mix_from_config
 from pipeline.errors import UserError
 from pipeline.model import base, loading, memory, packed_attention, precision as prec
-from pipeline.model.batch import Collator
+from pipeline.model.batch import Collator, validation_collator
 from pipeline.model.loss import hf_model
 from pipeline.planning.packing import Packing, decide as decide_packing, recurrent_layers
 from pipeline.planning.schedule import lr_factor, read_plan, stage_from_plan
@@ -341,7 +341,7 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     """
     images = base.image_text(cfg.model)
     pad_id = loading.pad_token_id(run_tokenizer.path(cfg.model))
-    val = Collator(TokenCache(cfg.tokens.val_cache), pad_id, images=images) if cfg.tokens.val_cache else None
+    val = validation_collator(cfg, pad_id, images)
     # Validation batches run through the same attention: a sliding window must cover their records too.
     longest = max([int(train_cache.lengths.max())] + ([int(val.cache.lengths.max())] if val is not None else []))
     packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,

@@ -253,6 +253,31 @@ def test_token_cache_access(tmp_path, tokenizer):
     assert torch.equal(clone[1][1], cache[1][1])
 
 
+def test_a_token_cache_read_for_its_first_records_is_those_records_alone(tmp_path, tokenizer):
+    """`TokenCache(path, records=N)` (validation.max_records): the first N records, their tokens, lengths
+    and images as the whole cache has them; a worker's pickled copy is the same N; N past the end is all."""
+    from pipeline.data.cache import write_cache
+
+    records = [record(index=i, exchanges=EXCHANGES[: i % 3 + 1]) for i in range(5)]
+    enc = tk.encode_records(records, tokenizer, max_length=512, too_long="error")
+    images = [["a.png"], [], ["b.png", "c.png"], ["d.png"], []]
+    path = tmp_path / "c.safetensors"
+    write_cache(path, input_ids=enc.input_ids, labels=enc.labels, offsets=enc.offsets, metadata={}, images=images)
+    whole, first = TokenCache(path), TokenCache(path, records=3)
+    assert len(first) == 3 and first.lengths.tolist() == whole.lengths[:3].tolist()
+    assert first.num_tokens == int(enc.offsets[3])
+    assert first.supervised_counts().tolist() == whole.supervised_counts()[:3].tolist()
+    assert first.image_counts.tolist() == [1, 0, 2] and first.images(2) == ["b.png", "c.png"]
+    for i in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(first[i], whole[i]))
+    with pytest.raises(IndexError):
+        first[3]
+    clone = pickle.loads(pickle.dumps(first))
+    assert len(clone) == 3 and torch.equal(clone[-1][0], whole[2][0])
+    assert len(TokenCache(path, records=9)) == 5
+    assert TokenCache(path, records=2).image_counts.tolist() == [1, 0]
+
+
 def test_token_cache_rejects_other_files(tmp_path):
     from safetensors.numpy import save_file
 

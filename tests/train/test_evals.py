@@ -90,3 +90,35 @@ def test_preemption_during_an_eval_redoes_it_after_resume(tiny, tmp_path):
     assert _progress(run.stage_dir("all"))["best"] == _progress(reference.stage_dir("all"))["best"]
     adapter = f"{layout.STAGE_CHECKPOINT}/{layout.ADAPTER_DIR}/adapter_model.safetensors"
     assert (run.stage_dir("all") / adapter).read_bytes() == (reference.stage_dir("all") / adapter).read_bytes()
+
+
+def test_validation_on_its_first_records_is_validation_on_a_set_of_those_records(tiny, tmp_path):
+    """validation.max_records=5: the in-stage full evals and the evaluation job's losses are those of a
+    validation set holding only the first 5 records, bit for bit, and not those of the whole set (16)."""
+    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
+    from pipeline.evaluate.stage import main as evaluate
+
+    source = tiny["root"] / "data" / "val.jsonl"
+    first = tmp_path / "first5.jsonl"
+    first.write_text("".join(source.read_text().splitlines(keepends=True)[:5]))
+    tokenize_file(first, load_tokenizer(tiny["model"]), out_path=tmp_path / "first5.safetensors", max_length=64,
+                  too_long="error", fingerprint=tokenizer_fingerprint(tiny["model"]), split="val")
+    runs = {"limited": make_run(tmp_path / "limited", tiny, total=4, single_stage=True,
+                                overrides=[*OVERRIDES, "validation.max_records=5"]),
+            "five": make_run(tmp_path / "five", {**tiny, "val": tmp_path / "first5.safetensors"}, total=4,
+                             single_stage=True, overrides=OVERRIDES),
+            "whole": make_run(tmp_path / "whole", tiny, total=4, single_stage=True, overrides=OVERRIDES)}
+    losses, evaluated = {}, {}
+    for name, run in runs.items():
+        run.train("all")
+        losses[name] = [{k: v for k, v in full.items() if k.startswith("val_")}
+                        for full in _full_evals([run.stage_dir("all")])]  # after updates 2 and 4
+        out = run.root / "eval.json"
+        assert evaluate(["--checkpoint", str(run.stage_dir("all") / "checkpoint"), "--stage", "all", "--max-new-tokens", "4",
+                         "--out", str(out)]) == 0
+        evaluated[name] = [(r["loss"], r["tokens"]) for r in json.loads(out.read_text())["rows"]]
+    assert len(losses["limited"]) == 2 and len(losses["limited"][-1]) == 3  # raw and two EMA rates
+    assert len(evaluated["limited"]) == 3
+    assert losses["limited"] == losses["five"] != losses["whole"]
+    assert evaluated["limited"] == evaluated["five"]
+    assert all(t < whole_t for (_, t), (_, whole_t) in zip(evaluated["limited"], evaluated["whole"]))
