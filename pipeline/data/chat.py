@@ -13,7 +13,8 @@ characters no template touches) and the conversation is rendered ONCE. The
 text between sentinels is the template's own (headers, system prompts, the
 next turn); each sentinel is then replaced by its content. Each turn is then
 trained by one rule (`pipeline.data.turns`): everything the model must
-generate after its generation prompt, through the token generation stops on.
+generate after its generation prompt, through the token generation stops on
+(a turn the data marks ``"weight": 0`` is found the same way, then left untrained).
 So a role header is prompt, and what a template writes after the header of its
 generation prompt is trained (GPT-OSS's ``<|channel|>final<|message|>``), as is
 everything from the content to the stop token
@@ -267,12 +268,14 @@ class ChatRender:
                 {"role": "assistant", "content": f"<think>\n{reasoning}\n</think>\n\n{answer}"})
 
     def _messages(self, messages: list[dict]) -> tuple[list[dict], list[dict], list[tuple[str, str]], int,
-                                                        dict[int, list[int]], list[str]]:
+                                                        dict[int, list[int]], list[str], set[int]]:
         """(sentinel messages, real messages, per assistant turn (reasoning, answer) with the policy applied,
-        turns with reasoning in the data, {assistant turn: its calls' numbers}, each call's name)."""
+        turns with reasoning in the data, {assistant turn: its calls' numbers}, each call's name, the
+        assistant turns the data marks untrained: ``"weight": 0``)."""
         sentinel, real, parts = [], [], []
         calls: dict[int, list[int]] = {}
         names: list[str] = []
+        untrained: set[int] = set()
         in_data = 0
         for message in messages:
             if message["role"] != "assistant":
@@ -285,6 +288,8 @@ class ChatRender:
                 reasoning = ""
             k = len(parts)
             parts.append((reasoning, answer))
+            if message.get("weight") == 0:
+                untrained.add(k)
             given = message.get("tool_calls") or []
             # A turn that only calls tools has no content: an empty one renders as the data does.
             shown = turns.sentinel("A", k) if answer or not given else ""
@@ -296,7 +301,7 @@ class ChatRender:
                 sentinel[-1]["tool_calls"] = [{**c, "function": {**c["function"], "name": turns.sentinel("C", n)}}
                                               for n, c in zip(calls[k], given)]
                 real[-1]["tool_calls"] = given
-        return sentinel, real, parts, in_data, calls, names
+        return sentinel, real, parts, in_data, calls, names, untrained
 
     def render_records(self, records: list, render) -> tuple[list[Rendered | None], dict[int, str]]:
         """Each record rendered for training, or None and why (never raises for one record).
@@ -341,7 +346,7 @@ class ChatRender:
         return Rendered(bos + text + eos, [(len(bos), len(bos) + len(text) + len(eos))], [bool(eos_token)])
 
     def _assemble(self, record, sentinel_text: str, real_text: str | None, parts: list[tuple[str, str]],
-                  in_data: int, calls: dict[int, list[int]], names: list[str]) -> Rendered:
+                  in_data: int, calls: dict[int, list[int]], names: list[str], untrained: set[int]) -> Rendered:
         pieces = turns.SENTINEL.split(sentinel_text)  # text, kind, k, text, kind, k, ..., text
         found = [(pieces[n], int(pieces[n + 1])) for n in range(1, len(pieces), 3)]
         expected = ([("R", k) for k, (r, _) in enumerate(parts) if r] + [("A", k) for k in range(len(parts))]
@@ -374,6 +379,9 @@ class ChatRender:
         rendered = self._spans(pieces, parts, in_data, calls, names)
         if calls:
             tools.check_arguments(rendered, record, calls, template=self.name)
+        if untrained:  # context, as the turns before it: found as trained turns are, then left out (one per turn)
+            rendered.spans, rendered.eot = ([x for k, x in enumerate(xs) if k not in untrained]
+                                            for xs in (rendered.spans, rendered.eot))
         return rendered
 
     def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, calls: dict[int, list[int]],

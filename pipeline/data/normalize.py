@@ -20,7 +20,8 @@ placeholder per image, image paths resolved against the dataset file's
 directory (a ``save_to_disk`` directory's parent). Plain text records become
 one message of the role `TEXT_ROLE`. Tool calls are kept on their messages: an
 assistant message's ``tool_calls`` (arguments parsed to an object), a ``tool``
-message's ``tool_call_id`` / ``name``, the record's ``tools``.
+message's ``tool_call_id`` / ``name``, the record's ``tools``. An assistant turn
+with ``"weight": 0`` (OpenAI's fine-tuning format) keeps it: context, not trained.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ from pipeline.data.shapes import FieldMap, accepted_text, detect
 # The fields an assistant turn may carry its reasoning in (either one; kept as `reasoning_content`).
 REASONING_INPUTS = ("reasoning_content", "thinking")
 
+
+# An assistant turn's training switch, as OpenAI's fine-tuning format writes it: 0 = context only, 1 = trained
+# (the default). Kept on the normalized message only when 0.
+WEIGHT = "weight"
 
 # Image references that are not local files.
 _REMOTE_SCHEMES = ("http://", "https://")
@@ -180,6 +185,16 @@ class _Conversation:
                 located("bad_reasoning", f"{given[0]} must be a string, in an assistant turn", at)
             elif reasoning.strip():
                 message["reasoning_content"] = reasoning
+        weight = turn.source.get(WEIGHT) if turn.source else None
+        if weight is not None:
+            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.{WEIGHT}"
+            if isinstance(weight, bool) or weight not in (0, 1):
+                located("bad_weight", f"{WEIGHT} must be 0 (not trained) or 1 (trained), found {weight!r}", at)
+            elif weight == 1 and canonical != "assistant":
+                located("bad_weight", f"{WEIGHT} 1 on a {canonical or 'non-assistant'} turn: only assistant turns "
+                                      "are trained", at)
+            elif weight == 0 and canonical == "assistant":
+                message[WEIGHT] = 0
 
     def add_system(self, system: object) -> None:
         """The record's `system` field: the first message (a leading system turn as well is a problem)."""

@@ -225,3 +225,50 @@ def test_llama_and_openai_names_of_a_tool_result_are_tool_turns(tmp_path, role):
                            {"role": role, "content": "12:00"}, {"role": "assistant", "content": "noon"}]}
     (parsed,) = load_records(write_jsonl(tmp_path / "d.jsonl", [record]))
     assert [m["role"] for m in parsed.messages] == ["user", "assistant", "tool", "assistant"]
+
+
+# OpenAI's fine-tuning guide, "Multi-turn chat examples" (platform.openai.com/docs/guides/fine-tuning): its
+# first example record, as the guide prints it. `"weight": 0` skips training on that assistant message.
+OPENAI_WEIGHTED = ('{"messages": [{"role": "system", "content": "Marv is a factual chatbot that is also sarcastic."}, '
+                   '{"role": "user", "content": "What\'s the capital of France?"}, {"role": "assistant", "content": '
+                   '"Paris", "weight": 0}, {"role": "user", "content": "Can you be more sarcastic?"}, {"role": '
+                   '"assistant", "content": "Paris, as if everyone doesn\'t know that already.", "weight": 1}]}\n')
+
+
+def test_an_assistant_turn_of_weight_0_is_context_and_a_bad_weight_is_named(tmp_path, tokenizer):
+    """OpenAI's (and mistral-finetune's, Axolotl's) per-turn `weight`: a turn of weight 0 is rendered and not
+    trained, in messages and in ShareGPT turns alike; a record with no trained turn left is dropped and counted;
+    a weight other than 0 / 1, or 1 on a turn that is not the assistant's, is a problem naming its field."""
+    (tmp_path / "openai.jsonl").write_text(OPENAI_WEIGHTED)
+    (openai,) = load_records(tmp_path / "openai.jsonl")
+    assert [m.get("weight") for m in openai.messages] == [None, None, 0, None, None]
+    enc = tk.encode_records([openai], tokenizer, max_length=512, too_long="error")
+    answer = tokenizer.encode(openai.messages[-1]["content"], add_special_tokens=False)  # the demo's: no capitals
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [tokenizer.decode(answer) + END]
+    unweighted = json.loads(OPENAI_WEIGHTED)
+    for m in unweighted["messages"]:
+        m.pop("weight", None)
+    (plain,) = load_records(write_jsonl(tmp_path / "plain.jsonl", [unweighted]))
+    assert tk.encode_records([plain], tokenizer, max_length=512, too_long="error").input_ids.tolist() == \
+        enc.input_ids.tolist()  # the same text: only the labels differ
+
+    sharegpt = {"conversations": [{"from": "human", "value": "repeat: alpha"}, {"from": "gpt", "value": "alpah",
+                                                                                "weight": 0},
+                                  {"from": "human", "value": "wrong, again"}, {"from": "gpt", "value": "alpha"}]}
+    untrained = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hi", "weight": 0}]}
+    path = write_jsonl(tmp_path / "mixed.jsonl", [sharegpt, untrained, SHAPED["alpaca"][0]])
+    enc = tk.encode_records(load_records(path), tokenizer, max_length=512, too_long="error")
+    assert supervised_runs(tokenizer, enc.input_ids[:enc.offsets[1]], enc.labels[:enc.offsets[1]]) == [f"alpha{END}"]
+    stats = tk.tokenize_file(path, tokenizer, out_path=tmp_path / "c.safetensors", max_length=512, too_long="error",
+                             fingerprint="f", split="train")
+    assert (stats["records"], stats["dropped_unsupervised"]) == (2, 1)
+
+    bad = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": w}]}
+           for w in (2, "0", True, 0.5)]
+    bad.append({"messages": [{"role": "user", "content": "q", "weight": 1}, {"role": "assistant", "content": "a"}]})
+    bad.append({"messages": [{"role": "user", "content": "q", "weight": 0}, {"role": "assistant", "content": "a"}]})
+    parsed = parse_file(write_jsonl(tmp_path / "bad.jsonl", bad))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == \
+        [(i, "bad_weight", "messages[1].weight") for i in range(4)] + [(4, "bad_weight", "messages[0].weight")]
+    assert "weight must be 0 (not trained) or 1 (trained), found '0'" in parsed.problems[1].message
+    assert "weight 1 on a user turn: only assistant turns are trained" in parsed.problems[4].message

@@ -270,7 +270,8 @@ def test_every_readme_example_record_is_accepted_and_tools_render_where_supporte
     from pipeline.data.chat import BUILTIN_TEMPLATES
 
     records = _readme_records()
-    assert len(records) == 8  # messages, with tools, conversations, alpaca, texts, two prompt/completion, text
+    # messages, with a turn of weight 0, with tools, conversations, alpaca, texts, two prompt/completion, text
+    assert len(records) == 9
     for i, record in enumerate(records):
         parsed = parse_file(write_jsonl(tmp_path / f"r{i}.jsonl", [record]))
         assert not parsed.problems, (record, [p.describe() for p in parsed.problems])

@@ -213,6 +213,32 @@ def test_the_end_of_turn_marker_generation_adds_is_a_stop_token_of_the_model(nam
     assert found is None if family.appends else found in family.stops
 
 
+def _weighted(messages, weights) -> list[dict]:
+    """`messages` with each assistant turn's `weight` in turn (1: the key left out, as data leaves it)."""
+    turns = iter(weights)
+    return [{**m, "weight": 0} if m["role"] == "assistant" and next(turns) == 0 else dict(m) for m in messages]
+
+
+@pytest.mark.parametrize("name", SHIPPED + BUILTIN)
+def test_a_turn_of_weight_0_is_rendered_as_given_and_not_trained(name):
+    """OpenAI's per-turn ``"weight": 0``: the same tokens, and the supervised runs those of the turns of weight 1,
+    each exactly as the unweighted record trains it (which the test above derives from the generation prompt)."""
+    cases = [(PLAIN["three_turns"], weights) for weights in ((0, 1, 0), (1, 0, 1), (0, 0, 1))]
+    if name in TOOL_TEMPLATES:
+        cases.append((TOOL_CASE, (0, 1)))  # the call is context, the answer trained
+    for messages, weights in cases:
+        every = _runs(name, [dict(m) for m in messages])
+        assert len(every) == len(weights)
+        assert _runs(name, _weighted(messages, weights)) == [r for r, w in zip(every, weights) if w], weights
+        assert _ids_of(name, _weighted(messages, weights)) == _ids_of(name, [dict(m) for m in messages])
+
+
+def _ids_of(name, messages) -> list[int]:
+    tools = TOOLS if any(m.get("tool_calls") for m in messages) else None
+    return encode_records([Record(id="r", messages=messages, images=[], index=0, line=1, tools=tools)],
+                          chatkit.build_tokenizer(name), max_length=1 << 16, too_long="error").input_ids.tolist()
+
+
 # --- the two families the old rule labelled wrong -------------------------------------------------
 
 
