@@ -262,14 +262,19 @@ def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] |
 
     Only an assistant turn may call tools; each call is OpenAI's ``{"type": "function",
     "function": {"name", "arguments"}}`` (``type`` optional), arguments an object or its JSON text.
+    OpenAI's older ``function_call`` (``{"name", "arguments"}``, one call) is read as one such call.
     """
-    calls = turn.source.get("tool_calls") if turn.source else None
+    source = turn.source or {}
+    key = "tool_calls" if source.get("tool_calls") is not None or source.get("function_call") is None else "function_call"
+    calls = source.get(key)
     if calls is None:
         return None
-    at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.tool_calls"
+    at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.{key}"
     if role != "assistant":
-        located("bad_tool_call", "only an assistant turn may have tool_calls", at)
+        located("bad_tool_call", f"only an assistant turn may have {key}", at)
         return None
+    if key == "function_call":
+        calls = [{"type": "function", "function": calls}]
     if not isinstance(calls, list) or not calls:
         located("bad_tool_call", f"tool_calls must be a non-empty list, found a JSON {_json_type(calls)}", at)
         return None
@@ -294,8 +299,11 @@ def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] |
 
 
 def _tools(view: dict, fields: FieldMap, located: Located) -> list[dict] | None:
-    """The record's ``tools`` (function schemas for the chat template), None when it has none."""
+    """The record's ``tools`` (function schemas for the chat template), None when it has none; OpenAI's older
+    ``functions`` (the schemas alone) are those tools."""
     tools = view.get("tools")
+    if tools is None and isinstance(view.get("functions"), list):
+        tools = [{"type": "function", "function": f} if isinstance(f, dict) else f for f in view["functions"]]
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):

@@ -167,6 +167,52 @@ def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path, family, conte
     assert encoded.stats["eot_trained"] == 1
 
 
+# The same call in OpenAI's older function-calling format and in its tools format, each line as Azure OpenAI's
+# "Fine-tuning and function calling" page prints it (learn.microsoft.com/azure/ai-services/openai/how-to/
+# fine-tuning-functions; the older one in its 2023 revision). The newer one's calling turn has no content key.
+LEGACY_FUNCTIONS = (
+    r'{"messages": [{"role": "user", "content": "What is the weather in San Francisco?"}, {"role": "assistant", '
+    r'"function_call": {"name": "get_current_weather", "arguments": "{\"location\": \"San Francisco, USA\", '
+    r'\"format\": \"celsius\"}"}}], "functions": [{"name": "get_current_weather", "description": "Get the current '
+    r'weather", "parameters": {"type": "object", "properties": {"location": {"type": "string", "description": "The '
+    r'city and country, eg. San Francisco, USA"}, "format": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, '
+    r'"required": ["location", "format"]}}]}')
+TOOLS_FORMAT = (
+    r'{"messages":[{"role":"user","content":"What is the weather in San Francisco?"},{"role":"assistant",'
+    r'"tool_calls":[{"id":"call_id","type":"function","function":{"name":"get_current_weather","arguments":'
+    r'"{\"location\": \"San Francisco, USA\", \"format\": \"celsius\"}"}}]}],"tools":[{"type":"function",'
+    r'"function":{"name":"get_current_weather","description":"Get the current weather","parameters":{"type":'
+    r'"object","properties":{"location":{"type":"string","description":"The city and country, eg. San Francisco, '
+    r'USA"},"format":{"type":"string","enum":["celsius","fahrenheit"]}},"required":["location","format"]}}}]}')
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "llama-3.1"])
+def test_openai_s_older_function_call_format_trains_as_its_tools_format(tmp_path, family):
+    """`function_call` on an assistant turn is one tool call, `functions` the tools, a `function` turn the result:
+    the same tokens and labels as the record in the tools format (whose call id the template does not show)."""
+    tokenizer = chatkit.build_tokenizer(family)
+    (tmp_path / "old.jsonl").write_text(LEGACY_FUNCTIONS + "\n")
+    (tmp_path / "new.jsonl").write_text(TOOLS_FORMAT + "\n")
+    old, new = (parse_file(tmp_path / f"{name}.jsonl") for name in ("old", "new"))
+    assert not old.problems and not new.problems
+    assert old.records[0].tools == new.records[0].tools
+    encoded = [encode_records(p.records, tokenizer, max_length=8192, too_long="error") for p in (old, new)]
+    assert encoded[0].input_ids.tolist() == encoded[1].input_ids.tolist()
+    assert encoded[0].labels.tolist() == encoded[1].labels.tolist()
+    assert "get_current_weather" in supervised(tokenizer, encoded[0])[0]
+
+    answered = json.loads(LEGACY_FUNCTIONS)
+    answered["messages"] += [{"role": "function", "name": "get_current_weather", "content": "21.0"},
+                             {"role": "assistant", "content": "It is 21 degrees celsius in San Francisco."}]
+    user_call = {"messages": [{"role": "user", "content": "q", "function_call": {"name": "f", "arguments": "{}"}},
+                              {"role": "assistant", "content": "a"}]}
+    parsed = parse_file(write_jsonl(tmp_path / "more.jsonl", [answered, user_call]))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(1, "bad_tool_call", "messages[0].function_call")]
+    assert "only an assistant turn may have function_call" in parsed.problems[0].message
+    runs = supervised(tokenizer, encode_records(parsed.records, tokenizer, max_length=8192, too_long="error"))
+    assert len(runs) == 2 and "21.0" not in "".join(runs) and runs[1].startswith("It is 21 degrees")
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen2.5"])
 def test_a_last_turn_of_two_calls_is_trained_without_the_empty_think_block(tmp_path, family):
     """Qwen3 writes an empty think block before a last turn's content: prompt, as for a turn with content."""
