@@ -76,6 +76,7 @@ ROLE_ALIASES = {
     "assistant": "assistant",
     "model": "assistant",  # Gemma's and the Gemini API's name for it
     "system": "system",
+    "developer": "system",  # OpenAI's name for the system prompt of its newer models (the Chat Completions API)
     "tool": "tool",
     "ipython": "tool",  # Llama 3.1's tool results
     "function": "tool",  # OpenAI's older function results

@@ -227,6 +227,14 @@ def test_llama_and_openai_names_of_a_tool_result_are_tool_turns(tmp_path, role):
     assert [m["role"] for m in parsed.messages] == ["user", "assistant", "tool", "assistant"]
 
 
+def test_openai_s_developer_message_is_the_system_prompt(tmp_path):
+    record = {"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "q"},
+                           {"role": "assistant", "content": "a"}]}
+    system = {"messages": [{**record["messages"][0], "role": "system"}, *record["messages"][1:]]}
+    read = [load_records(write_jsonl(tmp_path / f"{i}.jsonl", [r]))[0].messages for i, r in enumerate((record, system))]
+    assert read[0] == read[1] and read[0][0] == {"role": "system", "content": "Be brief."}
+
+
 # OpenAI's fine-tuning guide, "Multi-turn chat examples" (platform.openai.com/docs/guides/fine-tuning): its
 # first example record, as the guide prints it. `"weight": 0` skips training on that assistant message.
 OPENAI_WEIGHTED = ('{"messages": [{"role": "system", "content": "Marv is a factual chatbot that is also sarcastic."}, '
