@@ -3,7 +3,7 @@
 A CSV cell is text, so a table that keeps conversations keeps each as its JSON
 text (``df.to_csv`` of a column of message lists writes Python's repr, so users
 write ``json.dumps`` of each). Only the columns that hold structure are parsed
--- ``messages``, ``conversations``, ``texts``, ``tools``, ``images`` (a JSON list, else one
+-- ``messages``, ``conversations``, ``texts``, ``tools``, Alpaca's ``history``, ``images`` (a JSON list, else one
 path), and ``prompt`` / ``completion`` when both are JSON message lists -- so
 an answer that happens to be JSON (``{"a": 1}``) stays the text it is.
 """
@@ -15,7 +15,7 @@ import json
 from pipeline.data.shapes import FieldMap
 
 # Our keys whose cell is JSON when it starts like a JSON list / object.
-_STRUCTURED = ("messages", "conversations", "conversation", "texts", "tools")
+_STRUCTURED = ("messages", "conversations", "conversation", "texts", "tools", "history")
 
 
 def decode_cells(raw: dict, fields: FieldMap) -> tuple[dict, list[tuple[str, str, str]]]:

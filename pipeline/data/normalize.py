@@ -403,14 +403,34 @@ def _prompt_completion_turns(view, fields, located):
 
 
 def _alpaca_turns(view, fields, located):
-    """The instruction (a blank line, then the input when there is one) as the user turn; the output as the answer."""
+    """The instruction (a blank line, then the input when there is one) as the user turn; the output as the answer.
+    LLaMA-Factory's ``history`` (earlier [instruction, response] pairs) comes first, its responses trained too."""
     instruction, extra = view.get("instruction"), view.get("input")
     if extra is not None and not isinstance(extra, str):
         located("text_not_string", f"text must be a string, found a JSON {_json_type(extra)}", fields.key("input"))
     elif isinstance(instruction, str) and extra and extra.strip():
         instruction = f"{instruction}\n\n{extra}"
-    return [_Turn("user", instruction, None, fields.key("instruction")),
+    return [*_history_turns(view.get("history"), fields.key("history"), located),
+            _Turn("user", instruction, None, fields.key("instruction")),
             _Turn("assistant", view.get("output"), None, fields.key("output"))], fields.key("output")
+
+
+def _history_turns(history, name: str, located: Located) -> list[_Turn]:
+    """An Alpaca record's earlier exchanges: each [instruction, response] a user turn and its answer."""
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        located("bad_history", f"{name!r} must be a list of [instruction, response] pairs, found a JSON "
+                f"{_json_type(history)}", name)
+        return []
+    turns = []
+    for j, pair in enumerate(history):
+        if not isinstance(pair, list) or len(pair) != 2:
+            located("bad_history", f"{name}[{j}] must be an [instruction, response] pair", f"{name}[{j}]")
+            continue
+        for k, (role, text) in enumerate(zip(("user", "assistant"), pair)):
+            turns.append(_Turn(role, text, None, f"{name}[{j}][{k}]"))
+    return turns
 
 
 def _texts_turns(view, fields, located):

@@ -65,7 +65,7 @@ _SIGNS = {"messages": ("messages",), "conversations": ("conversations",), "conve
           "text": ("text",)}
 # Our keys a dataset may name otherwise: the record's own, and (role, content) inside a turn.
 OUR_COLUMNS = ("messages", "conversations", "conversation", "prompt", "completion", "instruction", "input", "output",
-               "texts", "system", "id", "image", "images", "role", "content", "text", "tools")
+               "history", "texts", "system", "id", "image", "images", "role", "content", "text", "tools")
 CANONICAL_ROLES = ("user", "assistant", "system", "tool")
 
 # Accepted spellings of a role (matched case-insensitively) -> canonical role.

@@ -280,3 +280,29 @@ def test_an_assistant_turn_of_weight_0_is_context_and_a_bad_weight_is_named(tmp_
         [(i, "bad_weight", "messages[1].weight") for i in range(4)] + [(4, "bad_weight", "messages[0].weight")]
     assert "weight must be 0 (not trained) or 1 (trained), found '0'" in parsed.problems[1].message
     assert "weight 1 on a user turn: only assistant turns are trained" in parsed.problems[4].message
+
+
+def test_llama_factory_alpaca_history_is_the_earlier_turns_and_trained(tmp_path, tokenizer):
+    """LLaMA-Factory's Alpaca format (its data/README.md): `history`, the earlier [instruction, response] pairs,
+    comes before the instruction, and its responses are trained as the output is; from a JSON array, a Parquet
+    file written by pyarrow (a list<list<string>> column) and a CSV cell of its JSON text alike."""
+    record = {"instruction": "and now?", "input": "", "output": "still red", "system": "be brief",
+              "history": [["what colour?", "red"], ["sure?", "yes"]]}
+    same = {"messages": [{"role": "system", "content": "be brief"}, *messages("what colour?", "red"),
+                         *messages("sure?", "yes"), *messages("and now?", "still red")]}
+    (tmp_path / "a.json").write_text(json.dumps([record]))
+    pq.write_table(pa.Table.from_pylist([record]), tmp_path / "a.parquet")
+    (tmp_path / "a.csv").write_text("instruction,output,system,history\n" + ",".join(
+        '"' + str(v).replace('"', '""') + '"' for v in ("and now?", "still red", "be brief",
+                                                          json.dumps(record["history"]))) + "\n")
+    (expected,) = load_records(write_jsonl(tmp_path / "m.jsonl", [same]))
+    for name in ("a.json", "a.parquet", "a.csv"):
+        (read,) = load_records(tmp_path / name)
+        assert read.messages == expected.messages, name
+    enc = tk.encode_records([expected], tokenizer, max_length=512, too_long="error")
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [f"red{END}", f"yes{END}", f"still red{END}"]
+
+    bad = [{**record, "history": "sure?"}, {**record, "history": [["sure?"], ["ok?", 3]]}]
+    parsed = parse_file(write_jsonl(tmp_path / "bad.jsonl", bad))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
+        (0, "bad_history", "history"), (1, "bad_history", "history[0]"), (1, "text_not_string", "history[1][1]")]
