@@ -40,6 +40,9 @@ from pipeline.data.shapes import FieldMap, accepted_text, detect
 REASONING_INPUTS = ("reasoning_content", "thinking")
 
 
+# LLaMA-Factory's ShareGPT role of an assistant turn that calls tools: its text is the call(s) as JSON.
+CALL_ROLE = "function_call"
+
 # An assistant turn's training switch, as OpenAI's fine-tuning format writes it: 0 = context only, 1 = trained
 # (the default). Kept on the normalized message only when 0.
 WEIGHT = "weight"
@@ -162,6 +165,8 @@ class _Conversation:
                 self.turn_at.append((turn.role_at, turn.text_at))
                 return
         calls = _tool_calls(turn, canonical, located)
+        if canonical == "assistant" and isinstance(role, str) and role.strip().lower() == CALL_ROLE:
+            calls, text = _call_turn(text, turn.text_at, located), ""
         if text is not None and not isinstance(text, str):
             located("text_not_string", f"text must be a string, found a JSON {_json_type(text)}", turn.text_at)
         elif (text is None or not text.strip()) and calls is None and not (canonical == "system" and text == ""):
@@ -278,6 +283,26 @@ def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] |
     if not isinstance(calls, list) or not calls:
         located("bad_tool_call", f"tool_calls must be a non-empty list, found a JSON {_json_type(calls)}", at)
         return None
+    return _calls(calls, at, located)
+
+
+def _call_turn(text, at: str, located: Located) -> list[dict] | None:
+    """The calls of a turn whose role is `CALL_ROLE` (LLaMA-Factory's ShareGPT tool data): its text is the JSON of one
+    call, ``{"name", "arguments"}``, or of a list of them."""
+    try:
+        parsed = json.loads(text) if isinstance(text, str) else None
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, (dict, list)) or not parsed:
+        located("bad_tool_call", f"a {CALL_ROLE} turn's text must be the JSON of its call ({{\"name\": ..., "
+                "\"arguments\": ...}) or of a list of calls", at)
+        return None
+    return _calls([{"type": "function", "function": c} for c in (parsed if isinstance(parsed, list) else [parsed])],
+                  at, located)
+
+
+def _calls(calls: list, at: str, located: Located) -> list[dict] | None:
+    """Tool calls normalized (arguments parsed to an object); None, reported, at the first that is not one."""
     out = []
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
@@ -303,14 +328,23 @@ def _tools(view: dict, fields: FieldMap, located: Located) -> list[dict] | None:
     ``functions`` (the schemas alone) are those tools."""
     tools = view.get("tools")
     if tools is None and isinstance(view.get("functions"), list):
-        tools = [{"type": "function", "function": f} if isinstance(f, dict) else f for f in view["functions"]]
+        tools = view["functions"]
+    if isinstance(tools, str) and tools.lstrip().startswith("["):  # LLaMA-Factory keeps them as their JSON text
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            located("bad_tools", f"tools holds text that is not a JSON list: {err.msg} at column {err.colno}",
+                    fields.key("tools"))
+            return None
     if tools is None:
         return None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         located("bad_tools", f"tools must be a list of function schemas (objects), found a JSON {_json_type(tools)}",
                 fields.key("tools"))
         return None
-    return tools or None
+    # A bare schema ({"name", "description", "parameters"}: OpenAI's older `functions`, LLaMA-Factory's tools) is
+    # the function of an OpenAI tool.
+    return [t if "function" in t or "name" not in t else {"type": "function", "function": t} for t in tools] or None
 
 
 # --- the shapes: each gives its turns (None for one that is not an object) and the field that names them all ---

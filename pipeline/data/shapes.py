@@ -80,6 +80,8 @@ ROLE_ALIASES = {
     "tool": "tool",
     "ipython": "tool",  # Llama 3.1's tool results
     "function": "tool",  # OpenAI's older function results
+    "observation": "tool",  # LLaMA-Factory's ShareGPT tool results
+    "function_call": "assistant",  # LLaMA-Factory's ShareGPT tool calls (pipeline.data.normalize.CALL_ROLE)
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -329,3 +330,46 @@ def test_every_readme_example_record_is_accepted_and_tools_render_where_supporte
     chatml.chat_template = BUILTIN_TEMPLATES["chatml"].template  # ours renders no tool calls: refused
     with pytest.raises(DataError, match="does not render tool calls"):
         encode_records([with_tools], chatml, max_length=8192, too_long="error")
+
+
+EXTERNAL = Path(__file__).resolve().parent / "external"
+
+
+def _as_openai(record: dict) -> dict:
+    """A LLaMA-Factory ShareGPT tool record spelled in OpenAI's format, by its documented meaning (data/README.md
+    there): human / gpt turns, a function_call turn's value the JSON of the call, observation the result."""
+    role = {"human": "user", "gpt": "assistant", "observation": "tool"}
+    messages = [{"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": json.loads(t["value"])}]}
+                if t["from"] == "function_call" else {"role": role[t["from"]], "content": t["value"]}
+                for t in record["conversations"]]
+    return {"messages": messages, "tools": [{"type": "function", "function": f} for f in json.loads(record["tools"])]}
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "llama-3.1"])
+def test_llama_factory_sharegpt_tool_records_train_as_their_openai_spelling(tmp_path, family):
+    """LLaMA-Factory's glaive tool-calling demo (tests/data/external/README.md), as it ships: each record reads,
+    tokenizes and is labelled as its OpenAI spelling is; a call is trained, its observation is not."""
+    records = json.loads((EXTERNAL / "glaive_toolcall_en_demo_first12.json").read_text())
+    parsed = parse_file(EXTERNAL / "glaive_toolcall_en_demo_first12.json")
+    assert not parsed.problems and len(parsed.records) == 12
+    openai = parse_file(write_jsonl(tmp_path / "openai.jsonl", [_as_openai(r) for r in records]))
+    assert not openai.problems
+    tokenizer = chatkit.build_tokenizer(family)
+    ours, theirs = (encode_records(p.records, tokenizer, max_length=1 << 16, too_long="error") for p in (parsed, openai))
+    assert ours.input_ids.tolist() == theirs.input_ids.tolist() and ours.labels.tolist() == theirs.labels.tolist()
+    runs = supervised(tokenizer, ours)
+    calls = [t for r in records for t in r["conversations"] if t["from"] == "function_call"]
+    assert len(calls) == 8 and sum('"name": "search_recipes"' in run for run in runs) == 1
+    observed = [t["value"] for r in records for t in r["conversations"] if t["from"] == "observation"]
+    assert not any(o in run for o in observed for run in runs)
+
+
+def test_a_function_call_turn_that_is_not_a_call_is_named(tmp_path):
+    record = {"conversations": [{"from": "human", "value": "q"}, {"from": "function_call", "value": "search it"},
+                                {"from": "observation", "value": "r"}, {"from": "gpt", "value": "a"}],
+              "tools": "[{\"name\": \"search\""}
+    parsed = parse_file(write_jsonl(tmp_path / "t.jsonl", [record]))
+    assert [(p.reason, p.field) for p in parsed.problems][:2] == [("bad_tool_call", "conversations[1].value"),
+                                                                 ("empty_text", "conversations[1].value")]
+    assert ("bad_tools", "tools") in [(p.reason, p.field) for p in parsed.problems]
