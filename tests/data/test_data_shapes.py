@@ -271,6 +271,13 @@ def test_an_assistant_turn_of_weight_0_is_context_and_a_bad_weight_is_named(tmp_
                              fingerprint="f", split="train")
     assert (stats["records"], stats["dropped_unsupervised"]) == (2, 1)
 
+    # SlimOrca's turns (Open-Orca/SlimOrca) carry a weight each: null on the system prompt, 0.0 / 1.0 elsewhere.
+    slim = {"conversations": [{"from": "system", "value": "you copy words.", "weight": None},
+                              {"from": "human", "value": "repeat: beta", "weight": 0.0},
+                              {"from": "gpt", "value": "beta", "weight": 1.0}]}
+    parsed = parse_file(write_jsonl(tmp_path / "slim.jsonl", [slim]))
+    assert not parsed.problems and [m.get("weight") for m in parsed.records[0].messages] == [None, None, None]
+
     bad = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "weight": w}]}
            for w in (2, "0", True, 0.5)]
     bad.append({"messages": [{"role": "user", "content": "q", "weight": 1}, {"role": "assistant", "content": "a"}]})
