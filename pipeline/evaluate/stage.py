@@ -4,7 +4,8 @@
         --stage chunk01 --out results/<run>/eval/chunk01.json
 
 For each weight set: validation loss and perplexity over the validation cache
-(its first `validation.max_records` records, as in the stages), and, when a held-out test file is given, greedy-decoding exact match
+(its first `validation.max_records` records, as in the stages), and, when a
+held-out test file is given, greedy-decoding exact match
 (for a vision-language model: on the held-out image questions, with their images),
 with the answers of every weight set to the same first `--samples` held-out prompts
 next to their references (the report's samples page shows them side by side).
