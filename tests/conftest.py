@@ -22,6 +22,7 @@ the session was started with, or is skipped where torch sees none.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import shutil
@@ -65,8 +66,11 @@ def session_has_cuda() -> bool:
 # - "default_run": the tests that read `local_default_run` (made once, shared with the SLURM suite,
 #   which compares with it).
 # These two and then the other snakemake modules are handed out first: the long groups start at
-# once and the short unit-test modules fill the end.
+# once and the short unit-test modules fill the end. Within each of those ranks the longest module
+# goes first (its seconds in a CI run: tests/group_seconds.json, made by .ci/group_seconds.py), so
+# that no long module starts last and leaves the other worker idle at the end.
 SLURM_GROUP, DEFAULT_RUN_GROUP = "slurm", "default_run"
+GROUP_SECONDS = json.loads((Path(__file__).with_name("group_seconds.json")).read_text())
 
 
 def xdist_group(item) -> str:
@@ -77,11 +81,12 @@ def xdist_group(item) -> str:
     return item.nodeid.split("::")[0]
 
 
-def _hand_out_order(item) -> int:
+def _hand_out_order(item) -> tuple[int, float]:
     group = xdist_group(item)
     if group in (SLURM_GROUP, DEFAULT_RUN_GROUP):
-        return 0
-    return 1 if item.get_closest_marker("workflow") or "/workflow/" in group else 2
+        return 0, 0.0
+    rank = 1 if item.get_closest_marker("workflow") or "/workflow/" in group else 2
+    return rank, -GROUP_SECONDS.get(group, 0.0)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the markers
