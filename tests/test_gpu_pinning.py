@@ -69,7 +69,8 @@ def test_cpu_tests_of_a_session_with_visible_gpus_select_the_cpu(tmp_path):
     root = tmp_path / "suite"
     root.mkdir()
     (root / "__init__.py").write_text("")
-    shutil.copy(REPO / "tests" / "conftest.py", root / "conftest.py")
+    for name in ("conftest.py", "group_seconds.json"):  # the conftest reads the modules' seconds beside it
+        shutil.copy(REPO / "tests" / name, root / name)
     (root / "test_probe.py").write_text(PROBE)
     out = tmp_path / "seen.jsonl"
     env = pipeline_env({"CUDA_VISIBLE_DEVICES": "0,1", "PROBE_OUT": str(out)})
