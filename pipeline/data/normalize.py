@@ -50,6 +50,12 @@ WEIGHT = "weight"
 # Image references that are not local files.
 _REMOTE_SCHEMES = ("http://", "https://")
 
+# Media fields this pipeline cannot train on: LLaMA-Factory's `videos` / `audios` (with `<video>` / `<audio>` in
+# the text), lmms-finetune's and Qwen-Omni recipes' `video` / `audio`. A plural field is media whatever it holds;
+# a singular one when it names media files (a `video` field may be an id or a URL in a text dataset).
+_MEDIA_FIELDS = {"videos": "video", "audios": "audio", "video": "video", "audio": "audio"}
+_MEDIA_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".flv", ".wav", ".mp3", ".flac", ".ogg", ".m4a", ".opus")
+
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,7 @@ def normalize_record(
     if shape == "ambiguous":
         located("ambiguous_format", f"record has both {fields.key('conversations')!r} and {fields.key('messages')!r}")
         return None, problems
+    _media(view, located)
     if shape == "text":
         return _text_record(view, fields, located, record_id, index, line), problems
     turns, whole = _SHAPE_TURNS[shape](view, fields, located)
@@ -260,6 +267,18 @@ def _text_record(view: dict, fields: FieldMap, located: Located, record_id, inde
                     "chat template); give a conversation instead", fields.key(extra))
     return Record(id=record_id, messages=[{"role": TEXT_ROLE, "content": text if isinstance(text, str) else ""}],
                   images=[], index=index, line=line)
+
+
+def _media(view: dict, located: Located) -> None:
+    """Reports the video and audio a record holds: trained as it is, the model would see their placeholders as
+    text and never the media."""
+    for key, kind in _MEDIA_FIELDS.items():
+        value = view.get(key)
+        items = value if isinstance(value, list) else [] if value in (None, "") else [value]
+        if items and (key.endswith("s") or any(isinstance(v, str) and v.lower().endswith(_MEDIA_SUFFIXES)
+                                               for v in items)):
+            located("unsupported_media", f"{key!r} holds {kind}, which this pipeline does not train on (text and "
+                    f"images only): drop the field and its <{kind}> placeholders, or the record", key)
 
 
 def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] | None:

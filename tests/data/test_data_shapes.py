@@ -313,3 +313,33 @@ def test_llama_factory_alpaca_history_is_the_earlier_turns_and_trained(tmp_path,
     parsed = parse_file(write_jsonl(tmp_path / "bad.jsonl", bad))
     assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
         (0, "bad_history", "history"), (1, "bad_history", "history[0]"), (1, "text_not_string", "history[1][1]")]
+
+
+EXTERNAL = Path(__file__).resolve().parent / "external"
+
+
+def test_video_and_audio_records_are_named_not_trained_as_text(tmp_path, tokenizer_dir):
+    """LLaMA-Factory's video and audio demos (tests/data/external/README.md), as they ship and as Parquet written
+    by pyarrow: each record is a problem naming its `videos` / `audios` field. Trained as it is, the model would
+    learn `<video>` as text and never see the video. A `video` field that names no media file (an id in a text
+    dataset) is only a column."""
+    for name, fields in (("mllm_video_demo", ["videos"]), ("mllm_audio_demo", ["audios"]),
+                         ("mllm_video_audio_demo", ["videos", "audios"])):
+        records = json.loads((EXTERNAL / f"{name}.json").read_text())
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{name}.parquet")
+        for path in (EXTERNAL / f"{name}.json", tmp_path / f"{name}.parquet"):
+            parsed = parse_file(path)
+            assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
+                (i, "unsupported_media", f) for i in range(len(records)) for f in fields], path
+    report = validate_dataset(EXTERNAL / "mllm_video_demo.json", tokenizer_dir=tokenizer_dir, max_length=128,
+                              too_long="error")
+    assert not report.ok
+    assert "'videos' holds video, which this pipeline does not train on" in report.summary()
+
+    lmms = {"video": ["bm_teaser.mp4", "bm_show.mp4"], "conversations": [
+        {"from": "human", "value": "<video><video>What are these videos about?"}, {"from": "gpt", "value": "Kpop."}]}
+    omni = {**lmms, "video": "clip.MOV"}
+    text = {"messages": messages("Summarise the talk.", "It is about sleep."), "video": "yt:x9Fa2", "audio": ""}
+    parsed = parse_file(write_jsonl(tmp_path / "mixed.jsonl", [lmms, omni, text]))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(0, "unsupported_media", "video"),
+                                                                       (1, "unsupported_media", "video")]
