@@ -34,7 +34,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from pipeline.errors import UserError
 from pipeline.layout import HUB_PIN_SUFFIX as PIN_SUFFIX  # a JSON dataset is an array, a pin an object with PIN_KEYS
@@ -97,8 +97,9 @@ def parse(value: str) -> HubFiles | None:
 
 
 def viewer_url(repo_id: str, subset: str, split: str) -> str:
-    """The dataset viewer's address of one split of a subset: a hub dataset URL that names the split."""
-    return f"https://huggingface.co/datasets/{repo_id}/viewer/{subset}/{split}"
+    """The dataset viewer's address of one split of a subset: a hub dataset URL that names the split (a name with a
+    space or a slash quoted, as the browser writes it)."""
+    return f"https://huggingface.co/datasets/{repo_id}/viewer/{quote(subset, safe='')}/{quote(split, safe='')}"
 
 
 _FILE_NAME = re.compile(r"\.(jsonl?|ndjson|csv|tsv|parquet|pq|arrow|gz|zst|bz2|xz|txt)$", re.IGNORECASE)

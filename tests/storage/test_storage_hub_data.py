@@ -74,6 +74,10 @@ def test_a_dataset_s_page_or_viewer_address_names_the_whole_repo_and_its_subset_
     assert hub_data.parse(url) == hub_data.HubFiles(url, repo_id, None, None, subset, split)
     assert path_problems({"model": "embedded", "data": {"train": url, "val": None, "test": None}}) == []
     assert default_name(url) == name  # a mix's dataset: two splits of one repo are two datasets of their own
+    if split is not None:  # the address our messages print for a subset and split reads back as them
+        printed = hub_data.viewer_url(repo_id, subset, split)
+        assert " " not in printed  # a terminal ends a link at a space
+        assert hub_data.parse(printed) == hub_data.HubFiles(printed, repo_id, None, None, subset, split)
 
 
 def test_a_dataset_s_files_page_at_a_revision_is_the_whole_repo_there_and_a_folder_s_page_is_refused():
