@@ -379,9 +379,9 @@ def test_example_profile_installed_as_slurm_asks_gpus_for_training_and_evaluatio
 
 
 def _two_rank_pilot(workdir: Path, done: Path) -> Path:
-    """A copy of the workflow with the session run's base model and token caches, training on 2 ranks
-    of one node."""
-    for rel in ("results/embedded", "results/demo/data"):
+    """A copy of the workflow with the session run's base model, tokenizer and token caches (only plan and
+    pilot run), training on 2 ranks of one node."""
+    for rel in ("results/embedded", "results/demo/tokenizer", "results/demo/data"):
         shutil.copytree(done / rel, workdir / rel)
     (workdir / "ranks.yaml").write_text(yaml.safe_dump({"train": {"nodes": 1, "nproc": 2, "gpus_per_node": 2}}))
     return workdir
@@ -400,6 +400,7 @@ def test_a_two_rank_stage_on_one_node_equals_the_two_node_and_the_one_process_ru
     local = _two_rank_pilot(copy_workflow(tmp_path / "local"), local_default_run)
     proc = snakemake(local, target, "--cores", "all", "--configfile", "ranks.yaml")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {rule for rule, _ in jobs_in_log(proc.stdout + proc.stderr)} == {"plan", "train_stage"}
     log = (on_slurm / "logs/train_stage/demo/pilot.log").read_text()
     assert "--rdzv-backend=c10d" in log and "--nproc-per-node=2" in log and "srun" not in log, log[:2000]
     assert "node rank 0 of 1: host " in log and "local ranks 0-1 (ranks 0-1)" in log, log[:3000]

@@ -13,9 +13,12 @@ pytestmark = pytest.mark.workflow
 
 def test_pilot_with_zero_lr_stops_the_run_before_any_chunk(done, tmp_path):
     workdir = copy_workflow(tmp_path / "wf")
-    # The base model and tokenized data of the session's run; plan and training start over.
-    for rel in ("results/embedded", "results/demo/data"):
+    # The session run's base model, tokenizer, tokenized data, the base model's benchmark and the label page: the
+    # jobs that do not read the learning rate are done. Plan, training and what reads them start over.
+    for rel in ("results/embedded", "results/demo/data", "results/demo/tokenizer", "results/demo/eval/bench/base"):
         shutil.copytree(done / rel, workdir / rel)
+    (workdir / "results/demo/report").mkdir()
+    shutil.copy2(done / "results/demo/report/labels.html", workdir / "results/demo/report/labels.html")
     overrides = yaml.safe_load((REPO / "config/config.yaml").read_text())["train"]["overrides"]
     (workdir / "lr0.yaml").write_text(yaml.safe_dump({"train": {"overrides": [*overrides, "optim.lr=0.0"]}}))
 
@@ -24,6 +27,7 @@ def test_pilot_with_zero_lr_stops_the_run_before_any_chunk(done, tmp_path):
     assert proc.returncode != 0, log[-3000:]
     trained = [stage for rule, stage in jobs_in_log(log) if rule == "train_stage"]
     assert trained == ["pilot"], trained
+    assert not {"validate_dataset", "tokenize_dataset", "benchmark_base"} & {rule for rule, _ in jobs_in_log(log)}
     assert not (workdir / "results/demo/stages/chunk01").exists()
     assert not (workdir / "work/demo/chunk01").exists()
     gate_log = (workdir / "logs/pilot_gate/demo.log").read_text()
