@@ -208,7 +208,7 @@ def _config(train: list[dict]) -> dict:
         "train": {"overrides": ["optim.lr=2e-3", f"optim.global_batch={GLOBAL_BATCH}", "optim.micro_batch=16",
                                 "ema.rates=[0.9,0.98]", "checkpoint.save_every=0"]},
         "gate": {"override": True},  # four pilot updates prove nothing about learning; the data path is the point
-        "evaluate": {"gpus": 0},
+        "evaluate": {"gpus": 0, "benchmarks": {"tasks": []}},  # no lm-eval jobs: they read no training data
     }
 
 
