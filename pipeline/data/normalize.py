@@ -275,10 +275,17 @@ def _media(view: dict, located: Located) -> None:
     for key, kind in _MEDIA_FIELDS.items():
         value = view.get(key)
         items = value if isinstance(value, list) else [] if value in (None, "") else [value]
-        if items and (key.endswith("s") or any(isinstance(v, str) and v.lower().endswith(_MEDIA_SUFFIXES)
-                                               for v in items)):
+        if items and (key.endswith("s") or any(_is_media(v) for v in items)):
             located("unsupported_media", f"{key!r} holds {kind}, which this pipeline does not train on (text and "
                     f"images only): drop the field and its <{kind}> placeholders, or the record", key)
+
+
+def _is_media(value) -> bool:
+    """Whether a `video` / `audio` value is media rather than an id: a media file's name, bytes, or a `datasets`
+    Audio / Video value (``{"bytes", "path"}`` as stored, ``{"array", "sampling_rate"}`` decoded)."""
+    if isinstance(value, str):
+        return value.lower().endswith(_MEDIA_SUFFIXES)
+    return isinstance(value, (bytes, bytearray)) or isinstance(value, dict) and ("bytes" in value or "array" in value)
 
 
 def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] | None:

@@ -343,3 +343,41 @@ def test_video_and_audio_records_are_named_not_trained_as_text(tmp_path, tokeniz
     parsed = parse_file(write_jsonl(tmp_path / "mixed.jsonl", [lmms, omni, text]))
     assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(0, "unsupported_media", "video"),
                                                                        (1, "unsupported_media", "video")]
+
+
+def test_audio_and_video_columns_written_by_datasets_are_named(tmp_path, monkeypatch):
+    """A speech or video dataset saved by `datasets` stores its `Audio` / `Video` column as a struct of bytes and
+    path (the schema's "huggingface" metadata says which): each such record is a problem naming its column, whether
+    it holds the bytes or points at a file. Decoded, `Audio` is an array with its sampling rate: named too."""
+    import io
+    import wave
+
+    import datasets
+
+    sound = io.BytesIO()
+    with wave.open(sound, "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000), w.writeframes(b"\0\0" * 80)
+    monkeypatch.chdir(tmp_path)  # the clips the rows point at, where `datasets` looks for them
+    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips/b.wav").write_bytes(sound.getvalue())
+    (tmp_path / "clips/dog.mp4").write_bytes(b"\0\0\0\x18ftypmp42")
+    talk = [messages("<audio>What is said?", "Nothing."), messages("<audio>Who speaks?", "No one.")]
+    speech = datasets.Dataset.from_dict({"messages": talk, "audio": [{"bytes": sound.getvalue(), "path": None},
+                                                                     {"bytes": None, "path": "clips/b.wav"}]})
+    speech = speech.cast_column("audio", datasets.Audio(decode=False))
+    speech.to_parquet(str(tmp_path / "speech.parquet"))
+    clips = datasets.Dataset.from_dict({"messages": [messages("<video>What happens?", "A dog runs.")],
+                                        "video": [{"bytes": None, "path": "clips/dog.mp4"}]})
+    clips.cast_column("video", datasets.Video(decode=False)).to_parquet(str(tmp_path / "clips.parquet"))
+    schema = pq.read_schema(tmp_path / "speech.parquet")
+    assert '"_type": "Audio"' in schema.metadata[b"huggingface"].decode()  # the artefact is what datasets writes
+    assert pa.types.is_struct(schema.field("audio").type)
+
+    for name, field, count in (("speech", "audio", 2), ("clips", "video", 1)):
+        parsed = parse_file(tmp_path / f"{name}.parquet")
+        assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
+            (i, "unsupported_media", field) for i in range(count)], name
+        assert parsed.records == []
+    decoded = {"messages": talk[0], "audio": {"array": [0.0, 0.1, 0.0], "sampling_rate": 8000, "path": None}}
+    parsed = parse_file(write_jsonl(tmp_path / "decoded.jsonl", [decoded]))
+    assert [(p.reason, p.field) for p in parsed.problems] == [("unsupported_media", "audio")]
