@@ -30,8 +30,8 @@ from pipeline.data.tokenize import encode_file, load_chat, split_stats, tokenize
 from pipeline.errors import DataError, UserError
 from pipeline.storage import publish
 
-_SUMMED = ("records_in", "turns", "assistant_turns", "tokens", "supervised_tokens", "too_long", "truncated", "dropped",
-           "dropped_unsupervised", "dropped_image_cut", "images", "eot_trained", "reasoning_records",
+_SUMMED = ("records_in", "turns", "assistant_turns", "untrained_turns", "tokens", "supervised_tokens", "too_long",
+           "truncated", "dropped", "dropped_unsupervised", "dropped_image_cut", "images", "eot_trained", "reasoning_records",
            "reasoning_dropped", "reasoning_dropped_by_template")
 
 

@@ -160,16 +160,20 @@ def format_problems(problems: list[Problem], *, header: str, limit: int = 20) ->
 def conversation_key(messages: list[dict[str, str]], *, loose: bool = False) -> str:
     """A hashable digest of normalized messages.
 
-    ``loose=True`` also collapses whitespace in the text, so near-identical
-    copies (re-wrapped lines, trailing spaces) compare equal across splits.
+    Exact (the default), what a turn trains on counts as well as its text: its reasoning and its ``weight``
+    (two samples of one question with different reasoning are not copies). ``loose=True`` compares what
+    the conversation says across splits: the text with whitespace collapsed, so near-identical copies
+    (re-wrapped lines, trailing spaces) compare equal.
     """
-    def text(m):
-        return " ".join(m["content"].split()) if loose else m["content"]
+    def item(m):
+        text = " ".join(m["content"].split()) if loose else m["content"]
+        # Tool calls count (two turns that call different functions differ); a turn without them, its
+        # reasoning or its weight has the digest it always had.
+        head = (m["role"], text, m["tool_calls"]) if m.get("tool_calls") else (m["role"], text)
+        extra = {} if loose else {k: m[k] for k in ("reasoning_content", "weight") if k in m}
+        return (*head, extra) if extra else head
 
-    # Tool calls count (two turns that call different functions differ); without them the digest
-    # is what it always was.
-    items = [(m["role"], text(m), m["tool_calls"]) if m.get("tool_calls") else (m["role"], text(m))
-             for m in messages]
+    items = [item(m) for m in messages]
     return hashlib.sha1(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 

@@ -27,7 +27,8 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 ``{"tokenizer", "tokenizer_fingerprint", "max_length", "too_long", "duplicates",
 "splits": {"train": {...}, "val": {...}}}`` where each split has ``cache``,
 ``source``, ``source_sha256``, ``records_in`` (records in the file), ``records``,
-``turns``, ``assistant_turns``, ``tokens``, ``supervised_tokens``, ``tokens_per_record``
+``turns``, ``assistant_turns``, ``untrained_turns`` (assistant turns the data marks ``"weight": 0``),
+``tokens``, ``supervised_tokens``, ``tokens_per_record``
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
@@ -239,7 +240,8 @@ class SplitEncoder:
             self.counts["dropped_image_cut"] = 0
         self.kept_lengths: list[np.ndarray] = []
         self.kept_index: list[np.ndarray] = []  # file index of each kept record (a shard's merge puts them in order)
-        self.records_in = self.turns = self.assistant_turns = self.tokens = self.supervised = self.raw_max = 0
+        self.records_in = self.turns = self.assistant_turns = self.untrained_turns = 0
+        self.tokens = self.supervised = self.raw_max = 0
         self.image_count = 0
         self.chat_counts = dict.fromkeys(CHAT_COUNTS, 0)
 
@@ -290,12 +292,14 @@ class SplitEncoder:
         for b in np.flatnonzero(keep):
             self.turns += len(batch[b].messages)
             self.assistant_turns += sum(m["role"] == "assistant" for m in batch[b].messages)
+            self.untrained_turns += sum(m.get("weight") == 0 for m in batch[b].messages)
             for key, flag in zip(CHAT_COUNTS, chat_flags(rendered[b])):
                 self.chat_counts[key] += flag
 
     def counters(self) -> dict:
         """What `split_stats` makes the stats of (besides the kept records' lengths); shards' counters add up."""
         return {"records_in": self.records_in, "turns": self.turns, "assistant_turns": self.assistant_turns,
+                "untrained_turns": self.untrained_turns,
                 "tokens": self.tokens, "supervised_tokens": self.supervised, "max_tokens_before_truncation": self.raw_max,
                 **self.counts, **self.chat_counts, **({"images": self.image_count} if self.images is not None else {}),
                 "over": self.over}
@@ -321,6 +325,7 @@ def split_stats(counters: dict, lengths: np.ndarray, *, source: str, max_length:
         "records": int(lengths.size),
         "turns": c["turns"],
         "assistant_turns": c["assistant_turns"],
+        "untrained_turns": c["untrained_turns"],
         "tokens": c["tokens"],
         "supervised_tokens": c["supervised_tokens"],
         "tokens_per_record": _percentiles(lengths),

@@ -12,7 +12,7 @@ import pytest
 from test_data_tokenize import END, supervised_runs  # tests/data: the label helpers
 
 from pipeline.data import tokenize as tk
-from pipeline.data.formats import load_records, parse_file
+from pipeline.data.formats import duplicate_of, load_records, parse_file
 from pipeline.data.shapes import FieldMap, field_map
 from pipeline.data.validate import main as validate_main, validate_dataset
 from pipeline.errors import UserError
@@ -270,6 +270,16 @@ def test_an_assistant_turn_of_weight_0_is_context_and_a_bad_weight_is_named(tmp_
     stats = tk.tokenize_file(path, tokenizer, out_path=tmp_path / "c.safetensors", max_length=512, too_long="error",
                              fingerprint="f", split="train")
     assert (stats["records"], stats["dropped_unsupervised"]) == (2, 1)
+    assert (stats["assistant_turns"], stats["untrained_turns"]) == (3, 1)  # the kept records' turns
+
+    # Two records that differ only in which turn is trained are not copies: duplicates=drop keeps both.
+    flipped = json.loads(OPENAI_WEIGHTED)
+    flipped["messages"][2].pop("weight"), flipped["messages"][4].update(weight=0)
+    path = write_jsonl(tmp_path / "both.jsonl", [json.loads(OPENAI_WEIGHTED), flipped, json.loads(OPENAI_WEIGHTED)])
+    assert duplicate_of(load_records(path)) == {2: 0}
+    stats = tk.tokenize_file(path, tokenizer, out_path=tmp_path / "d.safetensors", max_length=512, too_long="error",
+                             duplicates="drop", fingerprint="f", split="train")
+    assert (stats["records"], stats["duplicates_dropped"], stats["untrained_turns"]) == (2, 1, 2)
 
     # SlimOrca's turns (Open-Orca/SlimOrca) carry a weight each: null on the system prompt, 0.0 / 1.0 elsewhere.
     slim = {"conversations": [{"from": "system", "value": "you copy words.", "weight": None},

@@ -98,6 +98,22 @@ def test_duplicates_are_exact_but_overlap_ignores_whitespace(tmp_path, tokenizer
     assert [(split, p.index, p.reason) for split, p in report.problems] == [("val", 0, "split_overlap")]
 
 
+def test_samples_of_one_question_with_different_reasoning_are_not_duplicates(tmp_path, tokenizer_dir):
+    """Reasoning data samples one question many times (OpenThoughts, rejection sampling): the samples differ only in
+    `reasoning_content`, and each is trained. An exact copy is still a duplicate; in another split, the same question
+    and answer is an overlap whatever the reasoning (the model has seen the answer)."""
+    def solved(how: str, record_id: str) -> dict:
+        return {"id": record_id, "messages": [{"role": "user", "content": "What is 17 * 3?"},
+                                              {"role": "assistant", "content": "51", "reasoning_content": how}]}
+    train = write_jsonl(tmp_path / "train.jsonl", [solved("17 * 3 = 10 * 3 + 7 * 3 = 30 + 21", "a"),
+                                                   solved("17 + 17 + 17 = 51", "b"),
+                                                   solved("17 + 17 + 17 = 51", "c")])
+    val = write_jsonl(tmp_path / "val.jsonl", [solved("3 * 17 = 51", "v")])
+    report = v.validate_dataset(train, val=val, tokenizer_dir=tokenizer_dir, max_length=256, too_long="error")
+    assert [(split, p.index, p.reason) for split, p in report.problems] == [("train", 2, "duplicate_sample"),
+                                                                            ("val", 0, "split_overlap")]
+
+
 def test_unloadable_tokenizer_is_a_user_error(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [sample(0)])
     with pytest.raises(UserError, match="tokenizer directory not found"):
