@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_data_text_and_tools import EXTERNAL  # tests/data/external: the files vendored as their makers ship them
 from test_data_tokenize import END, supervised_runs  # tests/data: the label helpers
 
 from pipeline.data import tokenize as tk
@@ -323,9 +324,6 @@ def test_llama_factory_alpaca_history_is_the_earlier_turns_and_trained(tmp_path,
     parsed = parse_file(write_jsonl(tmp_path / "bad.jsonl", bad))
     assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
         (0, "bad_history", "history"), (1, "bad_history", "history[0]"), (1, "text_not_string", "history[1][1]")]
-
-
-EXTERNAL = Path(__file__).resolve().parent / "external"
 
 
 def test_video_and_audio_records_are_named_not_trained_as_text(tmp_path, tokenizer_dir):
