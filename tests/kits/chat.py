@@ -72,6 +72,7 @@ _GLM = ("<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|sy
         "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 
 _QWEN3_5 = _QWEN3 + ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+_QWEN_VL = _QWEN + ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 _NEMOTRON3 = ("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
               "<tool_response>", "</tool_response>")
 _LFM2 = ("<|pad|>", "<|startoftext|>", "<|im_start|>", "<|im_end|>", "<|tool_list_start|>", "<|tool_list_end|>",
@@ -157,6 +158,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            pad="<unk>", unk="<unk>", reasoning="nemotron", stops=("</s>", "<|im_end|>")),
     Family("nemotron-3-ultra", "nemotron-3-ultra.jinja", "<|im_end|>", _NEMOTRON3, bos="<s>", eos="<|im_end|>",
            pad="<unk>", unk="<unk>", reasoning="nemotron-ultra", stops=("</s>", "<|im_end|>")),
+    # Qwen2.5-VL (and Qwen2-VL, byte-identical) and Qwen3-VL: ChatML with vision tokens for image parts; Qwen2.5-VL
+    # writes a default system prompt when none is given; neither renders reasoning
+    Family("qwen2.5-vl", "qwen2.5-vl.jinja", "<|im_end|>", _QWEN_VL, eos="<|im_end|>", pad="<|endoftext|>",
+           stops=_QWEN_STOPS),
+    Family("qwen3-vl", "qwen3-vl.jinja", "<|im_end|>", _QWEN_VL, eos="<|im_end|>", pad="<|endoftext|>",
+           stops=_QWEN_STOPS),
     Family("lfm2", "lfm2.jinja", "<|im_end|>", _LFM2, bos="<|startoftext|>", eos="<|im_end|>", pad="<|pad|>",
            stops=("<|im_end|>",)),
     # LFM2.5: reads reasoning from `thinking`, written <think>...</think> with no newlines, last turns only

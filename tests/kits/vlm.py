@@ -4,9 +4,9 @@ LLaVA comes from the embedded default's builder (`pipeline.demo.vlm`) at test
 size. Qwen2-VL is built here: the demo character tokenizer plus Qwen's vision
 tokens, a chat template that writes them for an image part, Qwen2-VL's image
 processor (8x8 patches, 2x2 merge: a 32x32 image is 4 image tokens) and
-`processor_config.json` naming the processor class. Qwen2.5-VL and Qwen3-VL
-take the same tokenizer and image processor with their own model classes
-(`save_qwen_vl`); Gemma 3 (`save_gemma3`) its own processor, whose template
+`processor_config.json` naming the processor class. Qwen2.5-VL, Qwen3-VL and Qwen3.5
+take the same tokenizer and image processor with their own model classes and their
+shipped chat templates (`save_qwen_vl`); Gemma 3 (`save_gemma3`) its own processor, whose template
 writes `<start_of_image>` for an image, expanded to 4 `<image_soft_token>`s
 between it and `<end_of_image>`; Gemma 4 (`save_gemma4`, dense or with experts), Mistral Small 3
 (`save_mistral3`, Pixtral's processor settings) and Llama 4 (`save_llama4`, fused experts) are saved
@@ -88,17 +88,19 @@ _TEXT = {"qwen3_vl": dict(head_dim=16), "qwen3_5": _QWEN3_5_TEXT,
          "qwen3_5_moe": dict(_QWEN3_5_TEXT, moe_intermediate_size=16, shared_expert_intermediate_size=16,
                              num_experts=4, num_experts_per_tok=2)}
 _INTERLEAVED = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"}  # 3-D RoPE sections interleaved
-# Qwen3.5's and Qwen3.6's shipped templates (the test corpus: tests/data/chat_templates/README.md), with the
-# ChatML and think tokens of their tokenizer; the others take QWEN_TEMPLATE
-_SHIPPED = {"qwen3_5": "qwen3.5.jinja", "qwen3_5_moe": "qwen3.6.jinja"}
+# Qwen2.5-VL's, Qwen3-VL's, Qwen3.5's and Qwen3.6's shipped templates (the test corpus:
+# tests/data/chat_templates/README.md), with the ChatML and think tokens of their tokenizer; Qwen2-VL (the session's
+# tiny_qwen2_vl, whose tests read the demo's <|end|>) takes QWEN_TEMPLATE
+_SHIPPED = {"qwen2_5_vl": "qwen2.5-vl.jinja", "qwen3_vl": "qwen3-vl.jinja", "qwen3_vl_moe": "qwen3-vl.jinja",
+            "qwen3_5": "qwen3.5.jinja", "qwen3_5_moe": "qwen3.6.jinja"}
 _CHATML_TOKENS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
                   "<tool_response>", "</tool_response>")
 
 
 def save_qwen_vl(path: Path, family: str, *, seed: int = 0) -> Path:
     """A tiny random Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5 (dense or MoE) (2 vision blocks, 2 decoder
-    layers), the demo tokenizer with Qwen's vision tokens, Qwen2-VL's image processor, and the template (Qwen3.5's
-    own, and its eos <|im_end|>, for Qwen3.5)."""
+    layers), the demo tokenizer with Qwen's vision tokens, Qwen2-VL's image processor, and the template (the
+    family's shipped one, and its eos <|im_end|>, but for Qwen2-VL)."""
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

@@ -92,8 +92,9 @@ SAVERS = {
     **MORE_SAVERS,
     **OCR_SAVERS,
 }
-# Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens, DeepSeek-OCR 2's 145
-MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160, "deepseek_ocr2_moe": 240}
+# Tokens a record may take beyond the default 96: Gemma 4's image is at least 64 soft tokens, DeepSeek-OCR 2's 145,
+# Qwen2.5-VL's template writes its default system prompt
+MAX_LENGTH = {"gemma4": 160, "gemma4_moe": 160, "deepseek_ocr2_moe": 240, "qwen2_5_vl": 160}
 # Families whose processor under an older transformers (the floors env's 5.17, what GPU machines carry) is a form
 # the pipeline refuses at tokenize time, and what the one line says: DeepSeek-OCR 2's expands its image tokens in
 # its own call, over the whole text, before 5.24
@@ -451,6 +452,37 @@ def test_batches_are_what_the_processor_gives(family, vlms):
         ours = {k: v[:, :-1] if k in ("input_ids", "mm_token_type_ids") else v for k, v in ours.items()}
     for key, value in theirs.items():
         assert torch.equal(ours[key], value), key
+
+
+# Families whose kit holds the template the model ships (sources in tests/kits/vlm.py and
+# tests/data/chat_templates/README.md): (what the model writes before an answer, what it ends a turn with)
+SHIPPED_TEMPLATE_TURNS = {"qwen2_5_vl": ("", "<|im_end|>"), "qwen3_vl": ("", "<|im_end|>"),
+                          "llava_next": (" ", "</s>"), "idefics3": (" ", "<end_of_utterance>"),
+                          "smolvlm": (" ", "<end_of_utterance>")}
+
+
+@pytest.mark.parametrize("family", list(SHIPPED_TEMPLATE_TURNS))
+def test_shipped_templates_train_each_answer_and_its_end_of_turn_only(family, vlms):
+    """By the generation-prompt principle, under each family's shipped template: what the model writes after the
+    generation prompt (LLaVA-NeXT's has none: after `[/INST]`), through the token it stops on, in every assistant
+    turn; never the image tokens, the user's turns or Qwen2.5-VL's default system prompt."""
+    from pipeline.data import tokenize as tk
+    from pipeline.data.formats import Record
+    from pipeline.data.labels import supervised_runs
+
+    data = vlms[family]
+    tokenizer, images = tk.load_chat(data["model"])
+    image = str(data["data"] / "images" / "train-00000.png")
+    messages = [{"role": "user", "content": "<image>\nwhat color is it?"}, {"role": "assistant", "content": "red"},
+                {"role": "user", "content": "sure?"}, {"role": "assistant", "content": "still red"}]
+    enc = tk.encode_records([Record(id="v", messages=messages, images=[image], index=0, line=1)], tokenizer,
+                            max_length=512, too_long="error", source="mem", images=images)
+    lead, stop = SHIPPED_TEMPLATE_TURNS[family]
+    trained = enc.labels != -100
+    assert (enc.labels[trained] == enc.input_ids[trained]).all()
+    assert supervised_runs(tokenizer, enc.input_ids, enc.labels) == [f"{lead}red{stop}", f"{lead}still red{stop}"]
+    is_image = enc.input_ids == images.image_token_id
+    assert is_image.any() and (enc.labels[is_image] == -100).all()
 
 
 def refusal_line(model) -> str:
