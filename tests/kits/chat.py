@@ -62,6 +62,8 @@ _GEMMA = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"
 _PHI35 = ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 _HARMONY = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
             "<|message|>", "<|call|>")
+_COHERE = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>", "<EOP_TOKEN>",
+           "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>")
 _COHERE2 = ("<PAD>", "<UNK>", "<CLS>", "<SEP>", "<MASK_TOKEN>", "<BOS_TOKEN>", "<EOS_TOKEN>", "<EOP_TOKEN>",
             "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>",
             "<|SYSTEM_TOKEN|>", "<|START_RESPONSE|>", "<|END_RESPONSE|>", "<|START_THINKING|>", "<|END_THINKING|>",
@@ -123,6 +125,11 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises", stops=("<eos>", "<end_of_turn>")),
     Family("gemma-3", "gemma-3-it.jinja", "<end_of_turn>", _GEMMA,
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", stops=("<eos>", "<end_of_turn>")),
+    # Phi-3 (mini, small, medium): Phi-3.5's format, and the eos after the last turn of a render without a
+    # generation prompt
+    Family("phi-3", "phi-3-mini-instruct.jinja", "<|end|>", _PHI35,
+           bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>",
+           stops=("<|end|>", "<|assistant|>", "<|endoftext|>")),
     Family("phi-3.5", "phi-3.5-mini-instruct.jinja", "<|end|>", _PHI35,
            bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>",
            stops=("<|end|>", "<|assistant|>", "<|endoftext|>")),
@@ -136,6 +143,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     Family("command-r7b", "command-r7b-12-2024-tool_use.jinja", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", _COHERE2,
            bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", lead="<|START_RESPONSE|>",
            stops=("<|END_OF_TURN_TOKEN|>",)),
+    # Command R (c4ai-command-r-v01, the first Cohere chat format): turns must alternate, content is stripped
+    Family("command-r", "command-r.jinja", "<|END_OF_TURN_TOKEN|>", _COHERE, bos="<BOS_TOKEN>",
+           eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", stops=("<|END_OF_TURN_TOKEN|>",)),
     Family("cohere2", "cohere2.jinja", "<|END_RESPONSE|><|END_OF_TURN_TOKEN|>", _COHERE2,
            bos="<BOS_TOKEN>", eos="<|END_OF_TURN_TOKEN|>", pad="<PAD>", stops=("<|END_OF_TURN_TOKEN|>",)),
     # Qwen3-Instruct-2507: Qwen3's vocabulary, no thinking mode
