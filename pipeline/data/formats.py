@@ -206,8 +206,12 @@ def _unshaped_columns(path: Path, kind: str, fields: FieldMap) -> str | None:
 
 def _unknown_shape_text(keys: list[str], what: str = "keys") -> str:
     shown = ", ".join(repr(k) for k in keys[:KEYS_SHOWN]) + (" ..." if len(keys) > KEYS_SHOWN else "")
-    return (f"no record has a shape this pipeline reads: the {what} are {shown or 'none'}; accepted: "
-            f"{accepted_text()}; if your keys are named otherwise, map them with data.columns "
+    # TRL's and LLaMA-Factory v1's preference data: chosen / rejected (or chosen_messages / rejected_messages)
+    paired = any(k.startswith("chosen") for k in keys) and any(k.startswith("rejected") for k in keys)
+    return (f"no record has a shape this pipeline reads: the {what} are {shown or 'none'}; "
+            + ("this is preference data (chosen / rejected, for DPO), and SFT trains one answer: write the prompt "
+               "and the chosen answer as a conversation; " if paired else "")
+            + f"accepted: {accepted_text()}; if your keys are named otherwise, map them with data.columns "
             "(e.g. {prompt: question, completion: answer})")
 
 

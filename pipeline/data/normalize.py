@@ -5,6 +5,9 @@ Turns: ``content`` is a string or, in a message list, a list of content parts
 the normalized message under that key): ``{"type": "text", "text": ...}`` and
 ``{"type": "image", "image" | "path" | "url": "a.png"}`` or
 ``{"type": "image_url", "image_url": {"url": "a.png"}}`` (local files only).
+LLaMA-Factory v1's parts hold a ``value`` instead: ``text``, ``image_url`` (a path),
+and in an assistant turn ``reasoning`` and ``tool_call`` (the JSON of one call);
+its per-message ``loss_weight`` is read as ``weight``.
 
 Images: an image's place in the conversation is the placeholder `IMAGE_PLACEHOLDER`
 (``<image>``) in a user turn's text, LLaVA's convention; an OpenAI image part
@@ -44,8 +47,9 @@ REASONING_INPUTS = ("reasoning_content", "thinking")
 CALL_ROLE = "function_call"
 
 # An assistant turn's training switch, as OpenAI's fine-tuning format writes it: 0 = context only, 1 = trained
-# (the default). Kept on the normalized message only when 0.
+# (the default). Kept on the normalized message only when 0. LLaMA-Factory v1 calls it `loss_weight`.
 WEIGHT = "weight"
+WEIGHT_INPUTS = (WEIGHT, "loss_weight")
 
 # Image references that are not local files.
 _REMOTE_SCHEMES = ("http://", "https://")
@@ -54,6 +58,9 @@ _REMOTE_SCHEMES = ("http://", "https://")
 # the text), lmms-finetune's and Qwen-Omni recipes' `video` / `audio`. A plural field is media whatever it holds;
 # a singular one when it names media files (a `video` field may be an id or a URL in a text dataset).
 _MEDIA_FIELDS = {"videos": "video", "audios": "audio", "video": "video", "audio": "audio"}
+# Content parts of video and audio: OpenAI's input_audio, LLaMA-Factory v1's video_url / audio_url, HF's video / audio.
+_MEDIA_PARTS = {"video_url": "video", "video": "video", "audio_url": "audio", "audio": "audio",
+                "input_audio": "audio"}
 _MEDIA_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".flv", ".wav", ".mp3", ".flac", ".ogg", ".m4a", ".opus")
 
 
@@ -113,6 +120,7 @@ def normalize_record(
         located("ambiguous_format", f"record has both {fields.key('conversations')!r} and {fields.key('messages')!r}")
         return None, problems
     _media(view, located)
+    _preference(view, located)
     if shape == "text":
         return _text_record(view, fields, located, record_id, index, line), problems
     turns, whole = _SHAPE_TURNS[shape](view, fields, located)
@@ -163,15 +171,24 @@ class _Conversation:
             shown = "missing" if role is None else repr(role)
             located("unknown_role", f"role {shown} is not one of {self.fields.role_names()}", turn.role_at)
             self.roles_known = False
-        text = turn.text
+        text, parts = turn.text, None
         if turn.parts and isinstance(text, list):  # OpenAI content parts
-            text = _content_parts(text, turn.text_at, self.base_dir, self.part_images, located)
-            if text is None:  # reported; the record's images are then unknown too
+            parts = _content_parts(text, turn.text_at, self.base_dir, self.part_images, located)
+            if parts is None:  # reported; the record's images are then unknown too
                 self.parts_ok = False
                 self.messages.append({"role": canonical or "", "content": ""})
                 self.turn_at.append((turn.role_at, turn.text_at))
                 return
+            text = parts.text
         calls = _tool_calls(turn, canonical, located)
+        if parts is not None and parts.calls:
+            if canonical != "assistant":
+                located("bad_tool_call", "only an assistant turn may have tool_call parts", parts.calls_at)
+            elif calls:
+                located("bad_tool_call", "a turn gives its tool calls twice (tool_calls and tool_call parts): "
+                        "keep one", parts.calls_at)
+            else:
+                calls = parts.calls
         if canonical == "assistant" and isinstance(role, str) and role.strip().lower() == CALL_ROLE:
             calls, text = _call_turn(text, turn.text_at, located), ""
         if text is not None and not isinstance(text, str):
@@ -186,24 +203,29 @@ class _Conversation:
             message["tool_calls"] = calls
         if canonical == "tool":  # which call a result answers, for the templates that show it
             message.update({k: turn.source[k] for k in ("tool_call_id", "name") if isinstance(turn.source.get(k), str)})
-        # Reasoning: `reasoning_content` (Qwen3, DeepSeek) or `thinking` (GPT-OSS / harmony datasets), one of them.
-        given = [k for k in REASONING_INPUTS if turn.source and turn.source.get(k) is not None]
+        # Reasoning: `reasoning_content` (Qwen3, DeepSeek), `thinking` (GPT-OSS / harmony datasets) or reasoning
+        # parts (LLaMA-Factory v1), one of them.
+        turn_at = turn.text_at.rpartition('.')[0] or turn.text_at
+        given = [(k, turn.source[k], f"{turn_at}.{k}") for k in REASONING_INPUTS
+                 if turn.source and turn.source.get(k) is not None]
+        if parts is not None and parts.reasoning is not None:
+            given.append(("a reasoning part", parts.reasoning, parts.reasoning_at))
         if given:
-            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.{given[0]}"
-            reasoning = turn.source[given[0]]
+            name, reasoning, at = given[0]
             if len(given) > 1:
-                located("bad_reasoning", f"a turn gives its reasoning twice ({' and '.join(given)}): keep one", at)
+                located("bad_reasoning", f"a turn gives its reasoning twice ({' and '.join(g[0] for g in given)}): "
+                        "keep one", at)
             elif canonical != "assistant" or not isinstance(reasoning, str):
-                located("bad_reasoning", f"{given[0]} must be a string, in an assistant turn", at)
+                located("bad_reasoning", f"{name} must be a string, in an assistant turn", at)
             elif reasoning.strip():
                 message["reasoning_content"] = reasoning
-        weight = turn.source.get(WEIGHT) if turn.source else None
-        if weight is not None:
-            at = f"{turn.text_at.rpartition('.')[0] or turn.text_at}.{WEIGHT}"
+        key = next((k for k in WEIGHT_INPUTS if turn.source and turn.source.get(k) is not None), None)
+        if key is not None:
+            weight, at = turn.source[key], f"{turn_at}.{key}"
             if isinstance(weight, bool) or weight not in (0, 1):
-                located("bad_weight", f"{WEIGHT} must be 0 (not trained) or 1 (trained), found {weight!r}", at)
+                located("bad_weight", f"{key} must be 0 (not trained) or 1 (trained), found {weight!r}", at)
             elif weight == 1 and canonical != "assistant":
-                located("bad_weight", f"{WEIGHT} 1 on a {canonical or 'non-assistant'} turn: only assistant turns "
+                located("bad_weight", f"{key} 1 on a {canonical or 'non-assistant'} turn: only assistant turns "
                                       "are trained", at)
             elif weight == 0 and canonical == "assistant":
                 message[WEIGHT] = 0
@@ -280,6 +302,18 @@ def _media(view: dict, located: Located) -> None:
                     f"images only): drop the field and its <{kind}> placeholders, or the record", key)
 
 
+def _preference(view: dict, located: Located) -> None:
+    """Reports preference data, which SFT would misread: a paired record (``chosen`` / ``rejected``, DPO's; its
+    turns are only the prompt) and an unpaired one marked undesirable (``"label": false``, KTO's: training on it
+    teaches the answer it rejects)."""
+    if view.get("chosen") is not None and view.get("rejected") is not None:
+        located("preference_record", "a preference record (chosen / rejected, for DPO): SFT trains one answer; make "
+                "the chosen answer the conversation's last assistant turn and drop rejected", "chosen")
+    elif view.get("label") is False:
+        located("preference_record", "label false marks this answer undesirable (KTO data): training on it teaches "
+                "it; keep only the records labelled true", "label")
+
+
 def _is_media(value) -> bool:
     """Whether a `video` / `audio` value is media rather than an id: a media file's name, bytes, or a `datasets`
     Audio / Video value (``{"bytes", "path"}`` as stored, ``{"array", "sampling_rate"}`` decoded)."""
@@ -312,16 +346,16 @@ def _tool_calls(turn: _Turn, role: str | None, located: Located) -> list[dict] |
     return _calls(calls, at, located)
 
 
-def _call_turn(text, at: str, located: Located) -> list[dict] | None:
-    """The calls of a turn whose role is `CALL_ROLE` (LLaMA-Factory's ShareGPT tool data): its text is the JSON of one
-    call, ``{"name", "arguments"}``, or of a list of them."""
+def _call_turn(text, at: str, located: Located, *, what: str = f"a {CALL_ROLE} turn's text") -> list[dict] | None:
+    """The calls of a turn whose role is `CALL_ROLE` (LLaMA-Factory's ShareGPT tool data), or of a ``tool_call`` part
+    (LLaMA-Factory v1; `what` names it): its text is the JSON of one call, ``{"name", "arguments"}``, or of a list."""
     try:
         parsed = json.loads(text) if isinstance(text, str) else None
     except json.JSONDecodeError:
         parsed = None
     if not isinstance(parsed, (dict, list)) or not parsed:
-        located("bad_tool_call", f"a {CALL_ROLE} turn's text must be the JSON of its call ({{\"name\": ..., "
-                "\"arguments\": ...}) or of a list of calls", at)
+        located("bad_tool_call", f"{what} must be the JSON of its call ({{\"name\": ..., \"arguments\": ...}}) or "
+                "of a list of calls", at)
         return None
     return _calls([{"type": "function", "function": c} for c in (parsed if isinstance(parsed, list) else [parsed])],
                   at, located)
@@ -539,19 +573,42 @@ def _order_violation(messages: list[dict[str, str]]) -> tuple[int, str] | None:
     return None
 
 
-def _content_parts(parts: list, where: str, base_dir: str, images: list[str], located) -> str | None:
-    """An OpenAI content-part list as one string, an `IMAGE_PLACEHOLDER` per image part.
+@dataclass
+class _Parts:
+    """A turn's content parts read: its text (an `IMAGE_PLACEHOLDER` per image), and LLaMA-Factory v1's reasoning
+    and tool calls, with where the first of each is."""
+
+    text: str
+    reasoning: str | None = None
+    reasoning_at: str = ""
+    calls: list[dict] | None = None
+    calls_at: str = ""
+
+
+def _content_parts(parts: list, where: str, base_dir: str, images: list[str], located) -> _Parts | None:
+    """A content-part list (OpenAI's; LLaMA-Factory v1's, whose parts hold a ``value``) read as one `_Parts`.
 
     Appends each image's resolved path to `images`; an image part that holds no image (``{"type": "image"}``,
     TRL's vision datasets) only marks the place of the record's next image in its `images` field. Returns None
     (after reporting why) for a part it cannot read.
     """
-    texts = []
+    texts, reasoning, calls, first = [], [], [], {}
     for k, part in enumerate(parts):
         at = f"{where}[{k}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+        value = next((part[key] for key in ("text", "value") if isinstance(part.get(key), str)), None) \
+            if kind in ("text", "reasoning", "tool_call") else None
+        if kind == "text" and value is not None:
+            texts.append(value)
+        elif kind == "reasoning" and value is not None:
+            reasoning.append(value)
+            first.setdefault("reasoning", at)
+        elif kind == "tool_call" and value is not None:
+            called = _call_turn(value, at, located, what="a tool_call part's value")
+            if called is None:
+                return None
+            calls += called
+            first.setdefault("calls", at)
         elif kind == "image" and all(part.get(key) is None for key in ("image", "path", "url")):
             texts.append(IMAGE_PLACEHOLDER)
         elif kind in ("image", "image_url"):
@@ -561,12 +618,17 @@ def _content_parts(parts: list, where: str, base_dir: str, images: list[str], lo
                 return None
             texts.append(IMAGE_PLACEHOLDER)
             images.append(path)
+        elif kind in _MEDIA_PARTS:
+            located("unsupported_media", f"content part {k} is {_MEDIA_PARTS[kind]}, which this pipeline does not "
+                    "train on (text and images only): drop the part, or the record", at)
+            return None
         else:
             shown = f"type {kind!r}" if kind is not None else f"a JSON {_json_type(part)} without a 'type'"
             located("bad_content_part", f"content part {k} is {shown}; expected text, image or image_url "
-                    "(a text part needs a string 'text')", at)
+                    "(a text part needs a string 'text' or 'value')", at)
             return None
-    return "".join(texts)
+    return _Parts("".join(texts), "".join(reasoning) if reasoning else None, first.get("reasoning", ""),
+                  calls or None, first.get("calls", ""))
 
 
 def _part_image(part: dict, base_dir: str) -> tuple[str | None, str | None]:
@@ -587,8 +649,8 @@ def _part_image(part: dict, base_dir: str) -> tuple[str | None, str | None]:
 
 
 def _image_ref(part: dict) -> str | None:
-    if part["type"] == "image_url":
-        value = part.get("image_url")
+    if part["type"] == "image_url":  # OpenAI's {"url": ...}; LLaMA-Factory v1's path in `value`
+        value = part.get("image_url", part.get("value"))
         value = value.get("url") if isinstance(value, dict) else value
     else:
         value = next((part[k] for k in ("image", "path", "url") if isinstance(part.get(k), str)), None)

@@ -292,12 +292,14 @@ def test_openai_content_parts_become_one_placeholder_per_image(tmp_path):
     (openai(0, [("user", [{"type": "image", "url": "https://x/a.png"}]), ("assistant", "a")]), "bad_image_field",
      "messages[0].content[0]"),
     (openai(0, [("user", [{"type": "image"}]), ("assistant", "a")]), "image_placeholder_mismatch", "messages"),
-    (openai(0, [("user", [{"type": "video", "video": "v.mp4"}]), ("assistant", "a")]), "bad_content_part",
+    (openai(0, [("user", [{"type": "file", "file": {"file_id": "f-1"}}]), ("assistant", "a")]), "bad_content_part",
+     "messages[0].content[0]"),
+    (openai(0, [("user", [{"type": "video", "video": "v.mp4"}]), ("assistant", "a")]), "unsupported_media",
      "messages[0].content[0]"),
     (openai(0, [("user", [{"type": "image", "image": "a.png"}]), ("assistant", "a")], image="b.png"),
      "bad_image_field", "image"),
 ], ids=["more-images", "more-placeholders", "placeholder-without-image", "in-assistant-turn", "in-system",
-        "remote", "bare-part-no-image", "unknown-part", "parts-and-field"])
+        "remote", "bare-part-no-image", "unknown-part", "video-part", "parts-and-field"])
 def test_image_faults_are_one_problem_each(tmp_path, record, reason, field):
     parsed = parse_file(write(tmp_path / "d.jsonl", [sharegpt(9), record]))
     assert [(p.index, p.reason, p.field) for p in parsed.problems] == [(1, reason, field)]

@@ -389,3 +389,28 @@ def test_audio_and_video_columns_written_by_datasets_are_named(tmp_path, monkeyp
     decoded = {"messages": talk[0], "audio": {"array": [0.0, 0.1, 0.0], "sampling_rate": 8000, "path": None}}
     parsed = parse_file(write_jsonl(tmp_path / "decoded.jsonl", [decoded]))
     assert [(p.reason, p.field) for p in parsed.problems] == [("unsupported_media", "audio")]
+
+
+def test_preference_data_is_named_not_trained_as_sft(tmp_path):
+    """LLaMA-Factory's DPO and KTO demos and its v1 DPO demo (tests/data/external/README.md), as they ship. A DPO
+    record's turns are only the prompt: trained as it is, a multi-turn one would learn its history and never the
+    chosen answer, so each is a `preference_record` problem naming `chosen`. A KTO record labelled false would teach
+    the answer it rejects: named by its `label`; those labelled true train. A file of chosen_messages /
+    rejected_messages (and TRL's prompt / chosen / rejected) has no shape, and its one line says it is preference
+    data."""
+    parsed = parse_file(EXTERNAL / "dpo_en_demo_first6.json")
+    assert [(p.index, p.field) for p in parsed.problems if p.reason == "preference_record"] == [(i, "chosen")
+                                                                                                for i in range(6)]
+    assert parsed.records == []  # the fifth's history (human, gpt, human, gpt, human) used to train
+    labels = [r["label"] for r in json.loads((EXTERNAL / "kto_en_demo_first8.json").read_text())]
+    parsed = parse_file(EXTERNAL / "kto_en_demo_first8.json")
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
+        (i, "preference_record", "label") for i, label in enumerate(labels) if label is False]
+    assert "label false marks this answer undesirable" in parsed.problems[0].message
+    assert [r.index for r in parsed.records] == [i for i, label in enumerate(labels) if label is True]
+
+    trl = {"prompt": [{"role": "user", "content": "2 + 2?"}], "chosen": [{"role": "assistant", "content": "4"}],
+           "rejected": [{"role": "assistant", "content": "5"}]}
+    for path in (EXTERNAL / "v1_dpo_demo_first3.jsonl", write_jsonl(tmp_path / "trl.jsonl", [trl])):
+        (problem,) = parse_file(path).problems
+        assert problem.reason == "unknown_shape" and "this is preference data (chosen / rejected" in problem.message

@@ -373,3 +373,78 @@ def test_a_function_call_turn_that_is_not_a_call_is_named(tmp_path):
     assert [(p.reason, p.field) for p in parsed.problems][:2] == [("bad_tool_call", "conversations[1].value"),
                                                                  ("empty_text", "conversations[1].value")]
     assert ("bad_tools", "tools") in [(p.reason, p.field) for p in parsed.problems]
+
+
+def _v1_as_openai(record: dict) -> dict:
+    """A LLaMA-Factory v1 record (typed parts holding a `value`, per-message `loss_weight`, `tools` as JSON text)
+    spelled in OpenAI's format by its documented meaning (v1's `_to_hf_messages` there): text parts joined,
+    reasoning parts as `reasoning_content`, each tool_call part the JSON of one call, loss_weight 0 as weight 0."""
+    messages = []
+    for m in record["messages"]:
+        values = {kind: [p["value"] for p in m["content"] if p["type"] == kind] for kind in ("text", "reasoning",
+                                                                                            "tool_call")}
+        message = {"role": m["role"], "content": "".join(values["text"])}
+        if values["reasoning"]:
+            message["reasoning_content"] = "".join(values["reasoning"])
+        if values["tool_call"]:
+            message["tool_calls"] = [{"type": "function", "function": json.loads(v)} for v in values["tool_call"]]
+        if m["role"] == "assistant" and m.get("loss_weight") == 0:
+            message["weight"] = 0
+        messages.append(message)
+    return {"messages": messages, **({"tools": json.loads(record["tools"])} if "tools" in record else {})}
+
+
+@pytest.mark.parametrize("name", ["v1_sft_demo_first12.jsonl", "reason_tool_use_demo_first8.jsonl"])
+def test_llama_factory_v1_records_train_as_their_openai_spelling(tmp_path, name):
+    """LLaMA-Factory v1's demos (tests/data/external/README.md), as they ship: parts holding a `value`, per-message
+    loss_weight; the reasoning and tool-use demo's reasoning and tool_call parts. Each record reads, tokenizes and is
+    labelled as its OpenAI spelling is (Qwen3's shipped template renders the tools, calls and reasoning); the calls
+    and the last turn's reasoning are trained, the tool results are not."""
+    records = [json.loads(line) for line in (EXTERNAL / name).read_text().splitlines() if line.strip()]
+    parsed = parse_file(EXTERNAL / name)
+    assert not parsed.problems and len(parsed.records) == len(records)
+    openai = parse_file(write_jsonl(tmp_path / "openai.jsonl", [_v1_as_openai(r) for r in records]))
+    assert not openai.problems
+    assert [(r.messages, r.tools) for r in parsed.records] == [(r.messages, r.tools) for r in openai.records]
+    tokenizer = chatkit.build_tokenizer("qwen3")
+    ours, theirs = (encode_records(p.records, tokenizer, max_length=1 << 16, too_long="error") for p in (parsed, openai))
+    assert ours.input_ids.tolist() == theirs.input_ids.tolist() and ours.labels.tolist() == theirs.labels.tolist()
+    runs = supervised(tokenizer, ours)
+    parts = [(m["role"], p) for r in records for m in r["messages"] for p in m["content"]]
+    calls = [json.loads(p["value"])["name"] for role, p in parts if p["type"] == "tool_call"]
+    assert all(any(f'"name": "{n}"' in run for run in runs) for n in calls)
+    assert not any(p["value"] in run for role, p in parts if role == "tool" for run in runs)
+    if name.startswith("reason"):
+        assert len(calls) == 12 and sum(p["type"] == "reasoning" for _, p in parts) == 16
+        last_reasoning = [p["value"] for p in records[0]["messages"][-1]["content"] if p["type"] == "reasoning"]
+        assert any(last_reasoning[0].strip() in run for run in runs)
+
+
+def test_llama_factory_v1_images_weights_and_media_parts(tmp_path):
+    """v1's multimodal demo as it ships: image_url parts hold the image's path (relative to the file's directory
+    here, LLaMA-Factory's repository root there), each a placeholder where its part is. A loss_weight other than
+    0 / 1, and a video or audio part, are problems naming their field."""
+    parsed = parse_file(EXTERNAL / "v1_multimodal_demo.jsonl")
+    assert not parsed.problems and len(parsed.records) == 24
+    first = parsed.records[0]
+    assert [m["content"] for m in first.messages] == ["<image>Who are they?", "They're Kane and Gretzka from Bayern "
+                                                      "Munich.", "What are they doing?<image>",
+                                                      "They are celebrating on the soccer field."]
+    assert first.images == [str(EXTERNAL / "data/mllm_demo_data/1.jpg")] * 2
+    assert all(Path(p).is_file() for r in parsed.records for p in r.images)
+
+    def turn(role, kind, value, **extra):
+        return {"role": role, "content": [{"type": kind, "value": value}], **extra}
+    bad = [{"messages": [turn("user", "text", "q", loss_weight=0.0), turn("assistant", "text", "a", loss_weight=0.5)]},
+           {"messages": [turn("user", "video_url", "data/mllm_demo_data/1.mp4"), turn("assistant", "text", "a")]},
+           {"messages": [turn("user", "text", "q"), turn("assistant", "tool_call", "search it")]},
+           {"messages": [turn("user", "reasoning", "hm"), turn("assistant", "text", "a")]},
+           {"messages": [turn("user", "text", "q"), turn("assistant", "text", "a", loss_weight=0.0),
+                         turn("user", "text", "again"), turn("assistant", "text", "b", loss_weight=1.0)]}]
+    parsed = parse_file(write_jsonl(tmp_path / "bad.jsonl", bad))
+    assert [(p.index, p.reason, p.field) for p in parsed.problems] == [
+        (0, "bad_weight", "messages[1].loss_weight"), (1, "unsupported_media", "messages[0].content[0]"),
+        (2, "bad_tool_call", "messages[1].content[0]"), (3, "empty_text", "messages[0].content"),
+        (3, "bad_reasoning", "messages[0].content[0]")]
+    assert "loss_weight must be 0 (not trained) or 1 (trained), found 0.5" in parsed.problems[0].message
+    assert [m.get("weight") for m in parsed.records[-1].messages] == [None, 0, None, None]
