@@ -11,13 +11,16 @@
 #   - bench_gpu.py at the Llama-3.2-1B shape, one micro-batch of 16 per update (the lever measured: 2.3x
 #     the tokens/s of four of 4 at 2048), lengths 2048 and 4096: the headline MFU by both counts (~2.5 min)
 #   - at 4096 (where the micro-batch made no difference: the GPU, not the host, was the limit), packed rows
-#     under flex_attention's document mask instead of SDPA's dense block-causal one             (~2 min)
-#   - at 2048 with every record 2048 long (one shape per update: does a new shape cost the host?), then
-#     with PyTorch's cuDNN attention off; both under bench/stack_sampler (where the host's time goes) (~3 min)
+#     under SDPA's dense block-causal mask, under flex_attention's document mask, and one flat row through
+#     torch's varlen kernel (tokens.torch_varlen: no mask at all)                                (~3 min)
+#   - at 2048 (where the host was the limit, a quarter of it inside SDPA's call), the same config with
+#     tokens.torch_varlen                                                                        (~2 min)
 # Part 2: the decoder layers compiled with the fused kernels (2048); bench/gpu_kernels_check.py (host syncs,
 #   one compiled loss graph, lora.fused, fused losses, Liger kernels, activation checkpointing through
 #   pipeline/compat.py); one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke)           (~7 min)
-# Part 3: the `gpu` tests (tests/train/test_gpu.py: 13 trainer launches, one compiling)          (~6 min)
+# Part 3: the `gpu` tests (tests/train/test_gpu.py: 15 trainer launches, one compiling)          (~6 min);
+#   at 2048 with every record 2048 long (one shape per update: does a new shape cost the host?) under
+#   bench/stack_sampler (where the host's time goes)                                             (~2 min)
 # A bench_gpu.py arm took 55-65 s on the H200 (model built, trainer started, 8 updates); compiled ones longer.
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -45,13 +48,11 @@ SAMPLED="env PYTHONPATH=$PWD/bench/stack_sampler:$PYTHONPATH"
 if [ "$part" = 1 ] || [ "$part" = all ]; then
 TAIL=30 step bench_1b 170 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 16 --global-batch 16 \
     --steps 8 --warmup 3 --out-dir "$O"
-TAIL=30 step flex_4096 130 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 \
+TAIL=30 step attention_4096 190 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 \
     --steps 8 --warmup 3 --arms packed --extra-arm flex=tokens.packing=on,model.attn_implementation=flex_attention \
-    --out-dir /tmp/flex
-TAIL=30 step fixed_lengths 110 $SAMPLED STACK_SAMPLES="$O/samples_fixed" python3 bench/bench_gpu.py $ONE \
-    --lengths fixed --out-dir /tmp/fixed
-TAIL=30 step no_cudnn_sdp 110 $SAMPLED STACK_SAMPLES="$O/samples_no_cudnn" STACK_SAMPLER_SDP=no-cudnn \
-    python3 bench/bench_gpu.py $ONE --out-dir /tmp/no_cudnn
+    --extra-arm varlen=tokens.packing=on,tokens.torch_varlen=true --out-dir /tmp/attention
+TAIL=30 step varlen_2048 130 python3 bench/bench_gpu.py $ONE --arms config --extra-arm varlen=tokens.torch_varlen=true \
+    --out-dir /tmp/varlen
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
 TAIL=30 step compiled 160 python3 bench/bench_gpu.py $ONE --arms config \
@@ -62,5 +63,7 @@ step nf4 150 python3 bench/bench_gpu.py --smoke --override model.quantization=nf
 fi
 if [ "$part" = 3 ] || [ "$part" = all ]; then
 step gpu_tests 380 python3 -m pytest -o addopts= -p no:cacheprovider -q -rA --durations=0 tests/train/test_gpu.py
+TAIL=30 step fixed_lengths 110 $SAMPLED STACK_SAMPLES="$O/samples_fixed" python3 bench/bench_gpu.py $ONE \
+    --lengths fixed --out-dir /tmp/fixed
 fi
 exit $status

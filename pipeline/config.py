@@ -376,6 +376,11 @@ class TokensConfig:
                                            "with sdpa, eager, flex or flash attention (not vision-language "
                                            "models); on = any text model; off = padded micro-batches of "
                                            "optim.micro_batch records (pipeline/planning/packing.py)")
+    torch_varlen: bool = setting(False, "packed micro-batches under SDPA on a GPU: one flat row per micro-batch "
+                                        "through torch's flash-attention varlen kernel (torch >= 2.10, bf16 / "
+                                        "fp16), not packed rows kept apart by a dense block-causal mask; for the "
+                                        "families that attend record by record on a CPU (not yet measured on "
+                                        "a GPU: off by default; pipeline/model/packed_attention.py)")
 
 
 @dataclass

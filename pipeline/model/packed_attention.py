@@ -22,9 +22,19 @@ its padding is never a loss position), and without a sliding window narrower
 than its records: `runs_per_record` says which models qualify, and only those
 are switched (in the training process only: evaluation jobs load the model as
 configured).
+
+On a GPU the same switch can run the flat row through torch's own flash-attention
+varlen kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) in one
+call, its boundaries given as `cu_seq_lens` (`tokens.torch_varlen`): flash
+attention's packing without the flash-attn package, where SDPA would otherwise
+keep a packed row's records apart with a dense block-causal mask. `varlen_fits`
+says where it applies (half-precision compute, a head size the kernel takes, no
+attention dropout, no logit soft-capping); the kernel has no CPU implementation.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -47,11 +57,15 @@ def runs_per_record(config, longest: int) -> bool:
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: torch.Tensor | None, **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' SDPA attention, per record when the batch gives its boundaries (one flat row:
-    query (1, heads, tokens, dim)); as is otherwise. Output as transformers' (batch, tokens, heads, dim)."""
+    """transformers' SDPA attention, per record when the batch gives its boundaries as ints (one flat
+    row: query (1, heads, tokens, dim)); torch's varlen kernel when it gives them as `cu_seq_lens`
+    tensors (a GPU, `tokens.torch_varlen`); as is otherwise. Output as transformers' (batch, tokens, heads, dim)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     edges = kwargs.pop(RECORD_BOUNDS, None)
+    if edges is None and kwargs.get("cu_seq_lens_q") is not None:
+        return _varlen(query, key, value, kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"]),
+                       scaling=kwargs.get("scaling"), dropout=kwargs.get("dropout", 0.0))
     if edges is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs.pop("is_causal", None)
@@ -61,12 +75,77 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
 
 
 def use(model) -> None:
-    """Switch the transformers `model` (not a peft wrapper) to attend record by record (`NAME`).
-    RuntimeError if the model cannot switch implementations (its family does not use transformers'
-    attention interface)."""
+    """Switch the transformers `model` (not a peft wrapper) to `NAME`: record by record, or through torch's
+    varlen kernel, as each flat batch gives its boundaries (`attention`). RuntimeError if the model
+    cannot switch implementations (its family does not use transformers' attention interface)."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(NAME, attention)
     model.set_attn_implementation(NAME)
     if model.config._attn_implementation != NAME:
         raise RuntimeError(f"{type(model).__name__} cannot switch its attention implementation to {NAME}")
+
+
+def torch_varlen_kernel():
+    """torch's flash-attention varlen function (`torch.nn.attention.varlen.varlen_attn`), or None where
+    this torch has none (before 2.10)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_fits(config, compute_dtype) -> str | None:
+    """Why torch's varlen kernel cannot run the attention of a model of `config` (a transformers text
+    config) under `compute_dtype` (the autocast dtype; None: fp32), or None where it can. The flash
+    kernel takes half-precision inputs and head sizes up to 256 in multiples of 8, and has no dropout
+    or soft-capping of its logits."""
+    if torch_varlen_kernel() is None:
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
+    if compute_dtype not in (torch.bfloat16, torch.float16):
+        return "its flash kernel computes in bf16 or fp16 only (precision.mode gives fp32)"
+    heads = getattr(config, "num_attention_heads", None)
+    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+    if not head_dim or head_dim % 8 or head_dim > 256:
+        return f"head size {head_dim}: its flash kernel takes multiples of 8 up to 256"
+    if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
+        return f"attention_dropout {config.attention_dropout} in the model's config: the kernel has no dropout"
+    if getattr(config, "attn_logit_softcapping", None):
+        return "its attention logits are soft-capped (attn_logit_softcapping), which the kernel does not do"
+    return None
+
+
+def _varlen(query, key, value, bounds, longest: int, *, scaling, dropout) -> tuple[torch.Tensor, None]:
+    """One flat row (query (1, heads, tokens, dim), key / value (1, kv heads, tokens, dim)) through
+    `torch_varlen_kernel`, causal within each record of `bounds` (cu_seq_lens, int32). Adapts to the
+    signatures torch has had: a causal flag (2.10) or a window (2.11 on), GQA asked for or not, a
+    scale or not. Returns transformers' (1, tokens, heads, dim)."""
+    if dropout:
+        raise RuntimeError(f"torch's varlen attention has no dropout (got {dropout}): tokens.torch_varlen needs "
+                           "attention_dropout 0")
+    kernel = torch_varlen_kernel()
+    params = inspect.signature(kernel).parameters
+    # Autocast does not cast a custom op's inputs (it does SDPA's): the projections and the rotary
+    # embedding may hand over different dtypes. Compute in the autocast dtype, as SDPA would.
+    device = query.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else value.dtype
+    q, k, v = (t[0].transpose(0, 1).to(dtype).contiguous() for t in (query, key, value))  # (tokens, heads, dim)
+    options = {}
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            options["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    if "window_size" in params:
+        options["window_size"] = (-1, 0)  # causal
+    else:
+        options["is_causal"] = True
+    if scaling is not None:
+        if "scale" in params:
+            options["scale"] = scaling
+        else:
+            q = q * (scaling * q.shape[-1] ** 0.5)  # the kernel's own scale is 1 / sqrt(dim)
+    out = kernel(q, k, v, bounds, bounds, longest, longest, **options)
+    return out.unsqueeze(0), None

@@ -34,6 +34,8 @@ that fills a row to the micro-batch's width (its own "record", which no loss
 reads); the records must not see each other. The attention path (`PATHS`):
   flat    flash-attention's varlen kernel: the whole micro-batch as one row,
           no padding at all, the records' boundaries given (cu_seq_lens);
+          also SDPA on a GPU with `tokens.torch_varlen`, through torch's own
+          varlen kernel, for the same models as `records` (`GPU_VARLEN`);
   records the same flat row for SDPA on a CPU, run record by record with its
           causal kernel (`pipeline.model.packed_attention`), for the models
           that can run without any mask (`CPU_SDPA`);
@@ -102,6 +104,10 @@ PATHS = {
 CPU_SDPA = ("records", "SDPA's causal kernel record by record (one flat row per micro-batch, no padding, no mask; "
                     "pipeline.model.packed_attention)")
 
+# The same flat row on a GPU through torch's own flash-attention varlen kernel (tokens.torch_varlen).
+GPU_VARLEN = ("flat", "torch's flash-attention varlen kernel (tokens.torch_varlen: one flat row per micro-batch, no "
+                      "padding, no mask; record boundaries given as cu_seq_lens; pipeline.model.packed_attention)")
+
 # The plan's padding report counts the run's first updates, at most this many.
 REPORT_UPDATES = 1000
 
@@ -145,7 +151,7 @@ def recurrent_layers(config) -> str | None:
 
 def decide(setting: str, *, implementation: str, model_type: str | None, vision_language: bool,
            device: str = "cuda", per_record: bool = False, where: str = "the model",
-           recurrent: str | None = None) -> Packing:
+           recurrent: str | None = None, varlen: bool = False, varlen_unfit: str | None = None) -> Packing:
     """`tokens.packing` resolved for a model (see the module docstring for where packing is exact).
 
     auto: packed where exact, padded elsewhere; on: packed, UserError where it
@@ -156,7 +162,10 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
     type of the training device; `per_record`: the model can attend record by
     record without a mask (`pipeline.model.packed_attention.runs_per_record`),
     which SDPA then does on a CPU (`CPU_SDPA`); `where` names the model in an error; `recurrent`:
-    its layers that carry state across tokens (`recurrent_layers`), which no mask keeps apart.
+    its layers that carry state across tokens (`recurrent_layers`), which no mask keeps apart;
+    `varlen`: `tokens.torch_varlen` is on, so SDPA on a GPU runs a model that attends record by record
+    through torch's varlen kernel (`GPU_VARLEN`), unless `varlen_unfit` says why it cannot
+    (`pipeline.model.packed_attention.varlen_fits`), which the rows' `why` then adds.
     """
     setting, implementation = str(setting), str(implementation)
     if setting == "off":
@@ -186,6 +195,11 @@ def decide(setting: str, *, implementation: str, model_type: str | None, vision_
         path += f"; model family {model_type!r} not checked for packing (tokens.packing=on)"
     elif implementation == "sdpa" and device == "cpu" and per_record:
         return Packing(*CPU_SDPA, per_record=True)
+    elif implementation == "sdpa" and varlen:
+        if per_record and not varlen_unfit:
+            return Packing(*GPU_VARLEN, per_record=True)
+        path += (f"; tokens.torch_varlen not used: "
+                 f"{varlen_unfit or 'the model does not attend record by record without a mask'}")
     return Packing(layout, path)
 
 

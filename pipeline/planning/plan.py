@@ -149,6 +149,8 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     caches are not there yet: the stage decides then."""
     from pipeline.data.cache import TokenCache
     from pipeline.data.vision import config_is_vision_language
+    import torch
+
     from pipeline.model import packed_attention
     from pipeline.planning.order import RunSampler
 
@@ -166,12 +168,15 @@ def packing_plan(cfg: train_config.TrainConfig, total_updates: int, *, world: in
     # The plan does not know which device the stages get (under SLURM it runs without their GPUs):
     # it says what each would do where they differ (SDPA: record by record on a CPU).
     # Each with the kernel `model.attn_implementation` resolves to there (auto: flash-attention on a GPU
-    # where the flash-attn package is importable here too).
+    # where the flash-attn package is importable here too). A GPU computes in half precision unless
+    # precision.mode is fp32 (bf16 or fp16: the same to torch's varlen kernel).
+    gpu_compute = torch.float32 if str(cfg.precision.mode) == "fp32" else torch.bfloat16
     gpu, cpu = (packing.decide(cfg.tokens.packing, implementation=memory.resolved_attention(cfg.model, device)
                                or "sdpa", model_type=config.model_type,
                                vision_language=config_is_vision_language(config), device=device,
                                per_record=packed_attention.runs_per_record(config, longest), where=cfg.model.path,
-                               recurrent=packing.recurrent_layers(config))
+                               recurrent=packing.recurrent_layers(config), varlen=cfg.tokens.torch_varlen,
+                               varlen_unfit=packed_attention.varlen_fits(config, gpu_compute))
                 for device in ("cuda", "cpu"))
     mix = mix_from_config(cfg.tokens.mix, counts, cfg.seed) if cfg.tokens.mix else None
     sampler = RunSampler(len(lengths), cfg.optim.global_batch, cfg.seed,

@@ -124,7 +124,7 @@ def run(args, cfg: train_config.TrainConfig, d: distributed.Dist) -> int:
     state = _restored(checkpointer, stage, source, resumed=resume is not None, seed=cfg.seed, rank=d.rank)
 
     # --- data, evaluation, reporting ------------------------------------------------
-    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model))
+    train_collator, val, packing = _collators(cfg, d, train_cache, hf_model(raw_model), precision.dtype)
     train = _train_batches(cfg, d, train_collator, micro, mix)
     _announce_packing(d, stage.name, packing, micro, train.capacity)
     monitor = Monitor(cfg, args.scratch, stage, total, is_main=d.is_main, resume_step=state.step, hooks=hooks,
@@ -327,12 +327,13 @@ def drawn_per_dataset(sampler, mix: Mix, steps: range) -> dict[str, int]:
 
 
 def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: TokenCache,
-               hf) -> tuple[Collator, Collator | None, Packing]:
+               hf, compute_dtype) -> tuple[Collator, Collator | None, Packing]:
     """Batch makers of the train and (if any) validation caches, and the training batches' packing
     (`pipeline.planning.packing.decide`, for the model as loaded: its family and the attention
     implementation it runs); a vision-language model's carry images. Validation batches are padded.
-    Where packing runs SDPA record by record (a CPU), switches the transformers model `hf` to it
-    (`pipeline.model.packed_attention`).
+    Where packing runs SDPA record by record (a CPU) or through torch's varlen kernel (a GPU,
+    `tokens.torch_varlen`, under the autocast `compute_dtype`), switches the transformers model `hf` to
+    it (`pipeline.model.packed_attention`).
 
     Several ranks must all run the vision tower in a forward or none may (FSDP
     gathers its shards in the forward, DDP waits for the gradients of a trained
@@ -347,7 +348,9 @@ def _collators(cfg: train_config.TrainConfig, d: distributed.Dist, train_cache: 
     packing = decide_packing(cfg.tokens.packing, implementation=hf.config._attn_implementation,
                              model_type=hf.config.model_type, vision_language=images is not None,
                              device=d.device.type, per_record=packed_attention.runs_per_record(hf.config, longest),
-                             where=cfg.model.path, recurrent=recurrent_layers(hf.config))
+                             where=cfg.model.path, recurrent=recurrent_layers(hf.config),
+                             varlen=cfg.tokens.torch_varlen,
+                             varlen_unfit=packed_attention.varlen_fits(hf.config, compute_dtype))
     if packing.per_record:
         packed_attention.use(hf)
     train = Collator(train_cache, pad_id, layout=packing.layout or "padded", images=images)

@@ -63,3 +63,50 @@ def test_compiled_decoder_layers_train_like_the_eager_ones(tiny, tmp_path):
         run.train("all", timeout=900)
         losses[compiled] = [r["loss"] for r in _rows(run.stage_dir("all"))]
     assert losses[True] == pytest.approx(losses[False], rel=2e-2)
+
+
+def test_torch_varlen_packs_on_the_gpu_and_a_chunked_run_equals_one_run(tiny_mixed, tmp_path):
+    """`tokens.torch_varlen` on CUDA: torch's flash-attention varlen kernel runs the packed micro-batches
+    (one flat row each), the plan and the stage say so, and with deterministic kernels a chunked run is
+    bitwise one run (records kept apart: tests/train/test_packing.py, with a written-out kernel on a CPU)."""
+    overrides = ["precision.mode=bf16", "deterministic=true", "tokens.torch_varlen=true"]
+    one = _chunked_equals_one_run(tiny_mixed, tmp_path, overrides)
+    packing = json.loads(one.plan.read_text())["packing"]
+    assert packing["layout"]["gpu"] == "flat" and "torch's flash-attention varlen kernel" in packing["why"]["gpu"]
+    # What the stage itself decided on this GPU (the plan only foresees it), in its own words.
+    short = make_run(tmp_path / "short", tiny_mixed, total=2, single_stage=True, overrides=overrides)
+    proc = short.train("all")
+    assert "packing: on, torch's flash-attention varlen kernel" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_torch_varlen_gives_each_record_its_padded_loss_on_the_gpu():
+    """The real kernel (bf16) against SDPA on the same records padded: equal within bf16's rounding."""
+    import torch
+    from kits import lm
+
+    from pipeline.data.cache import IGNORE_INDEX
+    from pipeline.model import packed_attention
+    from pipeline.model.batch import collate, collate_rows
+
+    assert packed_attention.varlen_fits(lm.model("llama", "sdpa").config, torch.bfloat16) is None
+    model = lm.model("llama", "sdpa").cuda()
+    g = torch.Generator().manual_seed(0)
+    cache = [(ids, torch.cat([torch.full((2,), IGNORE_INDEX), ids[2:]]))
+             for ids in (torch.randint(1, lm.VOCAB, (n,), generator=g) for n in (11, 7, 4, 9, 13, 3))]
+    rows, order = [[0, 2], [4], [1, 3, 5]], [0, 2, 4, 1, 3, 5]
+    counts = [len(cache[i][0]) - 3 for i in order]
+
+    def losses(batch):
+        inputs = {k: v.cuda() if torch.is_tensor(v) else v for k, v in batch.inputs.items()}
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            hidden = model.base_model(**inputs, use_cache=False).last_hidden_state
+            logits = model.get_output_embeddings()(hidden.flatten(0, 1)[batch.loss_index.cuda()]).float()
+        per_token = torch.nn.functional.cross_entropy(logits, batch.targets.cuda(), reduction="none")
+        return torch.stack([part.mean() for part in per_token.split(counts)])
+
+    padded = losses(collate(cache, order, 0))
+    packed_attention.use(model)
+    flat = losses(collate_rows(cache, rows, 0, "flat"))
+    assert (flat - padded).abs().max() < 2e-2, (flat, padded)
+    flat.sum().backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in model.parameters())

@@ -27,7 +27,7 @@ from pipeline.model import router, row_masks
 from pipeline.model.loss import MASK_FREE_FAMILIES, TokenLoss
 from pipeline.planning import packing
 from pipeline.planning.order import RunSampler
-from pipeline.planning.packing import PACKABLE_FAMILIES, best_fit_decreasing, decide, pack_update
+from pipeline.planning.packing import PACKABLE_FAMILIES, Packing, best_fit_decreasing, decide, pack_update
 
 
 # --- best-fit decreasing and the update's layout -------------------------------------------------
@@ -217,6 +217,92 @@ def test_each_record_attended_on_its_own_has_its_padded_loss(family):
     assert (without_mask - padded).abs().max() < 1e-6
 
 
+def _attend_each_sequence(query, key, value, bounds, *, causal: bool, scale: float | None, grouped: bool):
+    """What torch documents for `torch.nn.attention.varlen.varlen_attn`, written out: query (T, Hq, D),
+    key / value (T, Hkv, D); each sequence of `bounds` attends within itself; query head h reads K/V head
+    h // (Hq / Hkv) (GQA); softmax(q k^T x scale) v, scale 1 / sqrt(D) by default. Its kernel needs CUDA."""
+    heads, kv_heads, dim = query.shape[1], key.shape[1], query.shape[2]
+    assert kv_heads == heads or grouped, "different K/V heads without GQA asked for"
+    kv = torch.arange(heads) // (heads // kv_heads)
+    out = torch.empty_like(query)
+    for s, e in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        q, k, v = query[s:e].transpose(0, 1), key[s:e, kv].transpose(0, 1), value[s:e, kv].transpose(0, 1)
+        scores = q @ k.transpose(1, 2) * (dim ** -0.5 if scale is None else scale)
+        if causal:
+            scores = scores.masked_fill(torch.ones(e - s, e - s, dtype=torch.bool).triu(1), float("-inf"))
+        out[s:e] = (scores.softmax(-1) @ v).transpose(0, 1)
+    return out
+
+
+# The signatures torch's varlen_attn has had: 2.10 (a causal flag, no scale, no GQA) and 2.11 on.
+def _varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False, return_aux=None):
+    assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32 and max_q == max_k
+    assert max_q == int((cu_seq_q[1:] - cu_seq_q[:-1]).max())
+    return _attend_each_sequence(query, key, value, cu_seq_q, causal=is_causal, scale=None, grouped=False)
+
+
+def _varlen_2_13(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                 window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32 and max_q == max_k
+    assert tuple(window_size) in ((-1, -1), (-1, 0)), window_size
+    return _attend_each_sequence(query, key, value, cu_seq_q, causal=tuple(window_size) == (-1, 0), scale=scale,
+                                 grouped=enable_gqa)
+
+
+@pytest.mark.parametrize("kernel", [_varlen_2_10, _varlen_2_13], ids=["torch-2.10", "torch-2.13"])
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])  # grouped K/V heads; Gemma 3's own attention scale
+def test_torch_varlen_path_gives_each_record_its_padded_loss_and_gradients(family, kernel, monkeypatch):
+    """The GPU path of `tokens.torch_varlen` on a CPU: torch's varlen kernel has no CPU implementation, so
+    `packed_attention` is handed a written-out one of the same signature (either torch's), and the flat
+    row's per-record losses and gradients must be the padded batch's."""
+    monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: kernel)
+    model = _family(family, "sdpa", window=16)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    cache = _records()
+    rows = [[0, 2], [4], [1, 3, 5]]
+    order = [i for row in rows for i in row]
+    counts = [int((cache[i][1][1:] != IGNORE_INDEX).sum()) for i in order]
+    padded = _per_record_losses(model, collate(cache, order, 0), counts)
+    grads = torch.autograd.grad(padded.sum(), [p for p in model.parameters() if p.requires_grad])
+    packed_attention.use(model)
+    batch = collate_rows(cache, rows, 0, "flat")
+    assert batch.inputs["cu_seq_lens_q"].tolist() == [0, 11, 15, 28, 35, 44, 47]
+    flat = _per_record_losses(model, batch, counts)
+    flat_grads = torch.autograd.grad(flat.sum(), [p for p in model.parameters() if p.requires_grad])
+    assert (flat - padded).abs().max() < 1e-6, (flat - padded).abs().max()
+    assert max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(flat_grads, grads)) < 1e-5
+
+
+def test_torch_varlen_is_asked_for_and_says_where_it_does_not_fit(monkeypatch):
+    import transformers as tf
+
+    fits = packed_attention.varlen_fits
+    monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: _varlen_2_13)
+    llama = tf.LlamaConfig(hidden_size=64, num_attention_heads=4)  # head size 16
+    assert fits(llama, torch.bfloat16) is None and fits(llama, torch.float16) is None
+    assert "bf16 or fp16" in fits(llama, None) and "bf16 or fp16" in fits(llama, torch.float32)
+    assert "head size 12" in fits(tf.LlamaConfig(hidden_size=48, num_attention_heads=4), torch.bfloat16)
+    assert "head size 320" in fits(tf.LlamaConfig(hidden_size=640, num_attention_heads=2), torch.bfloat16)
+    assert "no dropout" in fits(tf.LlamaConfig(hidden_size=64, num_attention_heads=4, attention_dropout=0.1),
+                                torch.bfloat16)
+    assert "soft-capped" in fits(tf.Gemma2Config(), torch.bfloat16)
+    monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: None)
+    assert "torch >= 2.10" in fits(llama, torch.bfloat16)
+
+    common = dict(implementation="sdpa", model_type="llama", vision_language=False, per_record=True)
+    gpu = decide("auto", **common, device="cuda", varlen=True)
+    assert (gpu.layout, gpu.per_record, gpu.why) == ("flat", True, packing.GPU_VARLEN[1])
+    assert decide("auto", **common, device="cuda").layout == "rows"  # off: the default
+    assert decide("auto", **common, device="cpu", varlen=True).layout == "records"  # a CPU attends record by record
+    unfit = decide("on", **common, device="cuda", varlen=True, varlen_unfit="its flash kernel computes in bf16")
+    assert unfit.layout == "rows" and unfit.why.endswith("tokens.torch_varlen not used: its flash kernel computes "
+                                                         "in bf16") and not unfit.per_record
+    masked = decide("auto", **{**common, "per_record": False}, device="cuda", varlen=True)
+    assert masked.layout == "rows" and "does not attend record by record" in masked.why
+    flash = decide("auto", **{**common, "implementation": "flash_attention_2"}, device="cuda", varlen=True)
+    assert flash == Packing("flat", packing.PATHS["flash_attention_2"][1])  # flash-attn's own kernel
+
+
 @pytest.mark.parametrize("family", sorted(PACKABLE_FAMILIES & ROUTED))
 def test_a_mixture_of_experts_balances_the_real_tokens_of_packed_rows(family):
     """The load-balancing loss of a packed micro-batch is its padded batch's: both count the real tokens
@@ -285,6 +371,14 @@ def test_plan_prints_the_path_and_the_padding_before_and_after(tiny_mixed, tmp_p
             f"{report['padding_rows']:.1%} in packed rows, none in one flat row") in out
     make_run(tmp_path / "off", tiny_mixed, total=6, overrides=["tokens.packing=off"])
     assert "packing: off: tokens.packing=off" in capsys.readouterr().out
+    # tokens.torch_varlen: a GPU (bf16 there by default) would run one flat row through torch's varlen
+    # kernel, a CPU as before; asked for under fp32, the plan says why a GPU would not.
+    varlen = make_run(tmp_path / "varlen", tiny_mixed, total=6, overrides=["tokens.torch_varlen=true"])
+    out = capsys.readouterr().out
+    assert "packing: on, torch's flash-attention varlen kernel" in out and "on a CPU: SDPA's causal kernel" in out
+    assert json.loads(varlen.plan.read_text())["packing"]["layout"] == {"gpu": "flat", "cpu": "records"}
+    make_run(tmp_path / "fp32", tiny_mixed, total=6, overrides=["tokens.torch_varlen=true", "precision.mode=fp32"])
+    assert "tokens.torch_varlen not used: its flash kernel computes in bf16 or fp16 only" in capsys.readouterr().out
 
 
 def test_packing_changes_only_the_order_of_the_sums(tiny_mixed, tmp_path):
