@@ -35,6 +35,7 @@ attention dropout, no logit soft-capping); the kernel has no CPU implementation.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 
@@ -80,6 +81,8 @@ def use(model) -> None:
     cannot switch implementations (its family does not use transformers' attention interface)."""
     from transformers import AttentionInterface
 
+    global _KERNEL
+    _KERNEL = _Kernel.here() if torch_varlen_kernel() is not None else None
     AttentionInterface.register(NAME, attention)
     model.set_attn_implementation(NAME)
     if model.config._attn_implementation != NAME:
@@ -116,6 +119,23 @@ def varlen_fits(config, compute_dtype) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Kernel:
+    """`torch_varlen_kernel` and the names of its parameters, read once (`use`), not in every layer's
+    forward (which torch.compile would trace)."""
+
+    function: object
+    params: frozenset[str]
+
+    @classmethod
+    def here(cls) -> _Kernel:
+        function = torch_varlen_kernel()
+        return cls(function, frozenset(inspect.signature(function).parameters))
+
+
+_KERNEL: _Kernel | None = None  # set by `use` where this torch has the kernel
+
+
 def _varlen(query, key, value, bounds, longest: int, *, scaling, dropout) -> tuple[torch.Tensor, None]:
     """One flat row (query (1, heads, tokens, dim), key / value (1, kv heads, tokens, dim)) through
     `torch_varlen_kernel`, causal within each record of `bounds` (cu_seq_lens, int32). Adapts to the
@@ -124,8 +144,10 @@ def _varlen(query, key, value, bounds, longest: int, *, scaling, dropout) -> tup
     if dropout:
         raise RuntimeError(f"torch's varlen attention has no dropout (got {dropout}): tokens.torch_varlen needs "
                            "attention_dropout 0")
-    kernel = torch_varlen_kernel()
-    params = inspect.signature(kernel).parameters
+    global _KERNEL
+    if _KERNEL is None:
+        _KERNEL = _Kernel.here()
+    kernel, params = _KERNEL.function, _KERNEL.params
     # Autocast does not cast a custom op's inputs (it does SDPA's): the projections and the rotary
     # embedding may hand over different dtypes. Compute in the autocast dtype, as SDPA would.
     device = query.device.type

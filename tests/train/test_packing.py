@@ -256,6 +256,7 @@ def test_torch_varlen_path_gives_each_record_its_padded_loss_and_gradients(famil
     `packed_attention` is handed a written-out one of the same signature (either torch's), and the flat
     row's per-record losses and gradients must be the padded batch's."""
     monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: kernel)
+    monkeypatch.setattr(packed_attention, "_KERNEL", None)  # `use` reads the kernel's signature once
     model = _family(family, "sdpa", window=16)
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     cache = _records()
