@@ -144,9 +144,9 @@ def _varlen(query, key, value, bounds, longest: int, *, scaling, dropout) -> tup
     if dropout:
         raise RuntimeError(f"torch's varlen attention has no dropout (got {dropout}): tokens.torch_varlen needs "
                            "attention_dropout 0")
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _Kernel.here()
+    if _KERNEL is None:  # `use` found no kernel in this torch, or was not called
+        raise RuntimeError(f"a flat batch with cu_seq_lens reached {NAME}, but torch {torch.__version__} has no "
+                           "torch.nn.attention.varlen loaded by packed_attention.use (tokens.torch_varlen needs it)")
     kernel, params = _KERNEL.function, _KERNEL.params
     # Autocast does not cast a custom op's inputs (it does SDPA's): the projections and the rotary
     # embedding may hand over different dtypes. Compute in the autocast dtype, as SDPA would.

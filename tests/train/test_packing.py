@@ -274,6 +274,16 @@ def test_torch_varlen_path_gives_each_record_its_padded_loss_and_gradients(famil
     assert max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)) for a, b in zip(flat_grads, grads)) < 1e-5
 
 
+
+def test_a_flat_batch_without_torchs_varlen_kernel_stops_naming_the_setting(monkeypatch):
+    """A torch without `torch.nn.attention.varlen` (< 2.10) never gets a flat batch from the plan; one that
+    reaches the switched model anyway stops with the reason, not with a NoneType call deep in a layer."""
+    monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: None)
+    model = _family("llama", "sdpa", window=16)
+    packed_attention.use(model)
+    with pytest.raises(RuntimeError, match=r"no torch.nn.attention.varlen .*tokens.torch_varlen"):
+        model(**collate_rows(_records(), [[0, 2]], 0, "flat").inputs)
+
 def test_torch_varlen_is_asked_for_and_says_where_it_does_not_fit(monkeypatch):
     import transformers as tf
 
