@@ -38,7 +38,7 @@ _DIGEST = f"S{DIGEST_BYTES}"
 # Per-record arrays of a scan, and their dtypes.
 _ARRAYS = {"index": np.int64, "line": np.int64, "has_id": bool, "id_digest": _DIGEST, "sample": _DIGEST,
            "loose": _DIGEST, "images": np.int64, "length": np.int64, "flags": bool}
-CHAT_FLAG_COUNT = 4  # `tokenize.CHAT_COUNTS`
+CHAT_FLAG_COUNT = 5  # `tokenize.CHAT_COUNTS`
 
 
 @dataclass
@@ -86,6 +86,8 @@ class SplitFacts:
         meta["image_paths"] = {int(k): v for k, v in meta["image_paths"].items()}
         with np.load(path.with_suffix(".npz")) as arrays:
             meta["arrays"] = {k: arrays[k] for k in arrays.files}
+        flags = meta["arrays"]["flags"]  # a scan by an older version has fewer flags: the later checks found nothing
+        meta["arrays"]["flags"] = np.pad(flags, ((0, 0), (0, CHAT_FLAG_COUNT - flags.shape[1])))
         return cls(**meta)
 
 

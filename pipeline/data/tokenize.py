@@ -32,13 +32,15 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
-``reasoning_dropped_by_template``: records, see `encode_records`), and for a vision-language model
+``reasoning_dropped_by_template``, ``placeholders_trained``: records, see `encode_records` and
+`unfilled_placeholders`), and for a vision-language model
 ``images`` and ``dropped_image_cut``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,14 +109,30 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
 
 
 # Per-record facts of the training render that validation, tokenization and the label view count.
-CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template")
+CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template",
+               "placeholders_trained")
+# Code in a reply (a fenced block, an inline span): a template there is an answer, not a placeholder left open.
+_CODE = re.compile(r"(```|~~~).*?(?:\1|\Z)|`[^`\n]*`", re.DOTALL)
+# `{{name}}` / `{{ name }}` not written as part of LaTeX (`\frac{{a}}`, `x^{{n}}`) or a longer brace run.
+_PLACEHOLDER = re.compile(r"(?<![\w\\^_{])\{\{\s*([A-Za-z_]\w*)\s*\}\}(?!\})")
 
 
-def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool]:
+def unfilled_placeholders(rendered: Rendered) -> list[str]:
+    """The names of the `{{name}}` placeholders in the trained text of `rendered`, outside code: what a
+    dataset meant to be filled in before training (LLaMA-Factory's identity data: ``{{name}}``,
+    ``{{author}}``) and would teach the model to write as it stands."""
+    trained = "\n".join(rendered.text[lo:hi] for lo, hi in rendered.spans)
+    if "{{" not in trained:
+        return []
+    return list(dict.fromkeys(_PLACEHOLDER.findall(_CODE.sub(" ", trained))))
+
+
+def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool]:
     """One record's `CHAT_COUNTS`: every end-of-turn marker trained; reasoning in the data; any of it
-    not trained (the policy or the template dropped it); the template dropped some."""
+    not trained (the policy or the template dropped it); the template dropped some; an unfilled
+    placeholder trained (`unfilled_placeholders`)."""
     return (all(rendered.eot), rendered.reasoning > 0, rendered.reasoning_dropped > 0,
-            bool(rendered.dropped_by_template))
+            bool(rendered.dropped_by_template), bool(unfilled_placeholders(rendered)))
 
 
 def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None, *,
@@ -332,7 +350,7 @@ def split_stats(counters: dict, lengths: np.ndarray, *, source: str, max_length:
         "max_tokens_before_truncation": c["max_tokens_before_truncation"],
         **{key: c[key] for key in ("too_long", "truncated", "dropped", "dropped_unsupervised")},
         **({"dropped_image_cut": c["dropped_image_cut"]} if "dropped_image_cut" in c else {}),
-        **{key: c[key] for key in CHAT_COUNTS},
+        **{key: c.get(key, 0) for key in CHAT_COUNTS},  # a part by an older version lacks the later ones
     }
     if "images" in c:
         stats["images"] = c["images"]

@@ -35,6 +35,7 @@ _file_digest = functools.lru_cache(maxsize=1 << 16)(file_digest)
 _verdict = functools.lru_cache(maxsize=1 << 16)(check_image)
 REASONING_NOT_RENDERED = "reasoning_not_rendered"
 EOT_NOT_TRAINED = "eot_not_trained"
+PLACEHOLDERS_TRAINED = "placeholders_trained"
 
 
 @dataclass
@@ -272,10 +273,12 @@ def _reasoning_fix(template: str) -> str:
 
 def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) -> list[Problem]:
     """File-level warnings (one per kind, with the record count and the first record) for kept records whose
-    reasoning the template does not render, and those with an end-of-turn marker that is not trained."""
+    reasoning the template does not render, those with an end-of-turn marker that is not trained, and those
+    that train an unfilled `{{name}}` placeholder."""
     lengths, flags = recs.a["length"], recs.a["flags"]
     hits = {REASONING_NOT_RENDERED: flags[:, CHAT_COUNTS.index("reasoning_dropped_by_template")],
-            EOT_NOT_TRAINED: (lengths >= 0) & ~flags[:, CHAT_COUNTS.index("eot_trained")]}
+            EOT_NOT_TRAINED: (lengths >= 0) & ~flags[:, CHAT_COUNTS.index("eot_trained")],
+            PLACEHOLDERS_TRAINED: flags[:, CHAT_COUNTS.index(PLACEHOLDERS_TRAINED)]}
     found = []
     for reason, message in (
         (REASONING_NOT_RENDERED,
@@ -286,6 +289,10 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
          "template writes no token generation stops on right after the content, and another turn follows), so "
          "the model is not taught to stop there: "
          f"{suggest_builtin(template)}"),
+        (PLACEHOLDERS_TRAINED,
+         "{n} record(s) of {split} train on text holding a template placeholder left unfilled ({{{{name}}}} or "
+         "{{{{ name }}}} outside code), which the model learns to write as it stands: fill it in before training "
+         "(LLaMA-Factory's identity data asks for its {{{{name}}}} and {{{{author}}}} to be replaced)"),
     ):
         positions = np.flatnonzero(hits[reason] & kept)
         if positions.size:

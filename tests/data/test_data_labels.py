@@ -228,3 +228,51 @@ def test_held_out_prompts_are_counted_but_not_warned_about(tmp_path, tokenizer_d
     test = _reasoning_data(tmp_path / "test.jsonl")
     report = v.validate_dataset(train, test=test, tokenizer_dir=tok, max_length=128, too_long="error")
     assert report.warnings == [] and report.files["test"]["reasoning_dropped_by_template"] == 3
+
+
+EXTERNAL = Path(__file__).resolve().parent / "external"
+
+
+def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_path, tokenizer_dir, tokenizer,
+                                                                            capsys):
+    """LLaMA-Factory v1's SFT demo as it ships (tests/data/external/README.md) answers "I am {{name}}, an AI
+    assistant developed by {{author}}": placeholders its users are told to fill in. Trained as they stand, the
+    model learns to call itself {{name}}. Every one of its 12 records is counted and warned about, naming the
+    first; a placeholder in a prompt or an untrained turn, or in code (a fenced block, an inline span), and
+    LaTeX's double braces are not."""
+    from pipeline.data.tokenize import tokenize_file
+
+    def turn(role, text, **extra):
+        return {"role": role, "content": [{"type": "text", "value": text}], **extra}
+    not_placeholders = [
+        [turn("user", "Greet {{name}} for me."), turn("assistant", "Hello there!")],
+        [turn("user", "hi"), turn("assistant", "I am {{name}}.", loss_weight=0.0), turn("user", "ok"),
+         turn("assistant", "Fine.")],
+        [turn("user", "A Jinja loop?"), turn("assistant", "Like this:\n```jinja\n{% for u in users %}{{ u }}"
+                                                          "{% endfor %}\n```\nwhere `{{ u }}` prints each.")],
+        [turn("user", "Half of a over b?"), turn("assistant", "$\\frac{{a}}{{2b}}$, and x^{{n}} stays x^n; "
+                                                             "Handlebars' {{{raw}}} is not escaped.")],
+    ]
+    demo = (EXTERNAL / "v1_sft_demo_first12.jsonl").read_text()
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"messages": m}) + "\n" for m in not_placeholders) + demo)
+    assert v.main(["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", "256", "--too-long",
+                   "error", "--duplicates", "warn", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
+                   "--out-csv", str(tmp_path / "v.csv")]) == 0
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["ok"] and report["files"]["train"]["placeholders_trained"] == 12
+    [warning] = [w for w in report["warnings"] if w["reason"] == "placeholders_trained"]
+    assert warning["split"] == "train" and warning["message"].startswith(
+        "12 record(s) of train train on text holding a template placeholder left unfilled ({{name}} or {{ name }} "
+        "outside code), which the model learns to write as it stands: fill it in before training")
+    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 4 (line 5))")
+    out, err = capsys.readouterr()
+    assert f"warning: {warning['message']}" in err.splitlines() and "unfilled placeholders trained in 12" in out
+    assert warning["message"] in lv.chat_warnings(tmp_path / "v.json")  # the label page shows it too
+
+    stats = tokenize_file(train, tokenizer, out_path=tmp_path / "train.safetensors", max_length=256,
+                          too_long="error", fingerprint="-", split="train", duplicates="warn")
+    assert stats["placeholders_trained"] == 12  # tokenization counts what validation did
+
+    clean = v.validate_dataset(GOOD / "train.jsonl", tokenizer_dir=tokenizer_dir, max_length=256, too_long="error")
+    assert clean.warnings == [] and clean.files["train"]["placeholders_trained"] == 0
