@@ -197,6 +197,9 @@ class Rendered:
     supervised; `reasoning` / `reasoning_dropped` count its turns with
     reasoning in the data and those whose reasoning is not trained.
     `calls` holds where each tool call's name is in `text`, by call number.
+    `stop_inside` holds, per assistant turn, whether its content or reasoning
+    holds the text of a token generation stops on (the tokenizer reads it as
+    that token, and the model learns to stop there).
     """
 
     text: str
@@ -206,6 +209,7 @@ class Rendered:
     reasoning_dropped: int = 0
     dropped_by_template: bool = False
     calls: dict[int, tuple[int, int]] = field(default_factory=dict)
+    stop_inside: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -380,8 +384,9 @@ class ChatRender:
         if calls:
             tools.check_arguments(rendered, record, calls, template=self.name)
         if untrained:  # context, as the turns before it: found as trained turns are, then left out (one per turn)
-            rendered.spans, rendered.eot = ([x for k, x in enumerate(xs) if k not in untrained]
-                                            for xs in (rendered.spans, rendered.eot))
+            rendered.spans, rendered.eot, rendered.stop_inside = (
+                [x for k, x in enumerate(xs) if k not in untrained]
+                for xs in (rendered.spans, rendered.eot, rendered.stop_inside))
         return rendered
 
     def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, calls: dict[int, list[int]],
@@ -397,7 +402,7 @@ class ChatRender:
             extent[turn] = [min(first, lo), max(last, hi)]
         rule = self._probe("calls" if calls else "rule")
         ordered = sorted(extent.items(), key=lambda item: item[1][0])
-        spans, eot, bound = [], [], 0
+        spans, eot, stop_inside, bound = [], [], [], 0
         for n, (k, (first, last)) in enumerate(ordered):
             limit = ordered[n + 1][1][0] if n + 1 < len(ordered) else len(text)
             start, end = rule.start(text, bound, first), rule.end(text, last, limit, calls=k in calls)
@@ -408,12 +413,14 @@ class ChatRender:
                                 f"tool call {names[calls[k][-1]]!r}: choose a template that supports tools")
             spans.append((start, last if end is None else end))
             eot.append(end is not None)
+            stop_inside.append(any(stop in text[lo:hi] for stop in rule.stops
+                                   for piece in (("A", k), ("R", k)) if piece in where for lo, hi in [where[piece]]))
             bound = spans[-1][1]
         kept = sum(1 for kind, _ in where if kind == "R")
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)
         calls_at = {n: span for (kind, n), span in where.items() if kind == "C"}
         return Rendered(text, spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
-                        dropped_by_template=kept < offered, calls=calls_at)
+                        dropped_by_template=kept < offered, calls=calls_at, stop_inside=stop_inside)
 
 
 def _closed(text: str, last: int, rule: turns.TurnRule, tokenizer, *, calls: bool = False

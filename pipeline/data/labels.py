@@ -38,7 +38,7 @@ OPEN, CLOSE = "[[", "]]"  # the supervised marks of the plain-text view
 COLLAPSE = 8  # identical unsupervised special tokens in a row shown once, with their count
 _ANSI_SUPERVISED, _ANSI_SPECIAL, _ANSI_RESET = "\x1b[1;32m", "\x1b[4m", "\x1b[0m"
 # The warnings of validation.json that the label page repeats (validate.py's chat warnings).
-CHAT_WARNINGS = ("reasoning_not_rendered", "eot_not_trained", "placeholders_trained")
+CHAT_WARNINGS = ("reasoning_not_rendered", "eot_not_trained", "placeholders_trained", "stop_tokens_inside")
 
 
 @dataclass
@@ -188,7 +188,7 @@ def count_rows(cache: TokenCache, stats: dict, settings: dict) -> list[tuple[str
 
 def chat_warnings(validation: Path | None) -> list[str]:
     """The chat warnings of validation.json (reasoning the template drops, untrained end-of-turn, unfilled
-    placeholders trained)."""
+    placeholders trained, stop tokens inside replies)."""
     if validation is None or not validation.is_file():
         return []
     report = json.loads(validation.read_text())

@@ -32,8 +32,8 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
-``reasoning_dropped_by_template``, ``placeholders_trained``: records, see `encode_records` and
-`unfilled_placeholders`), and for a vision-language model
+``reasoning_dropped_by_template``, ``placeholders_trained``, ``stop_tokens_inside``: records, see
+`encode_records`, `unfilled_placeholders` and `chat.Rendered`), and for a vision-language model
 ``images`` and ``dropped_image_cut``.
 """
 
@@ -110,7 +110,7 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
 
 # Per-record facts of the training render that validation, tokenization and the label view count.
 CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template",
-               "placeholders_trained")
+               "placeholders_trained", "stop_tokens_inside")
 # Code in a reply (a fenced block, an inline span): a template there is an answer, not a placeholder left open.
 _CODE = re.compile(r"(```|~~~).*?(?:\1|\Z)|`[^`\n]*`", re.DOTALL)
 # `{{name}}` / `{{ name }}` not written as part of LaTeX (`\frac{{a}}`, `x^{{n}}`) or a longer brace run.
@@ -127,12 +127,12 @@ def unfilled_placeholders(rendered: Rendered) -> list[str]:
     return list(dict.fromkeys(_PLACEHOLDER.findall(_CODE.sub(" ", trained))))
 
 
-def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool]:
+def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool, bool]:
     """One record's `CHAT_COUNTS`: every end-of-turn marker trained; reasoning in the data; any of it
     not trained (the policy or the template dropped it); the template dropped some; an unfilled
-    placeholder trained (`unfilled_placeholders`)."""
+    placeholder trained (`unfilled_placeholders`); a stop token's text inside a trained turn's content."""
     return (all(rendered.eot), rendered.reasoning > 0, rendered.reasoning_dropped > 0,
-            bool(rendered.dropped_by_template), bool(unfilled_placeholders(rendered)))
+            bool(rendered.dropped_by_template), bool(unfilled_placeholders(rendered)), any(rendered.stop_inside))
 
 
 def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None, *,

@@ -26,12 +26,13 @@ What the chat template makes of the records is counted per split from the
 training render tokenization uses (``eot_trained``, ``eot_not_trained``,
 ``reasoning_records``, ``reasoning_dropped`` and its split into
 ``reasoning_dropped_by_policy`` / ``reasoning_dropped_by_template``, and
-``placeholders_trained``), and three things the user did not ask for are warned
-about (stderr and ``warnings``, one entry per split with its record count; the
-held-out test split is exempt): reasoning the template does not render
-(``reasoning_not_rendered``), assistant turns whose end-of-turn marker is not
-trained (``eot_not_trained``), and trained text that holds a ``{{name}}``
-placeholder left unfilled, outside code (``placeholders_trained``).
+``placeholders_trained``, ``stop_tokens_inside``), and four things the user did
+not ask for are warned about (stderr and ``warnings``, one entry per split with its
+record count; the held-out test split is exempt): reasoning the template does not
+render (``reasoning_not_rendered``), assistant turns whose end-of-turn marker is
+not trained (``eot_not_trained``), trained text that holds a ``{{name}}``
+placeholder left unfilled, outside code (``placeholders_trained``), and a trained
+reply that holds the text of a token generation stops on (``stop_tokens_inside``).
 
 Each file is streamed (`pipeline.data.scan`): its records are read and checked
 one at a time, a batch at a time, keeping per record its digests, token length
@@ -358,5 +359,7 @@ def _ok_line(name: str, stats: dict, args: argparse.Namespace) -> str:
         extra += f", end-of-turn not trained in {stats['eot_not_trained']}"
     if stats.get("placeholders_trained"):
         extra += f", unfilled placeholders trained in {stats['placeholders_trained']}"
+    if stats.get("stop_tokens_inside"):
+        extra += f", stop tokens inside replies in {stats['stop_tokens_inside']}"
     kind = describe_kind(stats["kind"])
     return f"{name}: {stats['records']} records ok ({stats['path']}, {kind}){extra}"

@@ -36,6 +36,7 @@ _verdict = functools.lru_cache(maxsize=1 << 16)(check_image)
 REASONING_NOT_RENDERED = "reasoning_not_rendered"
 EOT_NOT_TRAINED = "eot_not_trained"
 PLACEHOLDERS_TRAINED = "placeholders_trained"
+STOP_TOKENS_INSIDE = "stop_tokens_inside"
 
 
 @dataclass
@@ -273,12 +274,13 @@ def _reasoning_fix(template: str) -> str:
 
 def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) -> list[Problem]:
     """File-level warnings (one per kind, with the record count and the first record) for kept records whose
-    reasoning the template does not render, those with an end-of-turn marker that is not trained, and those
-    that train an unfilled `{{name}}` placeholder."""
+    reasoning the template does not render, those with an end-of-turn marker that is not trained, those
+    that train an unfilled `{{name}}` placeholder, and those whose trained reply holds a stop token's text."""
     lengths, flags = recs.a["length"], recs.a["flags"]
     hits = {REASONING_NOT_RENDERED: flags[:, CHAT_COUNTS.index("reasoning_dropped_by_template")],
             EOT_NOT_TRAINED: (lengths >= 0) & ~flags[:, CHAT_COUNTS.index("eot_trained")],
-            PLACEHOLDERS_TRAINED: flags[:, CHAT_COUNTS.index(PLACEHOLDERS_TRAINED)]}
+            PLACEHOLDERS_TRAINED: flags[:, CHAT_COUNTS.index(PLACEHOLDERS_TRAINED)],
+            STOP_TOKENS_INSIDE: flags[:, CHAT_COUNTS.index(STOP_TOKENS_INSIDE)]}
     found = []
     for reason, message in (
         (REASONING_NOT_RENDERED,
@@ -293,6 +295,10 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
          "{n} record(s) of {split} train on text holding a template placeholder left unfilled ({{{{name}}}} or "
          "{{{{ name }}}} outside code), which the model learns to write as it stands: fill it in before training "
          "(LLaMA-Factory's identity data asks for its {{{{name}}}} and {{{{author}}}} to be replaced)"),
+        (STOP_TOKENS_INSIDE,
+         "{n} record(s) of {split} have a trained reply whose text holds a token generation stops on (the "
+         "end-of-turn marker or the eos, written out in the data), which the tokenizer reads as that token: the "
+         "model learns to stop there, in mid-reply; remove it from the data"),
     ):
         positions = np.flatnonzero(hits[reason] & kept)
         if positions.size:

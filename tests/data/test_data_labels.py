@@ -276,3 +276,25 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
 
     clean = v.validate_dataset(GOOD / "train.jsonl", tokenizer_dir=tokenizer_dir, max_length=256, too_long="error")
     assert clean.warnings == [] and clean.files["train"]["placeholders_trained"] == 0
+
+
+def test_a_stop_token_inside_a_reply_is_counted_and_warned_about(tmp_path, tokenizer_dir, capsys):
+    """The demo template ends a turn with <|end|>: a reply that holds it as text is warned about, naming the
+    first such record, and counted; the other records are not."""
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"repeat: w{i}"},
+                                          {"role": "assistant", "content": f"w{i}" + ("<|end|> and more" if i % 2 else "")}]}
+            for i in range(6)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert v.main(["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", "128", "--too-long",
+                   "error", "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
+                   "--out-csv", str(tmp_path / "v.csv")]) == 0
+    report = json.loads((tmp_path / "v.json").read_text())
+    assert report["files"]["train"]["stop_tokens_inside"] == 3
+    [warning] = report["warnings"]
+    assert warning["reason"] == "stop_tokens_inside" and warning["message"].startswith(
+        "3 record(s) of train have a trained reply whose text holds a token generation stops on")
+    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 1 (line 2, id 'r1'))")
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"warning: {warning['message']}"] and "stop tokens inside replies in 3" in out
+    assert lv.chat_warnings(tmp_path / "v.json") == [warning["message"]]

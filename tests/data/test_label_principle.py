@@ -305,3 +305,26 @@ def test_gpt_oss_shipped_template_untrained_stops_and_dropped_analysis_point_at_
     messages = {w.reason: w.message for _, w in report.warnings}
     assert "set data.chat_template: gpt-oss (a built-in training template" in messages["eot_not_trained"]
     assert "set data.chat_template: gpt-oss to train it" in messages["reasoning_not_rendered"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_stop_token_written_out_in_a_trained_reply_is_flagged(name):
+    """A reply whose text holds the eos or end-of-turn marker (`Family.stops`: the model's generation_config),
+    written out as text (scraped chat logs, a copied transcript), is read by the tokenizer as that token, so the
+    model learns to stop in mid-reply: each shipped template's record is flagged, per stop token. The same
+    text in a prompt or in a turn the data leaves untrained (`"weight": 0`) is not trained and not flagged;
+    nor is a clean reply."""
+    from pipeline.data.tokenize import CHAT_COUNTS, sequence_lengths
+
+    family = chatkit.FAMILIES[name]
+    stops = sorted({family.eos, *family.stops} - {None})
+    assert stops, name
+    cases = [([_user("Say hi."), _assistant("Hi there.")], False)]
+    cases += [([_user("Say hi."), _assistant(f"Hi{stop} there.")], True) for stop in stops]
+    cases += [([_user(f"Say{stops[0]} hi."), _assistant("Hi there.")], False),
+              ([_user("Say hi."), _assistant(f"Hi{stops[0]}", weight=0), _user("Again."), _assistant("Hi.")], False)]
+    records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
+               for i, (messages, _) in enumerate(cases)]
+    lengths, errors, flags = sequence_lengths(chatkit.build_tokenizer(name), records)
+    assert not errors, errors
+    assert flags[:, CHAT_COUNTS.index("stop_tokens_inside")].tolist() == [flagged for _, flagged in cases]
