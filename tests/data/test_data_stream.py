@@ -105,8 +105,10 @@ def test_sample_digests_find_the_duplicates_formats_finds(tmp_path):
 
 
 def _tricky_splits(tmp_path: Path) -> dict[str, Path]:
-    """Duplicates, repeated ids, overlaps and over-long records, spread so that batches of 3 split them."""
+    """Duplicates, repeated ids, overlaps and over-long records, spread so that batches of 3 split them; a
+    placeholder and a stop token trained (the demo template's <|end|>), each warned about."""
     train = [sample(i) for i in range(10)]
+    train[5], train[8] = sample(5, answer="I am {{name}}."), sample(8, answer="w8<|end|>w8")
     train += [sample(1), dict(sample(2), id="t-dup"), sample(11, answer="x" * 300), sample(12, id="r4")]
     val = [sample(20), sample(3, id="v3"), sample(21), sample(22), dict(sample(7), id="v7"), sample(20)]
     test = [sample(30), sample(3, id="t3"), sample(21, id="t21"), sample(31)]
@@ -193,6 +195,8 @@ def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokeniz
     if duplicates != "drop":  # drop: they are neither problems nor warnings, only left out (below)
         assert copies and all(owner(p["index"]) != owner(int(p["message"].rsplit(" ", 1)[1])) for p in copies)
     assert {"duplicate_id", "split_overlap"} <= {p["reason"] for p in report["problems"]}
+    assert {w["reason"] for w in report["warnings"]} >= {"placeholders_trained", "stop_tokens_inside"}
+    assert (owner(5), owner(8)) == (1, 2)  # found by two shards, merged as one job finds them
     if duplicates == "drop":
         assert np.load(tmp_path / "one" / "drop.npy").tolist() == [10, 11]  # copies of 1 and 2: shards 3 and 0
         assert (owner(10), owner(1)) == (3, 0)
@@ -202,6 +206,16 @@ def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokeniz
         timed = json.loads((tmp_path / "out" / "shards.json").read_text())["shards"]
         assert [s["shard"] for s in timed] == [0, 1, 2, 3] and all(s["seconds"] >= 0 for s in timed)
 
+
+def test_a_shard_scanned_before_the_later_chat_flags_loads_with_them_unset(tmp_path):
+    """A shard's facts saved by a version that kept 4 chat flags (before `placeholders_trained` and
+    `stop_tokens_inside`), merged by this one: the flags it did not check read as not found."""
+    flags = np.array([[True, False, True, False], [False, True, False, True]])
+    scan.SplitFacts("train", "train.jsonl", "jsonl", arrays={"index": np.arange(2), "flags": flags}).save(
+        tmp_path / "shard.json")
+    loaded = scan.SplitFacts.load(tmp_path / "shard.json").arrays["flags"]
+    assert loaded.shape == (2, scan.CHAT_FLAG_COUNT) == (2, len(tk.CHAT_COUNTS))
+    assert np.array_equal(loaded[:, :4], flags) and not loaded[:, 4:].any()
 
 @pytest.mark.parametrize("duplicates", ["error", "drop"])
 def test_tokenization_caches_the_same_bytes_whatever_the_batch_size(tmp_path, tokenizer, monkeypatch, duplicates):
