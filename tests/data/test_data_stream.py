@@ -217,6 +217,19 @@ def test_a_shard_scanned_before_the_later_chat_flags_loads_with_them_unset(tmp_p
     assert loaded.shape == (2, scan.CHAT_FLAG_COUNT) == (2, len(tk.CHAT_COUNTS))
     assert np.array_equal(loaded[:, :4], flags) and not loaded[:, 4:].any()
 
+def test_tokenization_parts_counted_before_the_later_chat_flags_merge_with_them_at_zero(tmp_path, tokenizer):
+    """A tokenization part's counters written by a version without `placeholders_trained` and
+    `stop_tokens_inside` still make the split's stats."""
+    source = write_jsonl(tmp_path / "train.jsonl", [sample(i) for i in range(3)])
+    class Sink:  # the cache writer's place: only the counters matter here
+        def append(self, *arrays):
+            pass
+    encoder = tk.SplitEncoder(tokenizer, Sink(), max_length=64, too_long="error", source=str(source))
+    encoder.add(load_records(source))
+    old = {k: v for k, v in encoder.counters().items() if k not in ("placeholders_trained", "stop_tokens_inside")}
+    stats = tk.split_stats(old, np.concatenate(encoder.kept_lengths), source=str(source), max_length=64)
+    assert stats == encoder.finish()  # the 3 records have neither
+
 @pytest.mark.parametrize("duplicates", ["error", "drop"])
 def test_tokenization_caches_the_same_bytes_whatever_the_batch_size(tmp_path, tokenizer, monkeypatch, duplicates):
     records = [sample(i % 7, answer=("y" * (i % 7 * 13)) or None) for i in range(20)]  # 7 distinct, some truncated
