@@ -182,6 +182,8 @@ def count_rows(cache: TokenCache, stats: dict, settings: dict) -> list[tuple[str
         ("records with reasoning", str(stats.get("reasoning_records", 0))),
         ("records with reasoning not trained",
          f"{dropped} ({dropped - by_template} by data.reasoning=drop, {by_template} by the chat template)"),
+        ("records training an unfilled {{name}} placeholder", str(stats.get("placeholders_trained", 0))),
+        ("records with a stop token written inside a trained reply", str(stats.get("stop_tokens_inside", 0))),
     ]
     return rows
 

@@ -64,6 +64,8 @@ def test_label_view_marks_exactly_the_supervised_tokens(tokenized, tokenizer, to
         assert f"  records cut by max_length: {s['truncated']} (max_length 40, too_long=truncate)" in proc.stdout
         assert "  records with reasoning not trained: 0 (0 by data.reasoning=drop, 0 by the chat template)" \
             in proc.stdout
+        assert "  records training an unfilled {{name}} placeholder: 0" in proc.stdout
+        assert "  records with a stop token written inside a trained reply: 0" in proc.stdout
     assert stats["train"]["truncated"] > 0  # max_length 40 cuts the longer records: counted, and shown cut
 
 
@@ -273,6 +275,8 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
     stats = tokenize_file(train, tokenizer, out_path=tmp_path / "train.safetensors", max_length=256,
                           too_long="error", fingerprint="-", split="train", duplicates="warn")
     assert stats["placeholders_trained"] == 12  # tokenization counts what validation did
+    rows = dict(lv.count_rows(TokenCache(tmp_path / "train.safetensors"), stats, {}))
+    assert rows["records training an unfilled {{name}} placeholder"] == "12"
 
     clean = v.validate_dataset(GOOD / "train.jsonl", tokenizer_dir=tokenizer_dir, max_length=256, too_long="error")
     assert clean.warnings == [] and clean.files["train"]["placeholders_trained"] == 0
