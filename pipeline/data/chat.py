@@ -413,8 +413,8 @@ class ChatRender:
                                 f"tool call {names[calls[k][-1]]!r}: choose a template that supports tools")
             spans.append((start, last if end is None else end))
             eot.append(end is not None)
-            stop_inside.append(any(stop in text[lo:hi] for stop in rule.stops
-                                   for piece in (("A", k), ("R", k)) if piece in where for lo, hi in [where[piece]]))
+            written = [where[piece] for piece in (("A", k), ("R", k)) if piece in where]  # its answer, reasoning
+            stop_inside.append(any(stop in text[lo:hi] for lo, hi in written for stop in rule.stops))
             bound = spans[-1][1]
         kept = sum(1 for kind, _ in where if kind == "R")
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)

@@ -33,7 +33,7 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
 ``reasoning_dropped_by_template``, ``placeholders_trained``, ``stop_tokens_inside``: records, see
-`encode_records`, `unfilled_placeholders` and `chat.Rendered`), and for a vision-language model
+`encode_records`, `trains_a_placeholder` and `chat.Rendered`), and for a vision-language model
 ``images`` and ``dropped_image_cut``.
 """
 
@@ -117,22 +117,20 @@ _CODE = re.compile(r"(```|~~~).*?(?:\1|\Z)|`[^`\n]*`", re.DOTALL)
 _PLACEHOLDER = re.compile(r"(?<![\w\\^_{])\{\{\s*([A-Za-z_]\w*)\s*\}\}(?!\})")
 
 
-def unfilled_placeholders(rendered: Rendered) -> list[str]:
-    """The names of the `{{name}}` placeholders in the trained text of `rendered`, outside code: what a
-    dataset meant to be filled in before training (LLaMA-Factory's identity data: ``{{name}}``,
-    ``{{author}}``) and would teach the model to write as it stands."""
+def trains_a_placeholder(rendered: Rendered) -> bool:
+    """Whether the trained text of `rendered` holds a `{{name}}` placeholder outside code: what a dataset
+    meant to be filled in before training (LLaMA-Factory's identity data: ``{{name}}``, ``{{author}}``) and
+    would teach the model to write as it stands."""
     trained = "\n".join(rendered.text[lo:hi] for lo, hi in rendered.spans)
-    if "{{" not in trained:
-        return []
-    return list(dict.fromkeys(_PLACEHOLDER.findall(_CODE.sub(" ", trained))))
+    return "{{" in trained and _PLACEHOLDER.search(_CODE.sub(" ", trained)) is not None
 
 
 def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool, bool]:
     """One record's `CHAT_COUNTS`: every end-of-turn marker trained; reasoning in the data; any of it
     not trained (the policy or the template dropped it); the template dropped some; an unfilled
-    placeholder trained (`unfilled_placeholders`); a stop token's text inside a trained turn's content."""
+    placeholder trained (`trains_a_placeholder`); a stop token's text inside a trained turn's content."""
     return (all(rendered.eot), rendered.reasoning > 0, rendered.reasoning_dropped > 0,
-            bool(rendered.dropped_by_template), bool(unfilled_placeholders(rendered)), any(rendered.stop_inside))
+            bool(rendered.dropped_by_template), trains_a_placeholder(rendered), any(rendered.stop_inside))
 
 
 def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None, *,
