@@ -281,6 +281,12 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
     clean = v.validate_dataset(GOOD / "train.jsonl", tokenizer_dir=tokenizer_dir, max_length=256, too_long="error")
     assert clean.warnings == [] and clean.files["train"]["placeholders_trained"] == 0
 
+    # LLaMA-Factory's own identity.json (Alpaca), whole: 85 of its 91 answers.
+    identity = v.validate_dataset(EXTERNAL / "identity.json", tokenizer_dir=tokenizer_dir, max_length=512,
+                                  too_long="error", duplicates="warn")
+    assert identity.files["train"]["records"] == 91 and identity.files["train"]["placeholders_trained"] == 85
+    assert [w.reason for _, w in identity.warnings] == ["placeholders_trained"]
+
 
 def test_a_stop_token_inside_a_reply_is_counted_and_warned_about(tmp_path, tokenizer_dir, capsys):
     """The demo template ends a turn with <|end|>: a reply that holds it as text is warned about, naming the
