@@ -198,8 +198,8 @@ class Rendered:
     reasoning in the data and those whose reasoning is not trained.
     `calls` holds where each tool call's name is in `text`, by call number.
     `stop_inside` holds, per assistant turn, whether its content or reasoning
-    holds the text of a token generation stops on (the tokenizer reads it as
-    that token, and the model learns to stop there).
+    holds the text of a token generation stops on with text after it (the
+    tokenizer reads it as that token, and the model learns to stop there).
     """
 
     text: str
@@ -414,13 +414,22 @@ class ChatRender:
             spans.append((start, last if end is None else end))
             eot.append(end is not None)
             written = [where[piece] for piece in (("A", k), ("R", k)) if piece in where]  # its answer, reasoning
-            stop_inside.append(any(stop in text[lo:hi] for lo, hi in written for stop in rule.stops))
+            stop_inside.append(any(_stop_before_end(text[lo:hi], rule.stops) for lo, hi in written))
             bound = spans[-1][1]
         kept = sum(1 for kind, _ in where if kind == "R")
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)
         calls_at = {n: span for (kind, n), span in where.items() if kind == "C"}
         return Rendered(text, spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
                         dropped_by_template=kept < offered, calls=calls_at, stop_inside=stop_inside)
+
+
+def _stop_before_end(content: str, stops: tuple[str, ...]) -> bool:
+    """Whether `content` holds one of `stops` with text after it. Stops written at its very end (data that
+    appends the eos itself) only repeat the template's own and teach nothing new."""
+    body = content.rstrip()
+    while (end := next((stop for stop in stops if body.endswith(stop)), None)) is not None:
+        body = body[:-len(end)].rstrip()
+    return any(stop in body for stop in stops)
 
 
 def _closed(text: str, last: int, rule: turns.TurnRule, tokenizer, *, calls: bool = False

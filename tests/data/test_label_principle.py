@@ -313,7 +313,7 @@ def test_a_stop_token_written_out_in_a_trained_reply_is_flagged(name):
     written out as text (scraped chat logs, a copied transcript), is read by the tokenizer as that token, so the
     model learns to stop in mid-reply: each shipped template's record is flagged, per stop token. The same
     text in a prompt or in a turn the data leaves untrained (`"weight": 0`) is not trained and not flagged;
-    nor is a clean reply."""
+    nor is a clean reply, or one that ends with the stop tokens (data that appends them itself)."""
     from pipeline.data.tokenize import CHAT_COUNTS, sequence_lengths
 
     family = chatkit.FAMILIES[name]
@@ -322,6 +322,7 @@ def test_a_stop_token_written_out_in_a_trained_reply_is_flagged(name):
     cases = [([_user("Say hi."), _assistant("Hi there.")], False)]
     cases += [([_user("Say hi."), _assistant(f"Hi{stop} there.")], True) for stop in stops]
     cases += [([_user(f"Say{stops[0]} hi."), _assistant("Hi there.")], False),
+              ([_user("Say hi."), _assistant(f"Hi there.{''.join(stops)}\n")], False),  # appended: the template's again
               ([_user("Say hi."), _assistant(f"Hi{stops[0]}", weight=0), _user("Again."), _assistant("Hi.")], False)]
     records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
                for i, (messages, _) in enumerate(cases)]
