@@ -294,7 +294,8 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
         (PLACEHOLDERS_TRAINED,
          "{n} record(s) of {split} train on text holding a template placeholder left unfilled ({{{{name}}}} or "
          "{{{{ name }}}} outside code), which the model learns to write as it stands: fill it in before training "
-         "(LLaMA-Factory's identity data asks for its {{{{name}}}} and {{{{author}}}} to be replaced)"),
+         "(LLaMA-Factory's identity data asks for its {{{{name}}}} and {{{{author}}}} to be replaced); template "
+         "code meant as written is not counted inside a code fence or backticks"),
         (STOP_TOKENS_INSIDE,
          "{n} record(s) of {split} have a trained reply whose text holds a token generation stops on (the "
          "end-of-turn marker or the eos, written out in the data), which the tokenizer reads as that token: the "

@@ -267,7 +267,8 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
     assert warning["split"] == "train" and warning["message"].startswith(
         "12 record(s) of train train on text holding a template placeholder left unfilled ({{name}} or {{ name }} "
         "outside code), which the model learns to write as it stands: fill it in before training")
-    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 4 (line 5))")
+    assert warning["message"].endswith("template code meant as written is not counted inside a code fence or "
+                                       f"backticks (first: {train} (JSON Lines) record 4 (line 5))")
     out, err = capsys.readouterr()
     assert f"warning: {warning['message']}" in err.splitlines() and "unfilled placeholders trained in 12" in out
     assert warning["message"] in lv.chat_warnings(tmp_path / "v.json")  # the label page shows it too
