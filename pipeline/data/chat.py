@@ -200,6 +200,9 @@ class Rendered:
     `stop_inside` holds, per assistant turn, whether its content or reasoning
     holds the text of a token generation stops on with text after it (the
     tokenizer reads it as that token, and the model learns to stop there).
+    `marked_prompt`: a turn left as prompt (system, user, tool, an untrained
+    reply) holds one of the template's turn markers (`turns.TurnRule.turn_markers`):
+    text rendered with a chat template already, which the template renders again.
     """
 
     text: str
@@ -210,6 +213,7 @@ class Rendered:
     dropped_by_template: bool = False
     calls: dict[int, tuple[int, int]] = field(default_factory=dict)
     stop_inside: list[bool] = field(default_factory=list)
+    marked_prompt: bool = False
 
 
 @dataclass
@@ -387,6 +391,7 @@ class ChatRender:
             rendered.spans, rendered.eot, rendered.stop_inside = (
                 [x for k, x in enumerate(xs) if k not in untrained]
                 for xs in (rendered.spans, rendered.eot, rendered.stop_inside))
+        rendered.marked_prompt = _marks_a_prompt(record.messages, untrained, self._probe("rule").turn_markers)
         return rendered
 
     def _spans(self, pieces: list[str], parts: list[tuple[str, str]], in_data: int, calls: dict[int, list[int]],
@@ -421,6 +426,19 @@ class ChatRender:
         calls_at = {n: span for (kind, n), span in where.items() if kind == "C"}
         return Rendered(text, spans, eot, reasoning=in_data, reasoning_dropped=in_data - kept,
                         dropped_by_template=kept < offered, calls=calls_at, stop_inside=stop_inside)
+
+
+def _marks_a_prompt(messages: list[dict], untrained: set[int], markers: tuple[str, ...]) -> bool:
+    """Whether a turn left as prompt (not an assistant's, or one of the `untrained` assistant turns, by
+    number) holds one of `markers` in its text."""
+    prompts, k = [], 0
+    for message in messages:
+        if message["role"] == "assistant":
+            k += 1
+            if k - 1 not in untrained:
+                continue
+        prompts.append(message["content"])
+    return any(marker in content for content in prompts if isinstance(content, str) for marker in markers)
 
 
 def _stop_before_end(content: str, stops: tuple[str, ...]) -> bool:

@@ -38,7 +38,8 @@ OPEN, CLOSE = "[[", "]]"  # the supervised marks of the plain-text view
 COLLAPSE = 8  # identical unsupervised special tokens in a row shown once, with their count
 _ANSI_SUPERVISED, _ANSI_SPECIAL, _ANSI_RESET = "\x1b[1;32m", "\x1b[4m", "\x1b[0m"
 # The warnings of validation.json that the label page repeats (validate.py's chat warnings).
-CHAT_WARNINGS = ("reasoning_not_rendered", "eot_not_trained", "placeholders_trained", "stop_tokens_inside")
+CHAT_WARNINGS = ("reasoning_not_rendered", "eot_not_trained", "placeholders_trained", "stop_tokens_inside",
+                 "markers_in_prompts")
 
 
 @dataclass
@@ -184,13 +185,14 @@ def count_rows(cache: TokenCache, stats: dict, settings: dict) -> list[tuple[str
          f"{dropped} ({dropped - by_template} by data.reasoning=drop, {by_template} by the chat template)"),
         ("records training an unfilled {{name}} placeholder", str(stats.get("placeholders_trained", 0))),
         ("records with a stop token written inside a trained reply", str(stats.get("stop_tokens_inside", 0))),
+        ("records with the template's turn markers written in a prompt", str(stats.get("markers_in_prompts", 0))),
     ]
     return rows
 
 
 def chat_warnings(validation: Path | None) -> list[str]:
     """The chat warnings of validation.json (reasoning the template drops, untrained end-of-turn, unfilled
-    placeholders trained, stop tokens inside replies)."""
+    placeholders trained, stop tokens inside replies, turn markers in prompts)."""
     if validation is None or not validation.is_file():
         return []
     report = json.loads(validation.read_text())

@@ -33,7 +33,7 @@ from pipeline.storage import publish
 _SUMMED = ("records_in", "turns", "assistant_turns", "untrained_turns", "tokens", "supervised_tokens", "too_long",
            "truncated", "dropped", "dropped_unsupervised", "dropped_image_cut", "images", "eot_trained", "reasoning_records",
            "reasoning_dropped", "reasoning_dropped_by_template", "placeholders_trained",
-           "stop_tokens_inside")
+           "stop_tokens_inside", "markers_in_prompts")
 
 
 def part_info(part: str | Path) -> Path:

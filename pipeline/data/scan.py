@@ -38,7 +38,7 @@ _DIGEST = f"S{DIGEST_BYTES}"
 # Per-record arrays of a scan, and their dtypes.
 _ARRAYS = {"index": np.int64, "line": np.int64, "has_id": bool, "id_digest": _DIGEST, "sample": _DIGEST,
            "loose": _DIGEST, "images": np.int64, "length": np.int64, "flags": bool}
-CHAT_FLAG_COUNT = 6  # `tokenize.CHAT_COUNTS`
+CHAT_FLAG_COUNT = 7  # `tokenize.CHAT_COUNTS`
 
 
 @dataclass

@@ -32,8 +32,9 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 (p50 / p90 / p99 / max / mean, after truncation), ``max_tokens_before_truncation``,
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
-``reasoning_dropped_by_template``, ``placeholders_trained``, ``stop_tokens_inside``: records, see
-`encode_records`, `trains_a_placeholder` and `chat.Rendered`), and for a vision-language model
+``reasoning_dropped_by_template``, ``placeholders_trained``, ``stop_tokens_inside``,
+``markers_in_prompts``: records, see `encode_records`, `trains_a_placeholder` and
+`chat.Rendered`), and for a vision-language model
 ``images`` and ``dropped_image_cut``.
 """
 
@@ -110,7 +111,7 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
 
 # Per-record facts of the training render that validation, tokenization and the label view count.
 CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template",
-               "placeholders_trained", "stop_tokens_inside")
+               "placeholders_trained", "stop_tokens_inside", "markers_in_prompts")
 # Code in a reply (a fenced block, an inline span): a template there is an answer, not a placeholder left open.
 _CODE = re.compile(r"(```|~~~).*?(?:\1|\Z)|`[^`\n]*`", re.DOTALL)
 # `{{name}}` / `{{ name }}` not written as part of LaTeX (`\frac{{a}}`, `x^{{n}}`) or a longer brace run.
@@ -125,12 +126,14 @@ def trains_a_placeholder(rendered: Rendered) -> bool:
     return "{{" in trained and _PLACEHOLDER.search(_CODE.sub(" ", trained)) is not None
 
 
-def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool, bool]:
+def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool, bool, bool]:
     """One record's `CHAT_COUNTS`: every end-of-turn marker trained; reasoning in the data; any of it
     not trained (the policy or the template dropped it); the template dropped some; an unfilled
-    placeholder trained (`trains_a_placeholder`); a stop token's text inside a trained turn's content."""
+    placeholder trained (`trains_a_placeholder`); a stop token's text inside a trained turn's content;
+    the template's turn markers written in a prompt turn (`Rendered.marked_prompt`)."""
     return (all(rendered.eot), rendered.reasoning > 0, rendered.reasoning_dropped > 0,
-            bool(rendered.dropped_by_template), trains_a_placeholder(rendered), any(rendered.stop_inside))
+            bool(rendered.dropped_by_template), trains_a_placeholder(rendered), any(rendered.stop_inside),
+            rendered.marked_prompt)
 
 
 def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None, *,

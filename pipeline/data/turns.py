@@ -107,6 +107,13 @@ class TurnRule:
     def _header_tokens(self) -> list[tuple[int, str]]:
         return special_tokens(self.header, self.markers)
 
+    @cached_property
+    def turn_markers(self) -> tuple[str, ...]:
+        """The special tokens that close a turn and open the next (the header's, less a think block's tags,
+        and the stops): what text already rendered with this template holds."""
+        opened = (token for _, token in self._header_tokens if token not in ("<think>", "</think>"))
+        return tuple(dict.fromkeys((*opened, *self.stops)))
+
     def marker_at(self, text: str, i: int) -> str | None:
         """The special token that starts at `text[i]`, None if none does."""
         found = self._marker.match(text, i) if self._marker else None

@@ -26,13 +26,16 @@ What the chat template makes of the records is counted per split from the
 training render tokenization uses (``eot_trained``, ``eot_not_trained``,
 ``reasoning_records``, ``reasoning_dropped`` and its split into
 ``reasoning_dropped_by_policy`` / ``reasoning_dropped_by_template``, and
-``placeholders_trained``, ``stop_tokens_inside``), and four things the user did
-not ask for are warned about (stderr and ``warnings``, one entry per split with its
-record count; the held-out test split is exempt): reasoning the template does not
-render (``reasoning_not_rendered``), assistant turns whose end-of-turn marker is
-not trained (``eot_not_trained``), trained text that holds a ``{{name}}``
-placeholder left unfilled, outside code (``placeholders_trained``), and a trained
-reply that holds the text of a token generation stops on (``stop_tokens_inside``).
+``placeholders_trained``, ``stop_tokens_inside``, ``markers_in_prompts``), and
+five things the user did not ask for are warned about (stderr and ``warnings``, one
+entry per split with its record count; the held-out test split is exempt):
+reasoning the template does not render (``reasoning_not_rendered``), assistant
+turns whose end-of-turn marker is not trained (``eot_not_trained``), trained text
+that holds a ``{{name}}`` placeholder left unfilled, outside code
+(``placeholders_trained``), a trained reply that holds the text of a token
+generation stops on (``stop_tokens_inside``), and a prompt turn that holds the
+template's own turn markers, as data rendered with a chat template already does
+(``markers_in_prompts``).
 
 Each file is streamed (`pipeline.data.scan`): its records are read and checked
 one at a time, a batch at a time, keeping per record its digests, token length
@@ -361,5 +364,7 @@ def _ok_line(name: str, stats: dict, args: argparse.Namespace) -> str:
         extra += f", unfilled placeholders trained in {stats['placeholders_trained']}"
     if stats.get("stop_tokens_inside"):
         extra += f", stop tokens inside replies in {stats['stop_tokens_inside']}"
+    if stats.get("markers_in_prompts"):
+        extra += f", turn markers in prompts in {stats['markers_in_prompts']}"
     kind = describe_kind(stats["kind"])
     return f"{name}: {stats['records']} records ok ({stats['path']}, {kind}){extra}"

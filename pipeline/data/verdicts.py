@@ -37,6 +37,7 @@ REASONING_NOT_RENDERED = "reasoning_not_rendered"
 EOT_NOT_TRAINED = "eot_not_trained"
 PLACEHOLDERS_TRAINED = "placeholders_trained"
 STOP_TOKENS_INSIDE = "stop_tokens_inside"
+MARKERS_IN_PROMPTS = "markers_in_prompts"
 
 
 @dataclass
@@ -275,12 +276,14 @@ def _reasoning_fix(template: str) -> str:
 def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) -> list[Problem]:
     """File-level warnings (one per kind, with the record count and the first record) for kept records whose
     reasoning the template does not render, those with an end-of-turn marker that is not trained, those
-    that train an unfilled `{{name}}` placeholder, and those whose trained reply holds a stop token's text."""
+    that train an unfilled `{{name}}` placeholder, those whose trained reply holds a stop token's text, and
+    those with the template's turn markers written in a prompt turn (data rendered already)."""
     lengths, flags = recs.a["length"], recs.a["flags"]
     hits = {REASONING_NOT_RENDERED: flags[:, CHAT_COUNTS.index("reasoning_dropped_by_template")],
             EOT_NOT_TRAINED: (lengths >= 0) & ~flags[:, CHAT_COUNTS.index("eot_trained")],
             PLACEHOLDERS_TRAINED: flags[:, CHAT_COUNTS.index(PLACEHOLDERS_TRAINED)],
-            STOP_TOKENS_INSIDE: flags[:, CHAT_COUNTS.index(STOP_TOKENS_INSIDE)]}
+            STOP_TOKENS_INSIDE: flags[:, CHAT_COUNTS.index(STOP_TOKENS_INSIDE)],
+            MARKERS_IN_PROMPTS: flags[:, CHAT_COUNTS.index(MARKERS_IN_PROMPTS)]}
     found = []
     for reason, message in (
         (REASONING_NOT_RENDERED,
@@ -300,6 +303,12 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
          "{n} record(s) of {split} have a trained reply whose text holds a token generation stops on (the "
          "end-of-turn marker or the eos, written out in the data), which the tokenizer reads as that token: the "
          "model learns to stop there, in mid-reply; remove it from the data"),
+        (MARKERS_IN_PROMPTS,
+         "{n} record(s) of {split} have a turn left as prompt (system, user, tool, or a reply marked untrained) "
+         "whose text holds the chat template's own turn markers (its role header or end-of-turn tokens, written "
+         "out in the data), which the tokenizer reads as those tokens, so the model is shown turns the data does "
+         "not give as turns: the text looks rendered with a chat template already, and is rendered again; give "
+         "each turn's plain text, one message per turn"),
     ):
         positions = np.flatnonzero(hits[reason] & kept)
         if positions.size:

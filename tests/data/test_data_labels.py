@@ -235,6 +235,14 @@ def test_held_out_prompts_are_counted_but_not_warned_about(tmp_path, tokenizer_d
 EXTERNAL = Path(__file__).resolve().parent / "external"
 
 
+
+def _validated(train: Path, tokenizer_dir, out: Path, max_length: int = 128, duplicates: str = "error") -> dict:
+    """The validation.json of `train`, validated on the command line (which exits 0: no problem found)."""
+    assert v.main(["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", str(max_length),
+                   "--too-long", "error", "--duplicates", duplicates, "--reasoning", "auto",
+                   "--out-json", str(out / "v.json"), "--out-csv", str(out / "v.csv")]) == 0
+    return json.loads((out / "v.json").read_text())
+
 def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_path, tokenizer_dir, tokenizer,
                                                                             capsys):
     """LLaMA-Factory v1's SFT demo as it ships (tests/data/external/README.md) answers "I am {{name}}, an AI
@@ -258,10 +266,7 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
     demo = (EXTERNAL / "v1_sft_demo_first12.jsonl").read_text()
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"messages": m}) + "\n" for m in not_placeholders) + demo)
-    assert v.main(["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", "256", "--too-long",
-                   "error", "--duplicates", "warn", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
-                   "--out-csv", str(tmp_path / "v.csv")]) == 0
-    report = json.loads((tmp_path / "v.json").read_text())
+    report = _validated(train, tokenizer_dir, tmp_path, max_length=256, duplicates="warn")
     assert report["ok"] and report["files"]["train"]["placeholders_trained"] == 12
     [warning] = [w for w in report["warnings"] if w["reason"] == "placeholders_trained"]
     assert warning["split"] == "train" and warning["message"].startswith(
@@ -297,10 +302,7 @@ def test_a_stop_token_inside_a_reply_is_counted_and_warned_about(tmp_path, token
             for i in range(6)]
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert v.main(["--train", str(train), "--tokenizer", str(tokenizer_dir), "--max-length", "128", "--too-long",
-                   "error", "--duplicates", "error", "--reasoning", "auto", "--out-json", str(tmp_path / "v.json"),
-                   "--out-csv", str(tmp_path / "v.csv")]) == 0
-    report = json.loads((tmp_path / "v.json").read_text())
+    report = _validated(train, tokenizer_dir, tmp_path)
     assert report["files"]["train"]["stop_tokens_inside"] == 3
     [warning] = report["warnings"]
     assert warning["reason"] == "stop_tokens_inside" and warning["message"].startswith(
@@ -309,3 +311,37 @@ def test_a_stop_token_inside_a_reply_is_counted_and_warned_about(tmp_path, token
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"warning: {warning['message']}"] and "stop tokens inside replies in 3" in out
     assert lv.chat_warnings(tmp_path / "v.json") == [warning["message"]]
+
+
+def test_a_prompt_rendered_with_the_template_already_is_counted_and_warned_about(tmp_path, tokenizer, tokenizer_dir,
+                                                                                 capsys):
+    """Prompts written in the model's own chat format (SimpleRL-Zoo's published data puts
+    "<|im_start|>system\\n..." in a user turn) are rendered a second time: counted and warned about, naming the
+    first record; the prompt's plain text is not."""
+    from pipeline.data.tokenize import tokenize_file
+
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Think first."}, {"role": "user", "content": "2+2?"}],
+        tokenize=False, add_generation_prompt=True)
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": rendered if i in (2, 5) else "2+2?"},
+                                          {"role": "assistant", "content": f"4, said {i} times"}]}
+            for i in range(6)]
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = _validated(train, tokenizer_dir, tmp_path)
+    assert report["files"]["train"]["markers_in_prompts"] == 2 and report["files"]["train"]["stop_tokens_inside"] == 0
+    [warning] = report["warnings"]
+    assert warning["reason"] == "markers_in_prompts" and warning["message"].startswith(
+        "2 record(s) of train have a turn left as prompt (system, user, tool, or a reply marked untrained) whose "
+        "text holds the chat template's own turn markers")
+    assert "looks rendered with a chat template already" in warning["message"]
+    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 2 (line 3, id 'r2'))")
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"warning: {warning['message']}"] and "turn markers in prompts in 2" in out
+    assert lv.chat_warnings(tmp_path / "v.json") == [warning["message"]]
+
+    stats = tokenize_file(train, tokenizer, out_path=tmp_path / "train.safetensors", max_length=128,
+                          too_long="error", fingerprint="-", split="train", duplicates="error")
+    assert stats["markers_in_prompts"] == 2  # tokenization counts what validation did
+    rows = dict(lv.count_rows(TokenCache(tmp_path / "train.safetensors"), stats, {}))
+    assert rows["records with the template's turn markers written in a prompt"] == "2"

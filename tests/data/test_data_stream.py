@@ -106,9 +106,11 @@ def test_sample_digests_find_the_duplicates_formats_finds(tmp_path):
 
 def _tricky_splits(tmp_path: Path) -> dict[str, Path]:
     """Duplicates, repeated ids, overlaps and over-long records, spread so that batches of 3 split them; a
-    placeholder and a stop token trained (the demo template's <|end|>), each warned about."""
+    placeholder and a stop token trained (the demo template's <|end|>) and a turn marker in a prompt, each
+    warned about."""
     train = [sample(i) for i in range(10)]
     train[5], train[8] = sample(5, answer="I am {{name}}."), sample(8, answer="w8<|end|>w8")
+    train[6]["conversations"][0]["value"] += "<|end|>"
     train += [sample(1), dict(sample(2), id="t-dup"), sample(11, answer="x" * 300), sample(12, id="r4")]
     val = [sample(20), sample(3, id="v3"), sample(21), sample(22), dict(sample(7), id="v7"), sample(20)]
     test = [sample(30), sample(3, id="t3"), sample(21, id="t21"), sample(31)]
@@ -195,7 +197,8 @@ def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokeniz
     if duplicates != "drop":  # drop: they are neither problems nor warnings, only left out (below)
         assert copies and all(owner(p["index"]) != owner(int(p["message"].rsplit(" ", 1)[1])) for p in copies)
     assert {"duplicate_id", "split_overlap"} <= {p["reason"] for p in report["problems"]}
-    assert {w["reason"] for w in report["warnings"]} >= {"placeholders_trained", "stop_tokens_inside"}
+    assert {w["reason"] for w in report["warnings"]} >= {"placeholders_trained", "stop_tokens_inside",
+                                                        "markers_in_prompts"}
     assert (owner(5), owner(8)) == (1, 2)  # found by two shards, merged as one job finds them
     if duplicates == "drop":
         assert np.load(tmp_path / "one" / "drop.npy").tolist() == [10, 11]  # copies of 1 and 2: shards 3 and 0
@@ -208,8 +211,9 @@ def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokeniz
 
 
 def test_a_shard_scanned_before_the_later_chat_flags_loads_with_them_unset(tmp_path):
-    """A shard's facts saved by a version that kept 4 chat flags (before `placeholders_trained` and
-    `stop_tokens_inside`), merged by this one: the flags it did not check read as not found."""
+    """A shard's facts saved by a version that kept 4 chat flags (before `placeholders_trained`,
+    `stop_tokens_inside` and `markers_in_prompts`), merged by this one: the flags it did not check read as
+    not found."""
     flags = np.array([[True, False, True, False], [False, True, False, True]])
     scan.SplitFacts("train", "train.jsonl", "jsonl", arrays={"index": np.arange(2), "flags": flags}).save(
         tmp_path / "shard.json")
@@ -218,15 +222,15 @@ def test_a_shard_scanned_before_the_later_chat_flags_loads_with_them_unset(tmp_p
     assert np.array_equal(loaded[:, :4], flags) and not loaded[:, 4:].any()
 
 def test_tokenization_parts_counted_before_the_later_chat_flags_merge_with_them_at_zero(tmp_path, tokenizer):
-    """A tokenization part's counters written by a version without `placeholders_trained` and
-    `stop_tokens_inside` still make the split's stats."""
+    """A tokenization part's counters written by a version without `placeholders_trained`,
+    `stop_tokens_inside` and `markers_in_prompts` still make the split's stats."""
     source = write_jsonl(tmp_path / "train.jsonl", [sample(i) for i in range(3)])
     class Sink:  # the cache writer's place: only the counters matter here
         def append(self, *arrays):
             pass
     encoder = tk.SplitEncoder(tokenizer, Sink(), max_length=64, too_long="error", source=str(source))
     encoder.add(load_records(source))
-    old = {k: v for k, v in encoder.counters().items() if k not in ("placeholders_trained", "stop_tokens_inside")}
+    old = {k: v for k, v in encoder.counters().items() if k not in tk.CHAT_COUNTS[4:]}
     stats = tk.split_stats(old, np.concatenate(encoder.kept_lengths), source=str(source), max_length=64)
     assert stats == encoder.finish()  # the 3 records have neither
 

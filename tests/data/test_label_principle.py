@@ -329,3 +329,43 @@ def test_a_stop_token_written_out_in_a_trained_reply_is_flagged(name):
     lengths, errors, flags = sequence_lengths(chatkit.build_tokenizer(name), records)
     assert not errors, errors
     assert flags[:, CHAT_COUNTS.index("stop_tokens_inside")].tolist() == [flagged for _, flagged in cases]
+
+
+def _less_leading(text: str, tokens: set[str]) -> str:
+    """`text` less the `tokens` and whitespace it starts with."""
+    text = text.lstrip()
+    while (token := next((t for t in tokens if text.startswith(t)), None)) is not None:
+        text = text[len(token):].lstrip()
+    return text
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_prompt_holding_a_conversation_rendered_already_is_flagged(name):
+    """Data rendered with the chat template already (a transcript pasted into a user turn, a system prompt of
+    few-shot turns written in the model's format) is rendered again: the tokenizer reads its turn markers as
+    the tokens, so the model is shown turns the data does not give as turns. Each shipped template's own render
+    of a conversation, put in a user, system or untrained assistant turn, is flagged; a clean record, and the
+    same text in a trained reply (the stop-token check's, not this one's), are not. So is a prompt that ends
+    in the generation prompt's header written out (a reply prefilled by hand): what it writes after the stop
+    tokens (Qwen's <|im_start|>assistant, GPT-OSS's <|end|><|start|>assistant), where it writes more."""
+    from pipeline.data.tokenize import CHAT_COUNTS, sequence_lengths
+
+    tokenizer = chatkit.build_tokenizer(name)
+    rendered = tokenizer.apply_chat_template(PLAIN["single"], tokenize=False)
+    pasted = f"Go on from here:\n{rendered}"
+    header = tokenizer.apply_chat_template([_user("Say hi.")], tokenize=False, add_generation_prompt=True)
+    family = chatkit.FAMILIES[name]
+    opener = _less_leading(header.rpartition("Say hi.")[2], {family.eos, *family.stops} - {None})
+    cases = [([_user("Say hi."), _assistant("Hi there.")], False),
+             ([_user(pasted), _assistant("Hi there.")], True),
+             ([_user("Say hi."), _assistant("Hi."), _user(pasted), _assistant("Hi again.")], True),
+             ([_user("Say hi."), _assistant(pasted, weight=0), _user("Again."), _assistant("Hi.")], True),
+             ([_user("Say hi."), _assistant(pasted)], False),
+             ([_user(f"Say hi.\n{opener}"), _assistant("Hi there.")], bool(opener))]
+    if "System role not supported" not in tokenizer.chat_template:  # Gemma 2's raises on a system turn
+        cases.append(([{"role": "system", "content": pasted}, _user("Say hi."), _assistant("Hi there.")], True))
+    records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
+               for i, (messages, _) in enumerate(cases)]
+    lengths, errors, flags = sequence_lengths(tokenizer, records)
+    assert not errors, errors
+    assert flags[:, CHAT_COUNTS.index("markers_in_prompts")].tolist() == [flagged for _, flagged in cases]
