@@ -197,12 +197,13 @@ class Rendered:
     supervised; `reasoning` / `reasoning_dropped` count its turns with
     reasoning in the data and those whose reasoning is not trained.
     `calls` holds where each tool call's name is in `text`, by call number.
-    `stop_inside` holds, per assistant turn, whether its content or reasoning
-    holds the text of a token generation stops on with text after it (the
-    tokenizer reads it as that token, and the model learns to stop there).
-    `marked_prompt`: a turn left as prompt (system, user, tool, an untrained
-    reply) holds one of the template's turn markers (`turns.TurnRule.turn_markers`):
-    text rendered with a chat template already, which the template renders again.
+    `stop_inside` holds, per assistant turn, the text of a token generation
+    stops on that its content or reasoning holds with text after it ('' if
+    none: the tokenizer reads it as that token, and the model learns to stop
+    there). `marked_prompt`: the first of the template's turn markers
+    (`turns.TurnRule.turn_markers`) that a turn left as prompt (system, user,
+    tool, an untrained reply) holds, '' if none: text rendered with a chat
+    template already, which the template renders again.
     """
 
     text: str
@@ -212,8 +213,8 @@ class Rendered:
     reasoning_dropped: int = 0
     dropped_by_template: bool = False
     calls: dict[int, tuple[int, int]] = field(default_factory=dict)
-    stop_inside: list[bool] = field(default_factory=list)
-    marked_prompt: bool = False
+    stop_inside: list[str] = field(default_factory=list)
+    marked_prompt: str = ""
 
 
 @dataclass
@@ -419,7 +420,8 @@ class ChatRender:
             spans.append((start, last if end is None else end))
             eot.append(end is not None)
             written = [where[piece] for piece in (("A", k), ("R", k)) if piece in where]  # its answer, reasoning
-            stop_inside.append(any(_stop_before_end(text[lo:hi], rule.stops) for lo, hi in written))
+            found = (_stop_before_end(text[lo:hi], rule.stops) for lo, hi in written)
+            stop_inside.append(next(filter(None, found), ""))
             bound = spans[-1][1]
         kept = sum(1 for kind, _ in where if kind == "R")
         offered = sum(1 for r, _ in parts if r)  # reasoning given to the template (none under drop)
@@ -428,26 +430,33 @@ class ChatRender:
                         dropped_by_template=kept < offered, calls=calls_at, stop_inside=stop_inside)
 
 
-def _marks_a_prompt(messages: list[dict], untrained: set[int], markers: tuple[str, ...]) -> bool:
-    """Whether a turn left as prompt (not an assistant's, or one of the `untrained` assistant turns, by
-    number) holds one of `markers` in its text."""
+def _marks_a_prompt(messages: list[dict], untrained: set[int], markers: tuple[str, ...]) -> str:
+    """The first of `markers` written in a turn left as prompt (not an assistant's, or one of the `untrained`
+    assistant turns, by number), '' if none is."""
     prompts, k = [], 0
     for message in messages:
         if message["role"] == "assistant":
             k += 1
             if k - 1 not in untrained:
                 continue
-        prompts.append(message["content"])
-    return any(marker in content for content in prompts if isinstance(content, str) for marker in markers)
+        if isinstance(message["content"], str):
+            prompts.append(message["content"])
+    return next(filter(None, (_first_of(markers, text) for text in prompts)), "")
 
 
-def _stop_before_end(content: str, stops: tuple[str, ...]) -> bool:
-    """Whether `content` holds one of `stops` with text after it. Stops written at its very end (data that
-    appends the eos itself) only repeat the template's own and teach nothing new."""
+def _stop_before_end(content: str, stops: tuple[str, ...]) -> str:
+    """The first of `stops` written in `content` with text after it, '' if none. Stops written at its very
+    end (data that appends the eos itself) only repeat the template's own and teach nothing new."""
     body = content.rstrip()
     while (end := next((stop for stop in stops if body.endswith(stop)), None)) is not None:
         body = body[:-len(end)].rstrip()
-    return any(stop in body for stop in stops)
+    return _first_of(stops, body)
+
+
+def _first_of(tokens: tuple[str, ...], text: str) -> str:
+    """The one of `tokens` written first in `text` (the longer where two start there), '' if none is."""
+    at = [(i, -len(token), token) for token in tokens if (i := text.find(token)) >= 0]
+    return min(at)[2] if at else ""
 
 
 def _closed(text: str, last: int, rule: turns.TurnRule, tokenizer, *, calls: bool = False

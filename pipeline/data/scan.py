@@ -61,6 +61,9 @@ class SplitFacts:
     arrays: dict = field(default_factory=dict)
     template: str = ""  # the chat template the records were measured with ("" when none was)
     parts: list = field(default_factory=list)  # a dataset of several files: [first record, file] each
+    # per `tokenize.FOUND` count: {index: what it holds} of its first record, which a warning names (a record
+    # dropped as a duplicate never is the first: its earlier copy holds the same)
+    examples: dict = field(default_factory=dict)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
 
@@ -84,6 +87,7 @@ class SplitFacts:
         for key in ("parse", "checks", "measured"):
             meta[key] = [Problem(**p) for p in meta[key]]
         meta["image_paths"] = {int(k): v for k, v in meta["image_paths"].items()}
+        meta["examples"] = {k: {int(i): what for i, what in v.items()} for k, v in meta.get("examples", {}).items()}
         with np.load(path.with_suffix(".npz")) as arrays:
             meta["arrays"] = {k: arrays[k] for k in arrays.files}
         flags = meta["arrays"]["flags"]  # a scan by an older version has fewer flags: the later checks found nothing
@@ -93,8 +97,9 @@ class SplitFacts:
 
 def scan_split(path: str | Path, split: str, *, fields: FieldMap, measure, image_verdicts: dict, text_only: bool,
                max_length: int, too_long: str, shard: tuple[int, int] = (0, 1)) -> SplitFacts:
-    """Scan `path` as split `split` (`shard`: shard k of n, `pipeline.data.shards`). `measure`: records -> (lengths, {position:
-    error}, flags) (`verdicts.Measure`); `image_verdicts`: image path -> problem or None, filled as images are read."""
+    """Scan `path` as split `split` (`shard`: shard k of n, `pipeline.data.shards`). `measure`: records ->
+    (lengths, {position: error}, flags, {position: findings}) (`Measure`); `image_verdicts`: image path ->
+    problem or None, filled as images are read."""
     start, cpu = time.perf_counter(), time.process_time()
     pf, stream = stream_file(path, fields, owns=owns(*shard), fingerprint=False, finish=False)
     facts = SplitFacts(split, str(pf.path), pf.layout, *shard)
@@ -137,7 +142,10 @@ def _scan_batch(facts: SplitFacts, parts: dict, pf: ParsedFile, batch: list[Reco
     parts["images"].append(np.array([len(r.images) for r in batch], dtype=np.int64))
     if not batch:
         return
-    lengths, errors, flags = measure(batch)
+    lengths, errors, flags, found = measure(batch)
+    for i, findings in sorted(found.items()):
+        for name, what in findings.items():
+            facts.examples.setdefault(name, {batch[i].index: what})
     parts["length"].append(lengths)
     parts["flags"].append(flags)
     facts.measured += [_problem(pf, batch[i], "template_error", msg) for i, msg in errors.items()]
@@ -182,7 +190,7 @@ def _split_record_problems(pf: ParsedFile, batch: list[Record], split: str) -> l
 
 
 class Measure:
-    """Token lengths and chat flags of a batch, as tokenization will count them (`tokenize.sequence_lengths`); the
+    """Token lengths, chat flags and findings of a batch, as tokenization will count them (`tokenize.sequence_lengths`); the
     tokenizer is loaded at the first batch that has records, so a dataset with none never loads it.
 
     A vision-language model's records are measured with their image tokens
@@ -194,7 +202,7 @@ class Measure:
         self.loaded = False
         self.template = ""
 
-    def __call__(self, records: list[Record]) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+    def __call__(self, records: list[Record]) -> tuple[np.ndarray, dict[int, str], np.ndarray, dict[int, dict]]:
         from pipeline.data.tokenize import load_chat, sequence_lengths  # imports transformers: only when needed
 
         if not self.loaded:
@@ -203,13 +211,15 @@ class Measure:
             self.loaded = True
         usable = [i for i, r in enumerate(records) if self.images is None
                   or all(self.image_verdicts.get(p) is None for p in r.images)]
+        found: dict[int, dict] = {}
         measured, errors, measured_flags = sequence_lengths(self.tokenizer, [records[i] for i in usable],
-                                                            self.images, reasoning=self.reasoning)
+                                                            self.images, reasoning=self.reasoning, found=found)
         lengths = np.full(len(records), -1, dtype=np.int64)
         lengths[usable] = measured
         flags = np.zeros((len(records), CHAT_FLAG_COUNT), dtype=bool)
         flags[usable] = measured_flags
-        return lengths, {usable[i]: msg for i, msg in errors.items()}, flags
+        return (lengths, {usable[i]: msg for i, msg in errors.items()}, flags,
+                {usable[i]: findings for i, findings in found.items()})
 
 
 def add_job_arguments(parser, *, duplicates: bool) -> None:

@@ -33,7 +33,7 @@ Outputs: one cache per split (see `pipeline.data.cache`) and ``stats.json``:
 ``too_long``, ``truncated``, ``dropped``, ``dropped_unsupervised``, ``duplicates_dropped``, the chat
 counts `CHAT_COUNTS` (``eot_trained``, ``reasoning_records``, ``reasoning_dropped``,
 ``reasoning_dropped_by_template``, ``placeholders_trained``, ``stop_tokens_inside``,
-``markers_in_prompts``: records, see `encode_records`, `trains_a_placeholder` and
+``markers_in_prompts``: records, see `encode_records`, `chat_findings` and
 `chat.Rendered`), and for a vision-language model
 ``images`` and ``dropped_image_cut``.
 """
@@ -109,37 +109,48 @@ def tokenizer_fingerprint(tokenizer_dir: str | Path) -> str:
     return digest.hexdigest()
 
 
+# The chat counts a warning names the first finding of (`chat_findings`).
+FOUND = ("placeholders_trained", "stop_tokens_inside", "markers_in_prompts")
 # Per-record facts of the training render that validation, tokenization and the label view count.
-CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template",
-               "placeholders_trained", "stop_tokens_inside", "markers_in_prompts")
+CHAT_COUNTS = ("eot_trained", "reasoning_records", "reasoning_dropped", "reasoning_dropped_by_template", *FOUND)
 # Code in a reply (a fenced block, an inline span): a template there is an answer, not a placeholder left open.
 _CODE = re.compile(r"(```|~~~).*?(?:\1|\Z)|`[^`\n]*`", re.DOTALL)
 # `{{name}}` / `{{ name }}` not written as part of LaTeX (`\frac{{a}}`, `x^{{n}}`) or a longer brace run.
 _PLACEHOLDER = re.compile(r"(?<![\w\\^_{])\{\{\s*([A-Za-z_]\w*)\s*\}\}(?!\})")
 
 
-def trains_a_placeholder(rendered: Rendered) -> bool:
-    """Whether the trained text of `rendered` holds a `{{name}}` placeholder outside code: what a dataset
-    meant to be filled in before training (LLaMA-Factory's identity data: ``{{name}}``, ``{{author}}``) and
-    would teach the model to write as it stands."""
+def trained_placeholder(rendered: Rendered) -> str:
+    """The first `{{name}}` placeholder the trained text of `rendered` holds outside code ('' if none):
+    what a dataset meant to be filled in before training (LLaMA-Factory's identity data: ``{{name}}``,
+    ``{{author}}``) and would teach the model to write as it stands."""
     trained = "\n".join(rendered.text[lo:hi] for lo, hi in rendered.spans)
-    return "{{" in trained and _PLACEHOLDER.search(_CODE.sub(" ", trained)) is not None
+    found = _PLACEHOLDER.search(_CODE.sub(" ", trained)) if "{{" in trained else None
+    return found.group() if found else ""
 
 
-def chat_flags(rendered: Rendered) -> tuple[bool, bool, bool, bool, bool, bool, bool]:
+def chat_findings(rendered: Rendered) -> dict[str, str]:
+    """What one record holds, by the `FOUND` count it makes: the unfilled placeholder trained
+    (`trained_placeholder`), the stop token inside a trained reply (`Rendered.stop_inside`), the template's
+    turn marker in a prompt (`Rendered.marked_prompt`); the first of each kind, only those it holds."""
+    found = (trained_placeholder(rendered), next(filter(None, rendered.stop_inside), ""), rendered.marked_prompt)
+    return {name: what for name, what in zip(FOUND, found) if what}
+
+
+def chat_flags(rendered: Rendered) -> tuple[bool, ...]:
     """One record's `CHAT_COUNTS`: every end-of-turn marker trained; reasoning in the data; any of it
-    not trained (the policy or the template dropped it); the template dropped some; an unfilled
-    placeholder trained (`trains_a_placeholder`); a stop token's text inside a trained turn's content;
-    the template's turn markers written in a prompt turn (`Rendered.marked_prompt`)."""
+    not trained (the policy or the template dropped it); the template dropped some; then whether it makes
+    each `FOUND` count (`chat_findings`)."""
+    found = chat_findings(rendered)
     return (all(rendered.eot), rendered.reasoning > 0, rendered.reasoning_dropped > 0,
-            bool(rendered.dropped_by_template), trains_a_placeholder(rendered), any(rendered.stop_inside),
-            rendered.marked_prompt)
+            bool(rendered.dropped_by_template), *(name in found for name in FOUND))
 
 
 def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None = None, *,
-                     reasoning: str = "auto") -> tuple[np.ndarray, dict[int, str], np.ndarray]:
+                     reasoning: str = "auto", found: dict | None = None
+                     ) -> tuple[np.ndarray, dict[int, str], np.ndarray]:
     """(tokens in each record as trained (image tokens expanded), -1 where it fails; {position: error};
-    bool [records, len(CHAT_COUNTS)]: each record's `chat_flags`, all False where it fails).
+    bool [records, len(CHAT_COUNTS)]: each record's `chat_flags`, all False where it fails). `found`, if
+    given, gets {position: `chat_findings`} of the records that hold any.
 
     The flags come from the same training render the lengths do, so validation
     counts exactly what tokenization will.
@@ -157,6 +168,9 @@ def sequence_lengths(tokenizer, records: list[Record], images: ImageText | None 
             ids = _encode(tokenizer, [rendered[i].text for i in ok])["input_ids"]
             lengths[[start + i for i in ok]] = [len(x) for x in ids]
             flags[[start + i for i in ok]] = [chat_flags(rendered[i]) for i in ok]
+            if found is not None:
+                found.update({start + i: chat_findings(rendered[i]) for i in ok
+                              if flags[start + i, -len(FOUND):].any()})
     return lengths, errors, flags
 
 

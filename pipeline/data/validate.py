@@ -28,7 +28,8 @@ training render tokenization uses (``eot_trained``, ``eot_not_trained``,
 ``reasoning_dropped_by_policy`` / ``reasoning_dropped_by_template``, and
 ``placeholders_trained``, ``stop_tokens_inside``, ``markers_in_prompts``), and
 five things the user did not ask for are warned about (stderr and ``warnings``, one
-entry per split with its record count; the held-out test split is exempt):
+entry per split with its record count and first record, and for the last three what
+that record holds; the held-out test split is exempt):
 reasoning the template does not render (``reasoning_not_rendered``), assistant
 turns whose end-of-turn marker is not trained (``eot_not_trained``), trained text
 that holds a ``{{name}}`` placeholder left unfilled, outside code

@@ -73,6 +73,10 @@ class _Records:
         ids = [i for s in scans for i in s.ids]
         self.ids = [ids[j] for j in order]
         self.paths = {k: v for s in scans for k, v in s.image_paths.items()}
+        self.examples = {}  # count -> {record index: what it holds} (`SplitFacts.examples`)
+        for s in scans:
+            for name, found in s.examples.items():
+                self.examples.setdefault(name, {}).update(found)
         self.file, self.kind = readers.display_name(scans[0].path), scans[0].kind  # a hub pin: its URL
 
     def problem(self, position: int, reason: str, message: str, field_: str | None = None) -> Problem:
@@ -313,6 +317,8 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
         positions = np.flatnonzero(hits[reason] & kept)
         if positions.size:
             where = recs.problem(int(positions[0]), reason, "").where()
+            what = recs.examples.get(reason, {}).get(int(recs.a["index"][positions[0]]))
+            where += f", holding {what!r}" if what else ""
             found.append(Problem(recs.file, reason, message.format(n=positions.size, split=split) + f" (first: {where})",
                                  kind=recs.kind))
     return found

@@ -273,7 +273,7 @@ def test_unfilled_placeholders_in_trained_text_are_counted_and_warned_about(tmp_
         "12 record(s) of train train on text holding a template placeholder left unfilled ({{name}} or {{ name }} "
         "outside code), which the model learns to write as it stands: fill it in before training")
     assert warning["message"].endswith("template code meant as written is not counted inside a code fence or "
-                                       f"backticks (first: {train} (JSON Lines) record 4 (line 5))")
+                                       f"backticks (first: {train} (JSON Lines) record 4 (line 5), holding '{{{{name}}}}')")
     out, err = capsys.readouterr()
     assert f"warning: {warning['message']}" in err.splitlines() and "unfilled placeholders trained in 12" in out
     assert warning["message"] in lv.chat_warnings(tmp_path / "v.json")  # the label page shows it too
@@ -307,7 +307,7 @@ def test_a_stop_token_inside_a_reply_is_counted_and_warned_about(tmp_path, token
     [warning] = report["warnings"]
     assert warning["reason"] == "stop_tokens_inside" and warning["message"].startswith(
         "3 record(s) of train have a trained reply whose text holds a token generation stops on")
-    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 1 (line 2, id 'r1'))")
+    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 1 (line 2, id 'r1'), holding '<|end|>')")
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"warning: {warning['message']}"] and "stop tokens inside replies in 3" in out
     assert lv.chat_warnings(tmp_path / "v.json") == [warning["message"]]
@@ -335,7 +335,7 @@ def test_a_prompt_rendered_with_the_template_already_is_counted_and_warned_about
         "2 record(s) of train have a turn left as prompt (system, user, tool, or a reply marked untrained) whose "
         "text holds the chat template's own turn markers")
     assert "looks rendered with a chat template already" in warning["message"]
-    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 2 (line 3, id 'r2'))")
+    assert warning["message"].endswith(f"(first: {train} (JSON Lines) record 2 (line 3, id 'r2'), holding '<|end|>')")
     out, err = capsys.readouterr()
     assert err.splitlines() == [f"warning: {warning['message']}"] and "turn markers in prompts in 2" in out
     assert lv.chat_warnings(tmp_path / "v.json") == [warning["message"]]

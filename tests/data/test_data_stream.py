@@ -197,8 +197,9 @@ def test_four_shards_give_the_reports_and_the_cache_of_one_job(tmp_path, tokeniz
     if duplicates != "drop":  # drop: they are neither problems nor warnings, only left out (below)
         assert copies and all(owner(p["index"]) != owner(int(p["message"].rsplit(" ", 1)[1])) for p in copies)
     assert {"duplicate_id", "split_overlap"} <= {p["reason"] for p in report["problems"]}
-    assert {w["reason"] for w in report["warnings"]} >= {"placeholders_trained", "stop_tokens_inside",
-                                                        "markers_in_prompts"}
+    named = {w["reason"]: w["message"].rpartition(", holding ")[2] for w in report["warnings"]}
+    assert named["placeholders_trained"] == "'{{name}}')" and named["stop_tokens_inside"] == "'<|end|>')"
+    assert named["markers_in_prompts"] == "'<|end|>')"  # each found by one of the 4 shards, named as one job names it
     assert (owner(5), owner(8)) == (1, 2)  # found by two shards, merged as one job finds them
     if duplicates == "drop":
         assert np.load(tmp_path / "one" / "drop.npy").tolist() == [10, 11]  # copies of 1 and 2: shards 3 and 0
@@ -230,7 +231,7 @@ def test_tokenization_parts_counted_before_the_later_chat_flags_merge_with_them_
             pass
     encoder = tk.SplitEncoder(tokenizer, Sink(), max_length=64, too_long="error", source=str(source))
     encoder.add(load_records(source))
-    old = {k: v for k, v in encoder.counters().items() if k not in tk.CHAT_COUNTS[4:]}
+    old = {k: v for k, v in encoder.counters().items() if k not in tk.FOUND}
     stats = tk.split_stats(old, np.concatenate(encoder.kept_lengths), source=str(source), max_length=64)
     assert stats == encoder.finish()  # the 3 records have neither
 

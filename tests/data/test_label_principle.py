@@ -326,9 +326,11 @@ def test_a_stop_token_written_out_in_a_trained_reply_is_flagged(name):
               ([_user("Say hi."), _assistant(f"Hi{stops[0]}", weight=0), _user("Again."), _assistant("Hi.")], False)]
     records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
                for i, (messages, _) in enumerate(cases)]
-    lengths, errors, flags = sequence_lengths(chatkit.build_tokenizer(name), records)
+    found = {}
+    lengths, errors, flags = sequence_lengths(chatkit.build_tokenizer(name), records, found=found)
     assert not errors, errors
     assert flags[:, CHAT_COUNTS.index("stop_tokens_inside")].tolist() == [flagged for _, flagged in cases]
+    assert [found[1 + j]["stop_tokens_inside"] for j in range(len(stops))] == stops  # what the warning names
 
 
 def _less_leading(text: str, tokens: set[str]) -> str:
@@ -366,6 +368,11 @@ def test_a_prompt_holding_a_conversation_rendered_already_is_flagged(name):
         cases.append(([{"role": "system", "content": pasted}, _user("Say hi."), _assistant("Hi there.")], True))
     records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
                for i, (messages, _) in enumerate(cases)]
-    lengths, errors, flags = sequence_lengths(tokenizer, records)
+    found = {}
+    lengths, errors, flags = sequence_lengths(tokenizer, records, found=found)
     assert not errors, errors
     assert flags[:, CHAT_COUNTS.index("markers_in_prompts")].tolist() == [flagged for _, flagged in cases]
+    named = {i: f["markers_in_prompts"] for i, f in found.items() if "markers_in_prompts" in f}
+    assert all(what in tokenizer.all_special_tokens + [t.content for t in tokenizer.added_tokens_decoder.values()]
+               for what in named.values())  # what the warning names: a special token, as written
+    assert named[1] in pasted and (not opener or named[5] in opener)
