@@ -197,9 +197,9 @@ class Rendered:
     supervised; `reasoning` / `reasoning_dropped` count its turns with
     reasoning in the data and those whose reasoning is not trained.
     `calls` holds where each tool call's name is in `text`, by call number.
-    `stop_inside` holds, per assistant turn, the text of a token generation
-    stops on that its content or reasoning holds with text after it ('' if
-    none: the tokenizer reads it as that token, and the model learns to stop
+    `stop_inside` holds, per assistant turn, the first token generation stops
+    on that its content or reasoning writes out with text after it, '' if none
+    (the tokenizer reads it as that token, and the model learns to stop
     there). `marked_prompt`: the first of the template's turn markers
     (`turns.TurnRule.turn_markers`) that a turn left as prompt (system, user,
     tool, an untrained reply) holds, '' if none: text rendered with a chat
