@@ -252,6 +252,11 @@ def path_problems(config: dict) -> list[str]:
                             f"or a `datasets` save_to_disk dir ({' / '.join(SAVED_DATASET_FILES)})")
         elif not path.is_file() and not path.is_dir():
             problems.append(f"{key}: {value} is neither a dataset file nor a directory")
+    image_dirs = [("data.image_dir", data.get("image_dir"))]
+    if isinstance(data.get("train"), list):
+        image_dirs += [(f"data.train[{i}].image_dir", entry.get("image_dir")) for i, entry in enumerate(data["train"])]
+    problems += [f"{key}: {value} is not a directory (the one the data's relative image paths start from)"
+                 for key, value in image_dirs if value and not Path(value).expanduser().is_dir()]
     return problems + train_set_problems(data)
 
 
@@ -267,9 +272,10 @@ def _hub_data_problems(key: str, value: str) -> list[str]:
 
 
 def train_sets(data: Mapping) -> dict[str, dict] | None:
-    """data.train as several datasets (a list): name -> {path, weight, records, columns, roles}, in the
-    config's order; None for one dataset (a path). A dataset's columns / roles are data.columns /
-    data.roles with its own on top. Its name defaults to `default_name(path)`."""
+    """data.train as several datasets (a list): name -> {path, weight, records, columns, roles, image_dir}, in
+    the config's order; None for one dataset (a path). A dataset's columns / roles are data.columns /
+    data.roles with its own on top, its image_dir its own else data.image_dir. Its name defaults to
+    `default_name(path)`."""
     entries = data.get("train")
     if not isinstance(entries, list):
         return None
@@ -279,6 +285,7 @@ def train_sets(data: Mapping) -> dict[str, dict] | None:
             "path": entry["path"], "weight": entry.get("weight"), "records": entry.get("records"),
             "columns": {**(data.get("columns") or {}), **(entry.get("columns") or {})},
             "roles": {**(data.get("roles") or {}), **(entry.get("roles") or {})},
+            "image_dir": entry.get("image_dir") or data.get("image_dir"),
         }
     return out
 

@@ -89,6 +89,13 @@ def test_paths_name_the_key_that_holds_them(tmp_path):
                                                       {"path": str(tmp_path / "saved")},
                                                       {"path": str(tmp_path / "gone.parquet")}]}}
     assert path_problems(listed) == [f"data.train[2].path: {tmp_path / 'gone.parquet'} does not exist"]
+    # where relative image paths start: a directory, the run's or a training dataset's own
+    listed["data"].update(image_dir=str(tmp_path / "coco"), train=listed["data"]["train"][:2])
+    listed["data"]["train"][1]["image_dir"] = str(tmp_path / "train.jsonl")
+    assert path_problems(listed) == [
+        f"data.image_dir: {tmp_path / 'coco'} is not a directory (the one the data's relative image paths start from)",
+        f"data.train[1].image_dir: {tmp_path / 'train.jsonl'} is not a directory (the one the data's relative image "
+        "paths start from)"]
     assert path_problems({"model": "meta-llama/Llama-3.2-1B", "data": {"train": "embedded"}}) == []  # a hub id
     # a glob: the files it matches (which of them are data, validation says)
     globbed = {"model": "embedded", "data": {"train": str(tmp_path / "tr*.jsonl"), "val": str(tmp_path / "v*.jsonl")}}
@@ -134,8 +141,8 @@ def test_a_bad_command_line_value_stays_an_error_that_names_config():
 
     config, command_line = _from_command_line({"schedule": "{total_updates: many}", "data": "{max_lenght: 3}"})
     assert schema_problems(config, SCHEMA, command_line) == [
-        "data.max_lenght: unknown key (known here: chat_template, chat_template_kwargs, columns, duplicates, max_length, "
-        "reasoning, roles, shard_mb, test, too_long, train, val) (from --config)",
+        "data.max_lenght: unknown key (known here: chat_template, chat_template_kwargs, columns, duplicates, image_dir, "
+        "max_length, reasoning, roles, shard_mb, test, too_long, train, val) (from --config)",
         "schedule.total_updates: 'many' is not of type 'integer' (from --config)"]
     assert sources([], command_line) == "config/config.yaml, --config data schedule"
     config = _config()
@@ -154,8 +161,10 @@ def test_several_training_datasets_get_names_and_their_own_fields(tmp_path):
     sets = train_sets(data)
     assert list(sets) == ["chat", "saved.v2", "domain"]  # a file's name without its extension; a dir's whole
     assert sets["chat"] == {"path": "data/chat.jsonl", "weight": 0.7, "records": None,
-                            "columns": {"prompt": "question"}, "roles": {}}
+                            "columns": {"prompt": "question"}, "roles": {}, "image_dir": None}
     assert sets["saved.v2"]["columns"] == {"prompt": "question", "completion": "answer"}
+    data["image_dir"], data["train"][2]["image_dir"] = "images", "domain/images"  # the run's, one's own on top
+    assert [s["image_dir"] for s in train_sets(data).values()] == ["images", "images", "domain/images"]
     assert train_sets({"train": "data/train.jsonl"}) is None  # one file: the single-dataset rules
     # a glob's name: its file name up to the first glob character, else its folder's
     globbed = train_sets({"train": [{"path": "data/train-*.parquet"}, {"path": "web/shards/**/*.jsonl.gz"},

@@ -40,7 +40,7 @@ SPLITS = ("train", "val", "test")
 @dataclass
 class TrainSet:
     """One training dataset: its name (a directory and a wildcard value), file, share of the mix, key and role
-    names, and shards."""
+    names, and the directory its relative image paths start from (None: its file's)."""
 
     name: str
     path: str
@@ -48,6 +48,7 @@ class TrainSet:
     records: int | None
     columns: dict
     roles: dict
+    image_dir: str | None = None
 
 
 class RunData:
@@ -65,7 +66,7 @@ class RunData:
         for name, entry in entries.items():
             path = self._pinned(resolve(entry["path"], "train"), f"train/{name}")
             self.sets[name] = TrainSet(name, path, entry["weight"], entry["records"], entry["columns"],
-                                       entry["roles"])
+                                       entry["roles"], entry["image_dir"])
         self.mixed = isinstance(data["train"], list)  # several datasets (or a list of one): tokens.mix
         self.notes: list[str] = []  # how `resolve` read a path (a folder of several splits: the key's)
         self.held_out = {split: self._pinned(resolve(data[split], split), split) for split in ("val", "test")}
@@ -84,8 +85,8 @@ class RunData:
         return key if key in self.hub else None
 
     def fetch_flags(self, key: str) -> str:
-        """`fetch_data`'s ``--split`` (for a URL naming a whole repo) and ``--columns`` / ``--roles`` for the dataset
-        of `key` (it reads the records' image paths): a training dataset's own, else data.columns / data.roles."""
+        """`fetch_data`'s ``--split`` (for a URL naming a whole repo) and the field flags (`field_flags`) for the
+        dataset of `key` (it reads the records' image paths): a training dataset's own, else the data settings'."""
         name = key.removeprefix("train/") if key.startswith("train/") else None
         return f"--split {split_of_key(key)} {self.field_flags(name)}".strip()
 
@@ -99,7 +100,7 @@ class RunData:
 
     def flags(self, dataset: str | None = None, *, duplicates: bool = True) -> str:
         """The data settings every data command takes (``--max-length --too-long --reasoning [--duplicates]``
-        and the dataset's ``--columns`` / ``--roles``): one place, for every rule."""
+        and the dataset's `field_flags`): one place, for every rule."""
         d = self.data
         text = f"--max-length {d['max_length']} --too-long {d['too_long']} --reasoning {d['reasoning']}"
         if duplicates:
@@ -107,12 +108,15 @@ class RunData:
         return f"{text} {self.field_flags(dataset)}".strip()
 
     def field_flags(self, dataset: str | None = None) -> str:
-        """`--columns ours=theirs,... --roles theirs=ours,...`: data.columns / data.roles, or a training dataset's
-        own on top of them; nothing when empty."""
+        """`--columns ours=theirs,... --roles theirs=ours,... --image-dir DIR`: data.columns / data.roles /
+        data.image_dir, or a training dataset's own on top of them; nothing for what is not set."""
         fields = self.sets[dataset].__dict__ if dataset is not None else self.data
         pairs = lambda mapping: ",".join(f"{k}={v}" for k, v in mapping.items())
-        return " ".join(f"{flag} {shlex.quote(pairs(fields[key]))}" for flag, key in
-                        (("--columns", "columns"), ("--roles", "roles")) if fields[key])
+        flags = [f"{flag} {shlex.quote(pairs(fields[key]))}" for flag, key in
+                 (("--columns", "columns"), ("--roles", "roles")) if fields[key]]
+        if fields.get("image_dir"):
+            flags.append(f"--image-dir {shlex.quote(str(fields['image_dir']))}")
+        return " ".join(flags)
 
     def held_out_inputs(self) -> dict[str, object]:
         """The val and test files, by split (those the config has)."""

@@ -131,7 +131,7 @@ def stream_file(path: str | Path, fields: FieldMap | None = None, *, owns: Calla
 def _scan(parsed: ParsedFile, kind: str, fields: FieldMap, owns, finish: bool) -> Iterator[Record]:
     """The clean records of `parsed.path` (those `owns` keeps); its problems and counts go to `parsed` on the way."""
     path, name = parsed.path, parsed.name
-    base_dir = readers.base_dir(path)
+    base_dir = fields.image_dir or readers.base_dir(path)
     state = parsed.state = FileState()
     cells = base_kind(kind) in ("csv", "tsv")
     for index, (line, raw) in enumerate(readers.read_raw(path, kind, state.faults, owns, parsed.parts)):

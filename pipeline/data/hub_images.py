@@ -21,7 +21,7 @@ from pathlib import Path
 from pipeline.data import columnar, hub_splits, readers
 from pipeline.data.formats import stream_file
 from pipeline.data.kinds import is_columnar
-from pipeline.data.shapes import FieldMap, add_arguments, field_map
+from pipeline.data.shapes import FieldMap, add_arguments, fields_of
 from pipeline.storage import hub_data
 from pipeline.storage.hub import download, offline
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     hub_data.write_pin(args.url, args.out, choose=hub_splits.choose(args.split))
     if offline():
         return 0
-    wanted, still = fetch_images(args.out, field_map(args.columns, args.roles))
+    wanted, still = fetch_images(args.out, fields_of(args))
     if wanted:
         print(f"{args.url}: {wanted - still} of {wanted} image file(s) its records name fetched beside the data"
               + (f"; {still} not in the repo at that commit (validation names each)" if still else ""))

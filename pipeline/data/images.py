@@ -106,18 +106,20 @@ _HUB_SNAPSHOT = re.compile(r"/datasets--(?P<org>[^/]+?)--(?P<name>[^/]+)/snapsho
 
 
 def _not_fetched(path: str) -> str:
-    """What to do about a missing image inside a hub dataset's cache snapshot (the records of a
-    hf://datasets/... URL name it beside the data, and it was not fetched: offline, or not in the repo); ''
-    elsewhere."""
+    """What to do about a missing image: inside a hub dataset's cache snapshot (the records of a
+    hf://datasets/... URL name it beside the data, and it was not fetched: offline, or not in the repo), how to
+    get it; elsewhere, where the data's relative paths start."""
     found = _HUB_SNAPSHOT.search(path.replace(os.sep, "/"))
     if found is None:
-        return ""
+        return (" (the data's relative image paths start from the dataset file's directory, or from "
+                "data.image_dir where it is set)")
     repo, folder = f"{found['org']}/{found['name']}", os.path.dirname(found["path"])
     include = f"{folder}/*" if folder else found["path"]
     return (f" (a file of the hub dataset {repo} at commit {found['commit'][:12]} that the cache lacks: fetch_data "
             "downloads the images the records name when it runs online, so it ran offline or the repo has no such "
             f"file. Fetch the images with `hf download {repo} --repo-type dataset --revision {found['commit']} "
-            f"--include '{include}'` into the same cache, or give the data with the images embedded)")
+            f"--include '{include}'` into the same cache, give the data with the images embedded, or, where the "
+            "images are elsewhere, set data.image_dir to their directory)")
 
 
 def open_rgb(path: str):

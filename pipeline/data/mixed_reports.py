@@ -71,8 +71,9 @@ def merge_validation(reports: dict[str, dict]) -> dict:
         "problems": problems,
         "warnings": [row for name, r in reports.items() for row in _renamed(r.get("warnings", []), name)]
                     + held_out("warnings"),
-        "datasets": {name: {"path": r.get("settings", {}).get(TRAIN), "columns": r.get("settings", {}).get("columns"),
-                            "roles": r.get("settings", {}).get("roles")} for name, r in reports.items()},
+        "datasets": {name: {"path": r.get("settings", {}).get(TRAIN),
+                            **{key: r.get("settings", {}).get(key) for key in ("columns", "roles", "image_dir")}}
+                     for name, r in reports.items()},
     }
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from pipeline.data.cache import CacheWriter, TokenCache
 from pipeline.data.formats import format_problems
 from pipeline.data.readers import fingerprint as file_fingerprint
-from pipeline.data.shapes import field_map
+from pipeline.data.shapes import fields_of
 from pipeline.data.scan import add_job_arguments
 from pipeline.data.shards import interleave, owns
 from pipeline.data.tokenize import encode_file, load_chat, split_stats, tokenizer_fingerprint
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer_fingerprint(args.tokenizer)  # a tokenizer dir without tokenizer files fails here, as tokenize does
     info = tokenize_shard(args.train, tokenizer, out_path=args.out, shard=args.shard, max_length=args.max_length,
                           too_long=args.too_long, duplicates=args.duplicates, images=images, reasoning=args.reasoning,
-                          fields=field_map(args.columns, args.roles), drop=read_drop(args.drop))
+                          fields=fields_of(args), drop=read_drop(args.drop))
     k, n = args.shard
     print(f"train shard {k}/{n}: {info['kept']} records, {info['counters']['tokens']} tokens in "
           f"{info['seconds']:.1f} s ({info['cpu_seconds']:.1f} s CPU) -> {args.out}")

@@ -29,7 +29,7 @@ import numpy as np
 
 from pipeline.data.formats import FileState, ParsedFile, Problem, Record, stream_file
 from pipeline.data.images import check_image
-from pipeline.data.shapes import FieldMap, field_map
+from pipeline.data.shapes import FieldMap, fields_of
 from pipeline.data.shards import owns, parse_shard
 from pipeline.data.stream import DIGEST_BYTES, batched, digest, loose_digest, sample_digest
 
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     verdicts: dict = {}
     text_only = args.tokenizer.is_dir() and not is_vision_language(args.tokenizer)
-    facts = scan_split(args.train, "train", fields=field_map(args.columns, args.roles),
+    facts = scan_split(args.train, "train", fields=fields_of(args),
                        measure=Measure(args.tokenizer, args.reasoning, verdicts), image_verdicts=verdicts,
                        text_only=text_only, max_length=args.max_length, too_long=args.too_long, shard=args.shard)
     facts.save(args.out)

@@ -34,20 +34,23 @@ with keys of several shapes is read as the first (a dataset that keeps a
 ``text`` rendering beside its ``messages`` is read from its messages), except
 ``messages`` and ``conversations`` together, which is ambiguous.
 
-`FieldMap` is the ``data.columns`` / ``data.roles`` settings: a dataset's own key
-for any of ours (``{prompt: question, completion: answer}``; ``role`` /
-``content`` name the keys inside a turn) and its own role names
-(``{customer: user, agent: assistant}``). Problems name the dataset's keys, not ours.
+`FieldMap` is the ``data.columns`` / ``data.roles`` / ``data.image_dir`` settings: a
+dataset's own key for any of ours (``{prompt: question, completion: answer}``;
+``role`` / ``content`` name the keys inside a turn), its own role names
+(``{customer: user, agent: assistant}``), and the directory its relative image
+paths start from (default: the dataset file's). Problems name the dataset's keys, not ours.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from pipeline.errors import UserError
 
 COLUMNS_SETTING = "data.columns"
 ROLES_SETTING = "data.roles"
+IMAGE_DIR_SETTING = "data.image_dir"
 
 # Shape -> (the keys that say a record has it, how messages name it).
 SHAPES = {
@@ -98,10 +101,12 @@ def detect(record: dict) -> str | None:
 
 @dataclass(frozen=True)
 class FieldMap:
-    """Our key -> the dataset's (`columns`), the dataset's role name (lowercase) -> ours (`roles`)."""
+    """Our key -> the dataset's (`columns`), the dataset's role name (lowercase) -> ours (`roles`), and where
+    relative image paths start (`image_dir`, absolute; None: the dataset file's directory)."""
 
     columns: dict[str, str] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
+    image_dir: str | None = None
 
     def __post_init__(self):
         problems = [f"{COLUMNS_SETTING}: {ours!r} is not one of ours ({', '.join(OUR_COLUMNS)})"
@@ -141,6 +146,8 @@ class FieldMap:
             args += ["--columns", ",".join(f"{k}={v}" for k, v in self.columns.items())]
         if self.roles:
             args += ["--roles", ",".join(f"{k}={v}" for k, v in self.roles.items())]
+        if self.image_dir:
+            args += ["--image-dir", self.image_dir]
         return args
 
 
@@ -157,14 +164,28 @@ def parse_pairs(text: str | None, setting: str) -> dict[str, str]:
     return out
 
 
-def field_map(columns: str | None = None, roles: str | None = None) -> FieldMap:
-    """The `FieldMap` of the ``--columns`` / ``--roles`` flags."""
-    return FieldMap(parse_pairs(columns, COLUMNS_SETTING), parse_pairs(roles, ROLES_SETTING))
+def field_map(columns: str | None = None, roles: str | None = None, image_dir: str | None = None) -> FieldMap:
+    """The `FieldMap` of the ``--columns`` / ``--roles`` / ``--image-dir`` flags; `UserError` naming the
+    setting for an image dir that is not a directory."""
+    if image_dir:
+        if not os.path.isdir(os.path.expanduser(image_dir)):
+            raise UserError(f"{IMAGE_DIR_SETTING}: {image_dir} is not a directory (the one the data's relative "
+                            "image paths start from)")
+        image_dir = os.path.abspath(os.path.expanduser(image_dir))
+    return FieldMap(parse_pairs(columns, COLUMNS_SETTING), parse_pairs(roles, ROLES_SETTING), image_dir or None)
+
+
+def fields_of(args) -> FieldMap:
+    """The `FieldMap` of a command's parsed `add_arguments` flags."""
+    return field_map(args.columns, args.roles, args.image_dir)
 
 
 def add_arguments(parser) -> None:
-    """``--columns`` / ``--roles`` for every command that reads dataset files."""
+    """``--columns`` / ``--roles`` / ``--image-dir`` for every command that reads dataset files."""
     parser.add_argument("--columns", default=None, metavar="OURS=THEIRS,...",
                         help=f"the dataset's keys for ours ({COLUMNS_SETTING}), e.g. prompt=question,completion=answer")
     parser.add_argument("--roles", default=None, metavar="THEIRS=ROLE,...",
                         help=f"the dataset's role names ({ROLES_SETTING}), e.g. customer=user,agent=assistant")
+    parser.add_argument("--image-dir", default=None, metavar="DIR",
+                        help=f"where the data's relative image paths start ({IMAGE_DIR_SETTING}; default: the "
+                             "dataset file's directory)")

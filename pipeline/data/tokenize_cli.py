@@ -17,7 +17,7 @@ from pathlib import Path
 from pipeline.data.chat import REASONING_POLICIES
 from pipeline.data.formats import DUPLICATE_POLICIES
 from pipeline.data.parts import merge_parts, read_drop
-from pipeline.data.shapes import add_arguments as add_field_arguments, field_map
+from pipeline.data.shapes import add_arguments as add_field_arguments, fields_of
 from pipeline.data.tokenize import (TOO_LONG_POLICIES, chat_counts_text, load_chat, tokenize_file,
                                     tokenizer_fingerprint)
 from pipeline.errors import UserError
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--val needs --out-val")
     if (args.train is None) != (args.out_train is None) or (args.train is None and args.val is None):
         raise UserError("give --train with --out-train, or --val with --out-val, or both")
-    fields = field_map(args.columns, args.roles)
+    fields = fields_of(args)
     tokenizer, images = load_chat(args.tokenizer)
     fingerprint = tokenizer_fingerprint(args.tokenizer)
     splits = {"train": (args.train, args.out_train)} if args.train is not None else {}

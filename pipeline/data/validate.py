@@ -71,7 +71,7 @@ from pipeline.data.formats import DUPLICATE_POLICIES, Problem
 from pipeline.data.records import locate
 from pipeline.data.kinds import describe_kind
 from pipeline.data.scan import Measure, SplitFacts, scan_split
-from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, field_map
+from pipeline.data.shapes import FieldMap, add_arguments as add_field_arguments, fields_of
 from pipeline.data.tokenize import TOO_LONG_POLICIES
 from pipeline.data.verdicts import merge_split, overlap_notes
 from pipeline.data.vision import is_vision_language
@@ -177,7 +177,7 @@ def validate_dataset(
     paths = {name: p for name, p in zip(SPLITS, (train, val, test)) if p is not None}
     report = ValidationReport(settings={
         "tokenizer": str(tokenizer_dir), "max_length": max_length, "too_long": too_long, "duplicates": duplicates,
-        "reasoning": reasoning, "columns": fields.columns, "roles": fields.roles,
+        "reasoning": reasoning, "columns": fields.columns, "roles": fields.roles, "image_dir": fields.image_dir,
         **{name: str(p) for name, p in paths.items()},
     })
     image_verdicts: dict[str, tuple[str, str] | None] = {}  # an image shared by many records is read once
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                         "files themselves; give it a directory of its own")
     report = validate_dataset(args.train, val=args.val, test=args.test, tokenizer_dir=args.tokenizer,
                               max_length=args.max_length, too_long=args.too_long, duplicates=args.duplicates,
-                              reasoning=args.reasoning, fields=field_map(args.columns, args.roles),
+                              reasoning=args.reasoning, fields=fields_of(args),
                               train_scans=args.scans)
     write_report(report, args.out_json, args.out_csv)
     if args.out_drop is not None:

@@ -21,7 +21,7 @@ def add_held_out_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, required=True, help="greedy decoding budget per prompt")
     from pipeline.data.shapes import add_arguments
 
-    add_arguments(ap)  # --columns / --roles: the held-out file's own key and role names
+    add_arguments(ap)  # --columns / --roles / --image-dir: how the held-out file's records are read
 
 
 @dataclass(frozen=True)
@@ -33,19 +33,17 @@ class HeldOut:
     images: list[str]
 
 
-def held_out_examples(path: Path | None, limit: int | None, columns: str | None = None,
-                      roles: str | None = None) -> list[HeldOut]:
-    """The first `limit` records of a held-out file, each split into prompt and reference answer.
-
-    `columns` / `roles`: the ``--columns`` / ``--roles`` values (`pipeline.data.shapes.field_map`).
-    """
+def held_out_examples(path: Path | None, limit: int | None, args: argparse.Namespace | None = None) -> list[HeldOut]:
+    """The first `limit` records of a held-out file, each split into prompt and reference answer, read as
+    `args`'s ``--columns`` / ``--roles`` / ``--image-dir`` say (`add_held_out_args`; None: as they are)."""
     if path is None:
         return []
     from pipeline.data.formats import load_records, prompt_and_reference
-    from pipeline.data.shapes import field_map
+    from pipeline.data.shapes import fields_of
 
     # Images sit in user turns only (validation), so all of a record's images are in its prompt.
-    examples = [HeldOut(*prompt_and_reference(r), list(r.images)) for r in load_records(path, field_map(columns, roles))]
+    records = load_records(path, fields_of(args) if args is not None else None)
+    examples = [HeldOut(*prompt_and_reference(r), list(r.images)) for r in records]
     return examples[:limit] if limit else examples
 
 

@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     model = auto_class(config).from_pretrained(args.model).to(device)
     images = load_image_text(args.model) if config_is_vision_language(config) else None  # via AutoProcessor
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(args.model), images)
-    examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
+    examples = held_out_examples(args.test, args.max_test, args)
     if examples:
         result = exact_match(model, prompts, examples, device=device, max_new_tokens=args.max_new_tokens)
     else:  # no held-out set: at least prove the model loads and generates; nothing is scored

@@ -67,7 +67,7 @@ def evaluate(args) -> dict:
     images = base.image_text(cfg.model)  # a vision-language model's processor; None for a text model
     prompts = Prompts(images.tokenizer if images else AutoTokenizer.from_pretrained(run_tokenizer.path(cfg.model)), images)
     val = validation_collator(cfg, prompts.pad_token_id, images)
-    examples = held_out_examples(args.test, args.max_test, args.columns, args.roles)
+    examples = held_out_examples(args.test, args.max_test, args)
     samples = getattr(args, "samples", SAMPLES)
     result = {"stage": args.stage, "rows": []}
     t0 = time.time()

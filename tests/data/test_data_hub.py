@@ -108,7 +108,9 @@ def test_an_image_beside_a_hub_dataset_that_was_not_fetched_says_how_to_fetch_it
     assert (f"`hf download org/pictures --repo-type dataset --revision {snapshot.name} --include 'images/*'`"
             in message)
     absent = tmp_path / "absent.png"
-    assert check_image(str(absent)) == ("image_missing", f"image file not found: {absent}")
+    assert check_image(str(absent)) == ("image_missing", f"image file not found: {absent} (the data's relative image "
+                                        "paths start from the dataset file's directory, or from data.image_dir "
+                                        "where it is set)")
 
 
 def test_fetch_data_online_fetches_the_images_the_records_name_from_the_pinned_commit(tmp_path, monkeypatch,
@@ -210,7 +212,7 @@ def test_a_table_is_read_for_image_files_only_where_its_image_column_holds_paths
     for name in ("p", "e"):
         pins[name] = tmp_path / f"{name}.hub.json"
         assert hub_data.main(["--url", f"hf://datasets/org/tables/{name}.parquet", "--out", str(pins[name])]) == 0
-    fields = hub_images.field_map(None, None)
+    fields = hub_images.FieldMap()
     assert hub_images.missing_images(pins["p"], fields) == ["images/0.png"]
     monkeypatch.setattr(hub_images, "stream_file", lambda *a, **k: pytest.fail("rows read"))
     assert not hub_images.may_name_files(pins["e"], fields) and hub_images.missing_images(pins["e"], fields) == []

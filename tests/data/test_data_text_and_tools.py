@@ -299,6 +299,57 @@ def test_images_given_to_a_text_only_model_are_named_as_such(tmp_path, tokenizer
     assert "1 image(s) given to a text-only model" in problem.message
 
 
+def test_relative_image_paths_start_from_data_image_dir_where_it_is_set(tmp_path, tiny_llava):
+    """LLaVA-Instruct-150K's JSON names its COCO images by file name ("000000033471.jpg"), kept apart from them:
+    the paths do not start at the JSON's folder. Without data.image_dir each missing image is named with where
+    paths start; with it, validation, tokenization (the cache keeps the resolved path) and the held-out prompts
+    of evaluation find them. A data.image_dir that is not a directory is named as the setting."""
+    import argparse
+
+    from PIL import Image
+
+    from pipeline.data.shapes import field_map
+    from pipeline.data.tokenize import load_chat
+    from pipeline.errors import UserError
+    from pipeline.evaluate.metrics import add_held_out_args, held_out_examples
+
+    coco = tmp_path / "coco" / "train2017"
+    coco.mkdir(parents=True)
+    for name, colour in (("000000033471.jpg", "red"), ("000000052846.jpg", "blue")):
+        Image.new("RGB", (32, 32), colour).save(coco / name)
+    records = [{"id": f"{k}", "image": name, "conversations": [
+        {"from": "human", "value": "<image>\nWhat colour is the picture?"}, {"from": "gpt", "value": colour}]}
+        for k, (name, colour) in enumerate((("000000033471.jpg", "Red."), ("000000052846.jpg", "Blue.")))]
+    (tmp_path / "ann").mkdir()
+    train = tmp_path / "ann" / "llava_instruct.json"
+    train.write_text(json.dumps(records, indent=1))
+    settings = dict(tokenizer_dir=tiny_llava["model"], max_length=256, too_long="error")
+
+    unset = v.validate_dataset(train, **settings)
+    assert [(p.index, p.reason) for _, p in unset.problems] == [(0, "image_missing"), (1, "image_missing")]
+    assert unset.problems[0][1].message == (
+        f"image file not found: {tmp_path / 'ann' / '000000033471.jpg'} (the data's relative image paths start from "
+        "the dataset file's directory, or from data.image_dir where it is set)")
+
+    assert v.main(["--train", str(train), "--tokenizer", str(tiny_llava["model"]), "--max-length", "256",
+                   "--too-long", "error", "--duplicates", "error", "--reasoning", "auto", "--image-dir", str(coco),
+                   "--out-json", str(tmp_path / "v.json"), "--out-csv", str(tmp_path / "v.csv")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["settings"]["image_dir"] == str(coco)
+    tokenizer, images = load_chat(tiny_llava["model"])
+    tokenize_file(train, tokenizer, out_path=tmp_path / "train.safetensors", max_length=256, too_long="error",
+                  fingerprint="-", split="train", images=images, fields=field_map(image_dir=str(coco)))
+    cache = TokenCache(tmp_path / "train.safetensors")
+    resolved = [[str(coco / "000000033471.jpg")], [str(coco / "000000052846.jpg")]]
+    assert [cache.images(i) for i in range(len(cache))] == resolved
+    parser = argparse.ArgumentParser()
+    add_held_out_args(parser)
+    args = parser.parse_args(["--max-new-tokens", "8", "--image-dir", str(coco)])
+    assert [e.images for e in held_out_examples(train, None, args)] == resolved
+
+    with pytest.raises(UserError, match=f"data.image_dir: {tmp_path / 'ann'}/nowhere is not a directory"):
+        field_map(image_dir=str(tmp_path / "ann" / "nowhere"))
+
+
 # --- the README's examples ------------------------------------------------------------------------
 
 

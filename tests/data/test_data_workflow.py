@@ -62,9 +62,12 @@ def test_data_rules_pass_the_policy_the_template_switches_and_a_failed_report_di
 
 
 def test_null_val_and_test_pass_no_flag_without_its_value(tmp_path):
-    """data.val / data.test: null (documented "null to skip") leave their flags out, not '--test ' with no value."""
+    """data.val / data.test: null (documented "null to skip") leave their flags out, not '--test ' with no value;
+    the field settings reach every command that reads data."""
     workdir = copy_workflow(tmp_path / "wf")
-    (workdir / "nulls.yaml").write_text("data:\n  val: null\n  test: null\n  columns: {prompt: question}\n")
+    (workdir / "nulls.yaml").write_text("data:\n  val: null\n  test: null\n  columns: {prompt: question}\n"
+                                        "  image_dir: my images\n")
+    (workdir / "my images").mkdir()
     proc = snakemake(workdir, "-n", "-p", "--cores", "1", "--configfile", "nulls.yaml", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [line.split("python -m pipeline ", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
@@ -76,7 +79,8 @@ def test_null_val_and_test_pass_no_flag_without_its_value(tmp_path):
         for flag in ("--val", "--out-val", "--test"):
             assert flag not in words, line
         if words[0] in ("validate", "tokenize", "evaluate", "smoke-test"):
-            assert "--columns prompt=question" in line  # data.columns reaches every reader of the data
+            # data.columns and data.image_dir reach every reader of the data (a path with a space: one shell word)
+            assert "--columns prompt=question" in line and "--image-dir 'my images'" in line
 
 
 def test_a_large_file_is_sharded_and_every_data_job_gets_the_same_data_flags(tmp_path):

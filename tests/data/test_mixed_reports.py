@@ -8,8 +8,9 @@ from pipeline.data.mixed_reports import main
 
 
 def _report(name: str, records: int, warning: str) -> dict:
-    return {"ok": True, "num_problems": 0, "counts": {}, "settings": {"train": f"{name}.jsonl", "val": "val.jsonl",
-                                                                      "columns": {}, "roles": {}, "max_length": 64},
+    settings = {"train": f"{name}.jsonl", "val": "val.jsonl", "columns": {}, "roles": {}, "image_dir": f"/images/{name}",
+                "max_length": 64}
+    return {"ok": True, "num_problems": 0, "counts": {}, "settings": settings,
             "notes": ["val: shared note"], "files": {"train": {"records": records}, "val": {"records": 4}},
             "problems": [], "warnings": [{"split": "train", "reason": "duplicate_sample", "message": warning},
                                          {"split": "val", "reason": "duplicate_sample", "message": "in val"}]}
@@ -38,6 +39,8 @@ def test_each_dataset_is_a_split_of_its_own_and_val_appears_once(tmp_path):
     assert [w["split"] for w in merged["warnings"]] == ["train:chat", "train:domain", "val"]
     assert merged["notes"] == ["val: shared note"]
     assert merged["datasets"]["chat"]["path"] == "chat.jsonl" and "train" not in merged["settings"]
+    assert merged["datasets"]["domain"] == {"path": "domain.jsonl", "columns": {}, "roles": {},
+                                            "image_dir": "/images/domain"}
     stats = json.loads((out / "s.json").read_text())
     assert stats["splits"] == {"train:chat": _stats("chat", 5)["splits"]["train"],
                                "train:domain": _stats("domain", 3)["splits"]["train"], "val": {"records": 4}}
