@@ -189,11 +189,12 @@ def test_missing_images_are_asked_for_by_name_or_by_their_folder_when_it_misses_
 def test_a_table_is_read_for_image_files_only_where_its_image_column_holds_paths(tmp_path, monkeypatch):
     """A Parquet dataset whose `image` column holds paths names files beside it; one `datasets` wrote with an Image
     column brings its images inside, and fetch-data does not read its rows (every image would be decoded and
-    written where Snakemake runs)."""
+    written where Snakemake runs). Where data.image_dir is set, the images are not the repo's to fetch."""
     import datasets
     from PIL import Image
 
     from pipeline.data import hub_images
+    from pipeline.data.formats import load_records
 
     turns = [{"from": "human", "value": "<image>\nwhat colour?"}, {"from": "gpt", "value": "red"}]
     repo = tmp_path / "repo"
@@ -214,5 +215,9 @@ def test_a_table_is_read_for_image_files_only_where_its_image_column_holds_paths
         assert hub_data.main(["--url", f"hf://datasets/org/tables/{name}.parquet", "--out", str(pins[name])]) == 0
     fields = hub_images.FieldMap()
     assert hub_images.missing_images(pins["p"], fields) == ["images/0.png"]
+    # the images kept elsewhere (data.image_dir): nothing to fetch, and the records name them there
+    elsewhere = hub_images.FieldMap(image_dir=str(tmp_path / "mine"))
+    assert hub_images.missing_images(pins["p"], elsewhere) == []
+    assert load_records(pins["p"], elsewhere)[0].images == [str(tmp_path / "mine" / "images" / "0.png")]
     monkeypatch.setattr(hub_images, "stream_file", lambda *a, **k: pytest.fail("rows read"))
     assert not hub_images.may_name_files(pins["e"], fields) and hub_images.missing_images(pins["e"], fields) == []
