@@ -14,7 +14,9 @@ import torch
 
 VOCAB = 48
 # family -> settings of its own beyond the common ones
-_OWN = {"qwen2": {"tie_word_embeddings": True}}  # a tied head
+_OWN = {"qwen2": {"tie_word_embeddings": True},  # a tied head
+        # Gemma 4's per-layer inputs at this vocabulary (at the shipped 262,144 x 256 per layer: 134M parameters)
+        "gemma4_text": {"vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 8}}
 _EXPERTS = {"num_experts": 4, "n_routed_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
             "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16}
 

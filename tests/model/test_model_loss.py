@@ -201,7 +201,11 @@ def _post_processing_model(family: str):
         # hidden states / (hidden_size / dim_model_base) = x 8 before the head
         "minicpm3": lambda: tf.MiniCPM3Config(**common, dim_model_base=256, qk_rope_head_dim=4, qk_nope_head_dim=4,
                                               v_head_dim=8, kv_lora_rank=16, q_lora_rank=16),
-        "inkling_text": lambda: tf.InklingTextConfig(**common, logits_mup_width_multiplier=0.125),
+        # its defaults are the shipped sizes (256 experts of 3072, heads of 128: ~100M parameters at width 32)
+        "inkling_text": lambda: tf.InklingTextConfig(
+            **common, logits_mup_width_multiplier=0.125, head_dim=8, swa_num_attention_heads=4,
+            swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=16, rel_extent=16,
+            moe_intermediate_size=16, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1),
     }
     torch.manual_seed(0)
     return tf.AutoModelForCausalLM.from_config(configs[family]()).float().eval()
