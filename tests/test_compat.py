@@ -86,10 +86,17 @@ def _stage_twice(stagers) -> list:
 
 
 def test_one_stager_serves_every_save_where_it_can():
+    """Where the installed torch can reuse a stager (2.13, CI's), one serves every save; on a real torch 2.11
+    (.ci/torch-floor) the probe finds it cannot, and each save gets its own."""
     compat.stager_reusable.cache_clear()
-    assert compat.stager_reusable() is True  # the installed torch (2.13 in CI) has the fix
+    reusable = compat.stager_reusable()
+    version = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if version == (2, 11):
+        assert reusable is False  # pytorch#183413
+    elif version >= (2, 13):
+        assert reusable is True
     first, second = _stage_twice(compat.SaveStagers(torch.device("cpu")))
-    assert first is second
+    assert (first is second) is reusable
 
 
 def test_each_save_gets_its_own_stager_where_one_cannot_stage_twice(torch_2_11_stager):

@@ -53,7 +53,16 @@ def test_freed_buffers_leave_the_resident_set_once_the_threshold_is_pinned():
     pinned, returned = _returned_mb("pin")
     assert pinned
     assert returned > 0.9 * 320, f"only {returned:.0f} of 320 MiB went back to the system"
-    # Without it the same buffers stay resident: the case the pin exists for.
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc and glibc's mallopt")
+def test_without_the_pin_a_cpu_build_of_torch_keeps_them_resident():
+    """The case the pin exists for, on torch's CPU builds. Its CUDA wheels allocate otherwise: on 2.11.0+cu130
+    (run on a CPU) 240-288 of the 320 MiB went back without the pin, so there it is not asked."""
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip(f"torch {torch.__version__} is a CUDA build: freed blocks go back without the pin")
     pinned, returned = _returned_mb("none")
     assert not pinned
     assert returned < 0.1 * 320, f"{returned:.0f} MiB went back without the pin: glibc no longer adjusts?"

@@ -43,17 +43,20 @@ def test_checksum_casts_chunks_not_whole_tensors_to_float64():
 
 
 def test_async_saves_stage_into_the_same_buffers_each_time():
-    stager = compat.SaveStagers(torch.device("cpu")).for_save()
+    """Each save asks `for_save`, as the trainer does; where a stager can be reused (not torch 2.11's) the
+    second save's copies land in the first one's buffers."""
+    stagers = compat.SaveStagers(torch.device("cpu"))
     weight, moment = torch.randn(256, 16), torch.randn(256, 16)
     state = {"model": {"w": weight}, "optim": {"m": moment}}
-    first = stager.stage(state)
+    first = stagers.for_save().stage(state)
     buffers = [first["model"]["w"].data_ptr(), first["optim"]["m"].data_ptr()]
     assert buffers[0] != weight.data_ptr()  # a copy, which the training may change right after
     weight.add_(1.0)  # an update between two saves
-    second = stager.stage(state)
-    assert [second["model"]["w"].data_ptr(), second["optim"]["m"].data_ptr()] == buffers
+    second = stagers.for_save().stage(state)
+    if compat.stager_reusable():
+        assert [second["model"]["w"].data_ptr(), second["optim"]["m"].data_ptr()] == buffers
     assert torch.equal(second["model"]["w"], weight) and torch.equal(second["optim"]["m"], moment)
-    stager.close()
+    stagers.close()
 
 
 @pytest.mark.parametrize("torch_2_11", [False, True])
