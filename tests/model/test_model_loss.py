@@ -201,7 +201,7 @@ def _post_processing_model(family: str):
         # hidden states / (hidden_size / dim_model_base) = x 8 before the head
         "minicpm3": lambda: tf.MiniCPM3Config(**common, dim_model_base=256, qk_rope_head_dim=4, qk_nope_head_dim=4,
                                               v_head_dim=8, kv_lora_rank=16, q_lora_rank=16),
-        # its defaults are the shipped sizes (256 experts of 3072, heads of 128: ~100M parameters at width 32)
+        # its defaults are the shipped sizes (256 experts of 3072, heads of 128: 154M parameters at width 32)
         "inkling_text": lambda: tf.InklingTextConfig(
             **common, logits_mup_width_multiplier=0.125, head_dim=8, swa_num_attention_heads=4,
             swa_num_key_value_heads=2, swa_head_dim=8, sliding_window_size=16, rel_extent=16,
