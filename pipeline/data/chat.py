@@ -59,7 +59,7 @@ on them, does not support tools: the record is refused, naming the template.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.data import tools, turns
@@ -489,7 +489,7 @@ def _put_back(pieces: list[str], parts: list[tuple[str, str]], names: list[str]
 
 
 def _with_call_stop(rule: turns.TurnRule, stop: str | None) -> turns.TurnRule:
-    return rule if stop is None else turns.TurnRule(rule.header, rule.end_of_turn, rule.stops + (stop,), rule.markers)
+    return rule if stop is None else replace(rule, stops=rule.stops + (stop,))
 
 
 def end_of_turn(tokenizer, template: str | None = None) -> str | None:

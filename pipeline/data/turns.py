@@ -86,12 +86,15 @@ class TurnRule:
     `header`: what its generation prompt writes after a user's content ('' when it cannot say: turns are
     then trained from their content). `end_of_turn`: the marker closing every assistant turn (None: none).
     `stops`: the tokens a trained turn ends with. `markers`: the tokenizer's special tokens, longest first.
+    `written`: the turn markers the template writes as plain text (`plain_markers`: Llama 2's and Mistral
+    7B's ``[INST]`` / ``[/INST]``, which their vocabularies lack as tokens).
     """
 
     header: str
     end_of_turn: str | None
     stops: tuple[str, ...]
     markers: tuple[str, ...]
+    written: tuple[str, ...] = ()
 
     @cached_property
     def _marker(self) -> re.Pattern | None:
@@ -110,9 +113,10 @@ class TurnRule:
     @cached_property
     def turn_markers(self) -> tuple[str, ...]:
         """The special tokens that close a turn and open the next (the header's, less a think block's tags,
-        and the stops): what text already rendered with this template holds."""
+        and the stops), and the markers written as plain text (`written`): what text already rendered with
+        this template holds."""
         opened = (token for _, token in self._header_tokens if token not in ("<think>", "</think>"))
-        return tuple(dict.fromkeys((*opened, *self.stops)))
+        return tuple(dict.fromkeys((*opened, *self.stops, *self.written)))
 
     def marker_at(self, text: str, i: int) -> str | None:
         """The special token that starts at `text[i]`, None if none does."""
@@ -232,7 +236,21 @@ def probe(tokenizer, template: str, convert=None) -> TurnRule:
     eos = getattr(tokenizer, "eos_token", None) or None
     end_of_turn = _end_of_turn(after_last, after_middle, eos, markers)
     stops = tuple(dict.fromkeys(t for t in (end_of_turn, eos, *model_stops(tokenizer)) if t))
-    return TurnRule(header, end_of_turn, stops, markers)
+    written = tuple(dict.fromkeys(m for text in (header, after_middle or "") for m in plain_markers(text, markers)))
+    return TurnRule(header, end_of_turn, stops, markers, written)
+
+
+def plain_markers(boundary: str, markers: tuple[str, ...]) -> list[str]:
+    """The turn markers a template writes as plain text in `boundary` (what it writes between a user's content
+    and the answer, or between an answer and the next user's content): each run of text between its special
+    tokens, less whitespace and think tags, that holds a character other than a letter, digit or space
+    (Llama 2's ``[/INST]`` and ``[INST]``, ``### Response:``, ``ASSISTANT:``); a bare role name (ChatML's
+    ``assistant``, Gemma's ``model``) is no marker, it is ordinary text outside its special tokens."""
+    cuts = [0] + [i for at, token in special_tokens(boundary, markers) for i in (at, at + len(token))]
+    cuts.append(len(boundary))
+    runs = (boundary[lo:hi].replace("<think>", " ").replace("</think>", " ").strip()
+            for lo, hi in zip(cuts[::2], cuts[1::2]))
+    return [run for run in runs if len(run) > 1 and not all(c.isalnum() or c.isspace() for c in run)]
 
 
 def _end_of_turn(after_last: str | None, after_middle: str | None, eos: str | None,

@@ -310,7 +310,7 @@ def _chat_warnings(recs: _Records, kept: np.ndarray, split: str, template: str) 
         (MARKERS_IN_PROMPTS,
          "{n} record(s) of {split} have a turn left as prompt (system, user, tool, or a reply marked untrained) "
          "whose text holds the chat template's own turn markers (its role header or end-of-turn tokens, written "
-         "out in the data), which the tokenizer reads as those tokens, so the model is shown turns the data does "
+         "out in the data), which read exactly as the template's own, so the model is shown turns the data does "
          "not give as turns: the text looks rendered with a chat template already, and is rendered again; give "
          "each turn's plain text, one message per turn"),
     ):

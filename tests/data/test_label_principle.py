@@ -364,7 +364,7 @@ def test_a_prompt_holding_a_conversation_rendered_already_is_flagged(name):
              ([_user("Say hi."), _assistant(pasted, weight=0), _user("Again."), _assistant("Hi.")], True),
              ([_user("Say hi."), _assistant(pasted)], False),
              ([_user(f"Say hi.\n{opener}"), _assistant("Hi there.")], bool(opener))]
-    if "System role not supported" not in tokenizer.chat_template:  # Gemma 2's raises on a system turn
+    if family.system != "raises":  # Gemma 2's and Mistral 7B v0.2's raise on a system turn
         cases.append(([{"role": "system", "content": pasted}, _user("Say hi."), _assistant("Hi there.")], True))
     records = [Record(id=f"r{i}", messages=messages, images=[], index=i, line=i + 1, tools=None)
                for i, (messages, _) in enumerate(cases)]
@@ -373,6 +373,50 @@ def test_a_prompt_holding_a_conversation_rendered_already_is_flagged(name):
     assert not errors, errors
     assert flags[:, CHAT_COUNTS.index("markers_in_prompts")].tolist() == [flagged for _, flagged in cases]
     named = {i: f["markers_in_prompts"] for i, f in found.items() if "markers_in_prompts" in f}
-    assert all(what in tokenizer.all_special_tokens + [t.content for t in tokenizer.added_tokens_decoder.values()]
-               for what in named.values())  # what the warning names: a special token, as written
+    specials = {*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values())}
+    # what the warning names: a special token, or a marker the template writes as plain text, as written
+    assert all(what in specials or what in rendered for what in named.values())
     assert named[1] in pasted and (not opener or named[5] in opener)
+
+
+def test_turn_markers_a_template_writes_as_plain_text_are_flagged_in_prompts():
+    """Mistral 7B v0.2's shipped template writes [INST] / [/INST] as text (its vocabulary has no such tokens):
+    they are its turn markers all the same, and a prompt holding them (Llama 2 / Mistral data rendered already,
+    then wrapped in messages) is flagged, naming the one written first. A ChatML template's role names outside
+    its special tokens ("user", "assistant") are ordinary words: no markers, nothing flagged for them."""
+    from pipeline.data.tokenize import CHAT_COUNTS, sequence_lengths
+    from pipeline.data.turns import probe
+
+    mistral = chatkit.build_tokenizer("mistral-7b-v0.2")
+    assert probe(mistral, mistral.chat_template).written == ("[/INST]", "[INST]")
+    qwen = chatkit.build_tokenizer("qwen2.5")
+    assert probe(qwen, qwen.chat_template).written == ()
+    prompts = [("What is 2+2?", None),
+               ("<s>[INST] What is 2+2? [/INST]4</s>[INST] And 3+3?", "[INST]"),
+               ("Finish this: What is 2+2? [/INST]", "[/INST]"),
+               ("INST, /INST and [INS] are no markers; the user asked the assistant.", None)]
+    for tokenizer, expected in ((mistral, [name for _, name in prompts]), (qwen, [None] * len(prompts))):
+        records = [Record(id=f"r{i}", messages=[_user(prompt), _assistant("4.")], images=[], index=i, line=i + 1,
+                          tools=None) for i, (prompt, _) in enumerate(prompts)]
+        found = {}
+        _, errors, flags = sequence_lengths(tokenizer, records, found=found)
+        assert not errors, errors
+        assert flags[:, CHAT_COUNTS.index("markers_in_prompts")].tolist() == [name is not None for name in expected]
+        assert [found.get(i, {}).get("markers_in_prompts") for i in range(len(prompts))] == expected
+
+
+@pytest.mark.parametrize(("boundary", "written"), [
+    ("\n### Response:", ["### Response:"]),  # deepseek-coder-instruct's generation prompt after a user turn
+    ("</s>\nUSER: ", ["USER:"]),  # Vicuna 1.1's, between an answer and the next user turn
+    ("<|end_of_turn|>GPT4 Correct Assistant:", ["GPT4 Correct Assistant:"]),  # OpenChat 3.5's
+    ("<|im_end|>\n<|im_start|>assistant\n<think>\n", []),  # ChatML's role name, a think tag
+    ("<end_of_turn>\n<start_of_turn>model\n", []),
+    (" </s><s>[INST] ", ["[INST]"]),  # Llama 2's
+])
+def test_plain_markers_are_the_boundary_text_that_is_not_a_word(boundary, written):
+    """What real templates write around a turn (llama.cpp's tests/test-chat-template.cpp renders), less
+    their special tokens: the runs holding punctuation are markers, bare role names are not."""
+    from pipeline.data.turns import plain_markers
+
+    specials = ("<|end_of_turn|>", "<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "</s>", "<s>")
+    assert plain_markers(boundary, specials) == written

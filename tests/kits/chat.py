@@ -121,6 +121,10 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
     # prompt is the render through [/INST]), an answer closed by the eos
     Family("mistral-small-3.1", "mistral-small-3.1-24b-instruct-2503.jinja", "</s>", _MISTRAL_SMALL3,
            bos="<s>", eos="</s>", pad="<pad>", unk="<unk>", stops=("</s>",)),
+    # Mistral-7B-Instruct-v0.2: [INST] / [/INST] written as plain text (the vocabulary of Mistral's first tokenizer,
+    # Mixtral-8x7B's too, holds no such tokens), no generation prompt, user and assistant turns only
+    Family("mistral-7b-v0.2", "mistral-7b-instruct-v0.2.jinja", "</s>", ("<unk>", "<s>", "</s>"),
+           bos="<s>", eos="</s>", unk="<unk>", system="raises", stops=("</s>",)),
     Family("gemma-2", "gemma-2-it.jinja", "<end_of_turn>", _GEMMA,
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises", stops=("<eos>", "<end_of_turn>")),
     Family("gemma-3", "gemma-3-it.jinja", "<end_of_turn>", _GEMMA,
