@@ -113,6 +113,9 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
                     "DeepSeek-R1 / R1-Distill, reasoning kept in the assistant turns"),
     BuiltinTemplate("mistral", ("[INST]", "[/INST]"), None,
                     "Mistral [INST] format, the system prompt in the first user turn"),
+    BuiltinTemplate("mistral-text", (), None,
+                    "Mistral 7B v0.1/v0.2, Mixtral 8x7B: their [INST] format with [INST] as text (no token added), "
+                    "the system prompt in the first user turn"),
     BuiltinTemplate("gemma", ("<start_of_turn>", "<end_of_turn>"), "<end_of_turn>",
                     "Gemma 2/3 turns, the system prompt folded into the first user turn"),
     BuiltinTemplate("phi3", ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>"), "<|end|>",
@@ -134,6 +137,11 @@ _FAMILY_HINTS = (
     (("[INST]",), "mistral"),
     (("<|assistant|>", "<|end|>"), "phi3"),
 )
+
+
+# A built-in whose turn markers a family's shipped template writes as plain text (`turns.TurnRule.written`:
+# Mistral 7B v0.2's vocabulary has no [INST] token) -> the built-in that writes them as text too, adding none.
+_AS_TEXT = {"mistral": "mistral-text"}
 
 
 def builtin_names() -> str:
@@ -165,9 +173,12 @@ def resolve_template(setting: str | None, tokenizer, *, where: str = "the tokeni
     raise UserError(f"{SETTING}: {setting!r} is neither a built-in template ({builtin_names()}) nor a .jinja file")
 
 
-def suggest_builtin(template: str) -> str:
-    """'data.chat_template: llama3' (or a generic hint) for a shipped template that cannot be labelled."""
+def suggest_builtin(template: str, written: tuple[str, ...] = ()) -> str:
+    """'data.chat_template: llama3' (or a generic hint) for a shipped template that cannot be labelled;
+    `written`: the turn markers it writes as plain text (`_AS_TEXT`)."""
     fit = next((name for markers, name in _FAMILY_HINTS if all(m in template for m in markers)), None)
+    if fit in _AS_TEXT and set(BUILTIN_TEMPLATES[fit].special_tokens) & set(written):
+        fit = _AS_TEXT[fit]
     if fit is None:
         return f"set {SETTING} to a built-in template ({builtin_names()}) or a .jinja file of your own"
     return f"set {SETTING}: {fit} (a built-in training template for this family), or a .jinja file of your own"
@@ -252,6 +263,10 @@ class ChatRender:
                 "field": lambda: turns.reasoning_field(tok, template, convert),
             }[name]()
         return self._probes[name]
+
+    def _hint(self) -> str:
+        """The template setting to try where this template cannot train a record (`suggest_builtin`)."""
+        return suggest_builtin(self.template, self._probe("rule").written)
 
     @property
     def name(self) -> str:
@@ -340,7 +355,7 @@ class ChatRender:
                 uses_tools = bool(tools[j]) or any(m["role"] == "tool" or m.get("tool_calls")
                                                    for m in records[i].messages)
                 errors[i] = (f"{failed[j]}; {self.name} does not render tool calls or tool turns: choose a template "
-                             "that supports tools" if uses_tools else f"{failed[j]}; {suggest_builtin(self.template)}")
+                             "that supports tools" if uses_tools else f"{failed[j]}; {self._hint()}")
                 continue
             try:
                 out[i] = self._assemble(records[i], sentinel_texts[j], real_texts[j], *prepared[i][2:])
@@ -367,7 +382,7 @@ class ChatRender:
         if missing_answers or len(set(written)) != len(written) or not set(found) <= set(expected):
             turn = missing_answers[0] + 1 if missing_answers else "?"
             raise DataError(f"the chat template does not write assistant turn {turn} exactly once as given, "
-                            "so its tokens cannot be located; " + suggest_builtin(self.template))
+                            "so its tokens cannot be located; " + self._hint())
         unwritten = [names[n] for n in range(len(names)) if ("C", n) not in found]
         if unwritten:
             raise DataError(f"{self.name} does not render tool calls (the call of {unwritten[0]!r} is not in its "
@@ -377,7 +392,7 @@ class ChatRender:
         if real_text is not None and put_back != real_text:
             raise DataError("the chat template renders this conversation differently when the assistant contents "
                             f"change, so the assistant tokens cannot be located:\n"
-                            f"{_first_difference(real_text, put_back)}\n{suggest_builtin(self.template)}")
+                            f"{_first_difference(real_text, put_back)}\n{self._hint()}")
         unshown = next((m for m in record.messages if m["role"] == "tool" and not tools.written(m["content"], put_back)),
                        None)
         if unshown is not None:

@@ -337,6 +337,34 @@ def test_gemma2_system_message_is_a_data_error_pointing_at_the_builtin_template(
     assert "data.chat_template" in message, message
 
 
+def test_mistral_7b_system_message_points_at_the_builtin_that_keeps_inst_as_text(tmp_path):
+    """Mistral 7B v0.2's shipped template refuses a system message. Its vocabulary writes [INST] as text, so the
+    error names `mistral-text` (the same format, no token added, the system prompt in the first user turn), not
+    `mistral` (which would add [INST] / [/INST] as new tokens); Gemma 2's still names `gemma`. Without a system
+    prompt, `mistral-text` renders what the shipped template renders, character for character."""
+    from pipeline.data import prepare
+    from pipeline.data.tokenize import encode_records, load_tokenizer
+
+    record = Record(id="with-system", messages=[SYSTEM, _user("Hi?"), _assistant("Hi.")], images=[], index=0, line=1)
+    for family, hint in (("mistral-7b-v0.2", "mistral-text"), ("gemma-2", "gemma")):
+        with pytest.raises(DataError, match=rf"with-system.*set data\.chat_template: {hint} \(a built-in"):
+            encode_records([record], chatkit.build_tokenizer(family), max_length=MAX_LENGTH, too_long="error",
+                           source="train.jsonl")
+    shipped = chatkit.build_tokenizer("mistral-7b-v0.2")
+    shipped.save_pretrained(tmp_path / "base")
+    info = prepare.prepare(tmp_path / "base", tmp_path / "run", "mistral-text")
+    assert info["added_tokens"] == {}  # [INST] stays text: the model's own format, no new embedding rows
+    ours = load_tokenizer(tmp_path / "run")
+    for conversation in PLAIN_CASES["three_turns"] + PLAIN_CASES["batch"]:
+        assert ours.apply_chat_template(conversation, tokenize=False) == \
+            shipped.apply_chat_template(conversation, tokenize=False)
+    with_system = ours.apply_chat_template(record.messages, tokenize=False)
+    assert with_system == f"<s>[INST] {SYSTEM['content']}\n\nHi? [/INST]Hi.</s>"
+    split = encode_records([record], ours, max_length=MAX_LENGTH, too_long="error", source="train.jsonl")
+    trained = split.input_ids[split.labels != IGNORE_INDEX].tolist()
+    assert trained == chatkit.char_ids("mistral-7b-v0.2", "Hi.</s>")
+
+
 def test_mistral_nemo_system_message():
     """Nemo's template writes the system prompt into the last user turn only, so in a conversation that ends
     with the assistant it is not rendered at all; that is how the model was trained, and labelling still works."""
