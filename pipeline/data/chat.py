@@ -114,7 +114,7 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
     BuiltinTemplate("mistral", ("[INST]", "[/INST]"), None,
                     "Mistral [INST] format, the system prompt in the first user turn"),
     BuiltinTemplate("mistral-text", (), None,
-                    "Mistral 7B v0.1/v0.2, Mixtral 8x7B: their [INST] format with [INST] as text (no token added), "
+                    "Mistral 7B v0.2 / Mixtral 8x7B [INST] format, [INST] written as text (no token added), "
                     "the system prompt in the first user turn"),
     BuiltinTemplate("gemma", ("<start_of_turn>", "<end_of_turn>"), "<end_of_turn>",
                     "Gemma 2/3 turns, the system prompt folded into the first user turn"),
