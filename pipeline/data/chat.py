@@ -126,8 +126,10 @@ BUILTIN_TEMPLATES = {t.name: t for t in (
 
 # Turn markers that give a shipped template's family away -> the built-in template that fits it.
 # (markers a family's shipped template writes, all of them, built-in template): a template with its own
-# format and none of these (GLM's <|assistant|> + <think>) gets the generic hint, not another family's format
+# format and none of these (GLM's <|assistant|> + <think>) gets the generic hint, not another family's format;
+# so does Llama 2's, whose [INST] turns hold a <<SYS>> block that no built-in writes
 _FAMILY_HINTS = (
+    (("<<SYS>>",), None),
     (("<|channel|>",), "gpt-oss"),
     (("<|start_header_id|>",), "llama3"),
     (("<｜Assistant｜>",), "deepseek-r1"),

@@ -365,6 +365,44 @@ def test_mistral_7b_system_message_points_at_the_builtin_that_keeps_inst_as_text
     assert trained == chatkit.char_ids("mistral-7b-v0.2", "Hi.</s>")
 
 
+# A Llama 2 chat template (the <<SYS>> block, [INST] written as text) with a default system prompt:
+# bofenghuang/vigogne-2-70b-chat's, from ggml-org/llama.cpp tests/test-chat-template.cpp @ 03f94f19a2c4 (the C++
+# literal's \\n read as the two characters \n, a Jinja string escape).
+VIGOGNE_2 = (
+    r"{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message"
+    r" = messages[0]['content'] %}{% elif true == true and not '<<SYS>>' in messages[0]['content'] %}{% set "
+    r"loop_messages = messages %}{% set system_message = 'Vous êtes Vigogne, un assistant IA créé par Zaion Lab. Vous "
+    r"suivez extrêmement bien les instructions. Aidez autant que vous le pouvez.' %}{% else %}{% set loop_messages = "
+    r"messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] "
+    r"== 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate "
+    r"user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set "
+    r"content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = "
+    r"message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + content.strip() + ' [/INST]' }}"
+    r"{% elif message['role'] == 'system' %}{{ '<<SYS>>\n' + content.strip() + '\n<</SYS>>\n\n' }}{% elif "
+    r"message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}")
+
+
+def test_a_llama_2_format_template_that_refuses_a_record_gets_the_generic_hint(tmp_path):
+    """A Llama 2 format template writes [INST] as text too, but its <<SYS>> block is no built-in's format:
+    a record it refuses gets the generic hint (a built-in or a .jinja file of your own), not mistral-text."""
+    from pipeline.data.tokenize import encode_records, load_tokenizer
+    from pipeline.data.turns import probe
+
+    chatkit.build_tokenizer("mistral-7b-v0.2").save_pretrained(tmp_path)  # the same vocabulary: <s>, </s>, <unk>
+    tokenizer = load_tokenizer(tmp_path)
+    tokenizer.chat_template = VIGOGNE_2
+    assert tokenizer.apply_chat_template([_user("Salut ?"), _assistant("Salut.")], tokenize=False) == (
+        "<s>[INST] <<SYS>>\nVous êtes Vigogne, un assistant IA créé par Zaion Lab. Vous suivez extrêmement bien les "
+        "instructions. Aidez autant que vous le pouvez.\n<</SYS>>\n\nSalut ? [/INST] Salut. </s>")
+    assert {"[INST]", "[/INST]"} <= set(probe(tokenizer, VIGOGNE_2).written)
+    record = Record(id="two-users", messages=[_user("Q1?"), _user("Q2?"), _assistant("A.")], images=[], index=0,
+                    line=1)
+    with pytest.raises(DataError, match="two-users") as err:
+        encode_records([record], tokenizer, max_length=MAX_LENGTH, too_long="error", source="train.jsonl")
+    assert "set data.chat_template to a built-in template (chatml, " in str(err.value)
+    assert "mistral-text (a built-in" not in str(err.value) and "mistral (a built-in" not in str(err.value)
+
+
 def test_mistral_nemo_system_message():
     """Nemo's template writes the system prompt into the last user turn only, so in a conversation that ends
     with the assistant it is not rendered at all; that is how the model was trained, and labelling still works."""
