@@ -76,8 +76,10 @@ def test_the_demo_learns(done):
     losses = raw["loss"].tolist()
     assert len(losses) >= 4 and losses[-1] < losses[0] * 0.2
     # No stage undoes its predecessor's learning. The tail is one update at the schedule's floor learning
-    # rate, which at a val loss below 0.01 moves it by a few percent either way.
-    assert all(b <= a * 1.05 for a, b in zip(losses, losses[1:])), losses
+    # rate: at a val loss below 0.01 it moves it by some ten-thousandths either way, a share of that loss
+    # that differs between CPUs (+6.8% on one CI machine: [2.72, 0.0364, 0.00635, 0.00678]), so the
+    # bound has an absolute part too. A stage that undid learning climbs back toward the pilot's loss.
+    assert all(b <= a * 1.05 + 0.002 for a, b in zip(losses, losses[1:])), losses
     base_em = float(table.loc[table["weights"] == "base", "exact_match"].iloc[0])
     merged_em = float(table.loc[table["weights"] == "merged", "exact_match"].iloc[0])
     assert base_em <= 0.2 and merged_em >= 0.8, (base_em, merged_em)
