@@ -304,8 +304,9 @@ def main() -> None:
     ap.add_argument("--preset", choices=[p for p in PRESETS if p != "tiny"], default="llama-3.2-1b")
     ap.add_argument("--seq-len", type=int, nargs="+", default=[2048],
                     help="the longest record (data.max_length); several: one run each")
-    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=["config"],
-                    help="config: as the trainer config says; padded: tokens.packing=off; packed: tokens.packing=on")
+    ap.add_argument("--arms", nargs="*", choices=list(ARMS), default=["config"],
+                    help="config: as the trainer config says; padded: tokens.packing=off; packed: tokens.packing=on; "
+                         "none (--arms alone): only the --extra-arm arms")
     ap.add_argument("--extra-arm", type=extra_arm, action="append", default=[], metavar="NAME=OVERRIDES",
                     help="one more arm: the config plus comma-separated overrides (e.g. liger=model.fused_loss=liger)")
     ap.add_argument("--lengths", choices=("mix", "fixed"), default="mix",
@@ -319,6 +320,8 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=C.RESULTS)
     C.add_smoke(ap)
     args = ap.parse_args()
+    if not args.arms and not args.extra_arm:
+        ap.error("no arm to run: --arms without a name needs at least one --extra-arm")
     args.arm_overrides = {**ARMS, **dict(args.extra_arm)}
     machine = C.machine()  # before we load the cores ourselves (imports torch: after --help)
     command = C.command_line(__file__)

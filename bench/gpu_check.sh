@@ -7,14 +7,13 @@
 #   bash bench/gpu_check.sh all         # every part, where one command may run longer
 # Each step is bounded; whole logs and figures go to $OUT (default /tmp/gpu_check). First the carried wheels
 # are installed into /tmp/site (the machine's torch / transformers kept) and the versions printed.
-# Part 1, the throughput questions the H200 runs of 2026-11-26 and -28 left (bench/results/gpu_check.md):
-#   - bench_gpu.py at the Llama-3.2-1B shape, one micro-batch of 16 per update (the lever measured: 2.3x
-#     the tokens/s of four of 4 at 2048), lengths 2048 and 4096: the headline MFU by both counts (~2.5 min)
-#   - at 4096 (where the micro-batch made no difference: the GPU, not the host, was the limit), packed rows
-#     under SDPA's dense block-causal mask, under flex_attention's document mask, and one flat row through
-#     torch's varlen kernel (tokens.torch_varlen: no mask at all)                                (~3 min)
-#   - at 2048 (where the host was the limit, a quarter of it inside SDPA's call), the same config with
-#     tokens.torch_varlen                                                                        (~2 min)
+# Part 1, what the H200 runs of 2026-11-26 and -28 left (bench/results/gpu_check.md): at one micro-batch of 16
+# per update (2.3x the tokens/s of four of 4 at 2048), packed rows through torch's varlen kernel
+# (tokens.torch_varlen: one flat row, no mask; SDPA's dense block-causal mask and its host time are gone):
+#   - 2048: the config (packed rows under SDPA) against varlen, then varlen with the decoder layers compiled and
+#     every fused kernel (the 17.7% arm of 2026-11-28, plus varlen)                             (~4 min)
+#   - 4096 (where the GPU, not the host, was the limit at 15%): varlen, and varlen with the fused kernels (~3 min)
+#   - 2048 with 32 records per update in one micro-batch: the fixed cost per update over twice the tokens (~1 min)
 # Part 2: the decoder layers compiled with the fused kernels (2048); bench/gpu_kernels_check.py (host syncs,
 #   one compiled loss graph, lora.fused, fused losses, Liger kernels, activation checkpointing through
 #   pipeline/compat.py); one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke)           (~7 min)
@@ -46,13 +45,17 @@ part=${1:-all}
 ONE="--seq-len 2048 --micro-batch 16 --global-batch 16 --steps 8 --warmup 3"
 SAMPLED="env PYTHONPATH=$PWD/bench/stack_sampler:$PYTHONPATH"
 if [ "$part" = 1 ] || [ "$part" = all ]; then
-TAIL=30 step bench_1b 170 python3 bench/bench_gpu.py --seq-len 2048 4096 --micro-batch 16 --global-batch 16 \
-    --steps 8 --warmup 3 --out-dir "$O"
-TAIL=30 step attention_4096 190 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 \
-    --steps 8 --warmup 3 --arms packed --extra-arm flex=tokens.packing=on,model.attn_implementation=flex_attention \
-    --extra-arm varlen=tokens.packing=on,tokens.torch_varlen=true --out-dir /tmp/attention
-TAIL=30 step varlen_2048 130 python3 bench/bench_gpu.py $ONE --arms config --extra-arm varlen=tokens.torch_varlen=true \
-    --out-dir /tmp/varlen
+VARLEN=tokens.packing=on,tokens.torch_varlen=true
+BEST=model.compile=true,lora.fused=true,model.liger_kernels=true,model.fused_loss=liger
+TAIL=30 step varlen_2048 150 python3 bench/bench_gpu.py $ONE --arms config --extra-arm varlen=$VARLEN \
+    --out-dir /tmp/v2048
+TAIL=30 step best_2048 120 python3 bench/bench_gpu.py $ONE --arms --extra-arm best=$VARLEN,$BEST --out-dir /tmp/b2048
+TAIL=30 step varlen_4096 85 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 --steps 8 \
+    --warmup 3 --arms --extra-arm varlen=$VARLEN --out-dir /tmp/v4096
+TAIL=30 step best_4096 120 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 --steps 8 \
+    --warmup 3 --arms --extra-arm best=$VARLEN,$BEST --out-dir /tmp/b4096
+TAIL=30 step varlen_2048_mb32 80 python3 bench/bench_gpu.py --seq-len 2048 --micro-batch 32 --global-batch 32 \
+    --steps 8 --warmup 3 --arms --extra-arm varlen=$VARLEN --out-dir /tmp/v2048b
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
 TAIL=30 step compiled 160 python3 bench/bench_gpu.py $ONE --arms config \
