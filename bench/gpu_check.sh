@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 32, on a bare CUDA machine, from the repository root, in two calls of under 10 minutes:
+# The GPU check of issue 32, on a bare CUDA machine, from the repository root, in calls of under 10 minutes:
 #   bash bench/gpu_wheels.sh            # first, where the package index is reachable: fills .whl/
 #   bash bench/gpu_check.sh 1           # on the GPU machine (a device run: carry [".whl"], timeout ~590 s)
 #   bash bench/gpu_check.sh 2           # the second call, while the machine is warm (~450 s)
@@ -7,16 +7,16 @@
 #   bash bench/gpu_check.sh all         # every part, where one command may run longer
 # Each step is bounded; whole logs and figures go to $OUT (default /tmp/gpu_check). First the carried wheels
 # are installed into /tmp/site (the machine's torch / transformers kept) and the versions printed.
-# Part 1, what the H200 runs of 2026-11-26 and -28 left (bench/results/gpu_check.md): at one micro-batch of 16
-# per update (2.3x the tokens/s of four of 4 at 2048), packed rows through torch's varlen kernel
-# (tokens.torch_varlen: one flat row, no mask; SDPA's dense block-causal mask and its host time are gone):
-#   - 2048: the config (packed rows under SDPA) against varlen, then varlen with the decoder layers compiled and
-#     every fused kernel (the 17.7% arm of 2026-11-28, plus varlen)                             (~4 min)
-#   - 4096 (where the GPU, not the host, was the limit at 15%): varlen, and varlen with the fused kernels (~3 min)
-#   - 2048 with 32 records per update in one micro-batch: the fixed cost per update over twice the tokens (~1 min)
-# Part 2: the decoder layers compiled with the fused kernels (2048); bench/gpu_kernels_check.py (host syncs,
-#   one compiled loss graph, lora.fused, fused losses, Liger kernels, activation checkpointing through
-#   pipeline/compat.py); one short plan + stage on CUDA with nf4 (bench_gpu.py --smoke)           (~7 min)
+# Part 1, what the H200 run of 2026-11-29 left (bench/results/gpu_check.md, where it measured packed rows through
+# torch's varlen kernel at 1.6-2x the tokens/s of SDPA's masked rows, and 38.1% MFU at best):
+#   - the two `tokens.torch_varlen` gpu tests: the real kernel's per-record losses against the padded batch
+#     (what keeps the setting off by default), a chunked run bitwise one run                     (~2 min)
+#   - 4096, the best arm (varlen, compiled layers, every fused kernel) under the profiler: where its time goes
+#   - 4096, the best arm with 20 records per micro-batch (24 needed 3 layers checkpointed)        (~4 min)
+#   The arms of 2026-11-29 themselves: the commands in bench/results/gpu_check.md.
+# Part 2: bench/gpu_kernels_check.py (host syncs, one compiled loss graph, lora.fused, fused losses, Liger
+#   kernels, activation checkpointing through pipeline/compat.py); one short plan + stage on CUDA with nf4
+#   (bench_gpu.py --smoke)                                                                       (~4 min)
 # Part 3: the `gpu` tests (tests/train/test_gpu.py: 15 trainer launches, one compiling)          (~6 min);
 #   at 2048 with every record 2048 long (one shape per update: does a new shape cost the host?) under
 #   bench/stack_sampler (where the host's time goes)                                             (~2 min)
@@ -45,22 +45,16 @@ part=${1:-all}
 ONE="--seq-len 2048 --micro-batch 16 --global-batch 16 --steps 8 --warmup 3"
 SAMPLED="env PYTHONPATH=$PWD/bench/stack_sampler:$PYTHONPATH"
 if [ "$part" = 1 ] || [ "$part" = all ]; then
-VARLEN=tokens.packing=on,tokens.torch_varlen=true
-BEST=model.compile=true,lora.fused=true,model.liger_kernels=true,model.fused_loss=liger
-TAIL=30 step varlen_2048 150 python3 bench/bench_gpu.py $ONE --arms config --extra-arm varlen=$VARLEN \
-    --out-dir /tmp/v2048
-TAIL=30 step best_2048 120 python3 bench/bench_gpu.py $ONE --arms --extra-arm best=$VARLEN,$BEST --out-dir /tmp/b2048
-TAIL=30 step varlen_4096 85 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 --steps 8 \
-    --warmup 3 --arms --extra-arm varlen=$VARLEN --out-dir /tmp/v4096
-TAIL=30 step best_4096 120 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 --steps 8 \
-    --warmup 3 --arms --extra-arm best=$VARLEN,$BEST --out-dir /tmp/b4096
-TAIL=30 step varlen_2048_mb32 80 python3 bench/bench_gpu.py --seq-len 2048 --micro-batch 32 --global-batch 32 \
-    --steps 8 --warmup 3 --arms --extra-arm varlen=$VARLEN --out-dir /tmp/v2048b
+BEST=tokens.packing=on,tokens.torch_varlen=true,model.compile=true,lora.fused=true,model.liger_kernels=true
+BEST=$BEST,model.fused_loss=liger
+step varlen_tests 200 python3 -m pytest -o addopts= -p no:cacheprovider -q -rA --durations=0 tests/train/test_gpu.py \
+    -k torch_varlen
+TAIL=30 step best_4096_profiled 140 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 16 --global-batch 16 \
+    --steps 8 --warmup 3 --arms --extra-arm profiled=$BEST,profile.updates=3,profile.warmup=3 --out-dir /tmp/p4096
+TAIL=30 step best_4096_mb20 140 python3 bench/bench_gpu.py --seq-len 4096 --micro-batch 20 --global-batch 20 \
+    --steps 8 --warmup 3 --arms --extra-arm best=$BEST --out-dir /tmp/b4096
 fi
 if [ "$part" = 2 ] || [ "$part" = all ]; then
-TAIL=30 step compiled 160 python3 bench/bench_gpu.py $ONE --arms config \
-    --extra-arm best=model.compile=true,lora.fused=true,model.liger_kernels=true,model.fused_loss=liger \
-    --out-dir /tmp/compiled
 step kernels 100 python3 bench/gpu_kernels_check.py --out "$O/kernels.json"
 step nf4 150 python3 bench/bench_gpu.py --smoke --override model.quantization=nf4 --out-dir /tmp/nf4
 fi
