@@ -303,7 +303,10 @@ def test_torch_varlen_is_asked_for_and_says_where_it_does_not_fit(monkeypatch):
     common = dict(implementation="sdpa", model_type="llama", vision_language=False, per_record=True)
     gpu = decide("auto", **common, device="cuda", varlen=True)
     assert (gpu.layout, gpu.per_record, gpu.why) == ("flat", True, packing.GPU_VARLEN[1])
-    assert decide("auto", **common, device="cuda").layout == "rows"  # off: the default
+    rows = decide("auto", **common, device="cuda")  # off: the default; the plan says what it would gain
+    assert rows.layout == "rows" and rows.why.endswith(packing.VARLEN_HINT) and "2x at 4096" in rows.why
+    assert not decide("auto", **common, device="cuda", varlen_unfit="bf16 only").why.endswith(packing.VARLEN_HINT)
+    assert not decide("auto", **{**common, "per_record": False}, device="cuda").why.endswith(packing.VARLEN_HINT)
     assert decide("auto", **common, device="cpu", varlen=True).layout == "records"  # a CPU attends record by record
     unfit = decide("on", **common, device="cuda", varlen=True, varlen_unfit="its flash kernel computes in bf16")
     assert unfit.layout == "rows" and unfit.why.endswith("tokens.torch_varlen not used: its flash kernel computes "
@@ -375,6 +378,7 @@ def test_plan_prints_the_path_and_the_padding_before_and_after(tiny_mixed, tmp_p
     run = make_run(tmp_path / "on", tiny_mixed, total=6)
     out = capsys.readouterr().out
     assert "packing: on, SDPA with a block-causal mask" in out and "on a CPU: SDPA's causal kernel record by" in out
+    assert "tokens.torch_varlen=true would train one flat row per micro-batch without the mask" in out
     assert "rows of up to 95 tokens" in out
     report = json.loads(run.plan.read_text())["packing"]
     assert report["layout"] == {"gpu": "rows", "cpu": "records"} and report["padding_rows"] < report["padding_before"]
