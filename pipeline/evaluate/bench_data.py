@@ -108,17 +108,15 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def build(spec: str, *, fetching: bool = False) -> tuple[dict, str, object]:
-    """(lm-eval's task objects of `spec`: name -> Task, nested for groups; lm-eval's name of it; the
+def build(spec: str, *, fetching: bool = False) -> tuple[list[str], str, object]:
+    """(the names of the tasks `spec` builds, a group's or tag's leaf tasks; lm-eval's name of it; the
     TaskManager that built them), loaded offline when the environment says so; raises UserError naming
     the task when its data or nltk resources are missing."""
-    from lm_eval.tasks import get_task_dict
-
     name, manager = task_manager(spec)
     missing: list[str] = []
     try:
         with recorded_nltk_downloads(missing):
-            tasks = get_task_dict([name], manager)
+            tasks = _built_tasks(manager, name)
     except KeyError:
         close = difflib.get_close_matches(name, manager.all_tasks, n=3)
         raise UserError(f"evaluate.benchmarks: task {name}: lm-eval has no task, group or tag of that name"
@@ -134,6 +132,24 @@ def build(spec: str, *, fetching: bool = False) -> tuple[dict, str, object]:
         raise UserError(f"evaluate.benchmarks: task {name} needs nltk data {', '.join(sorted(set(missing)))}, "
                         f"not found (NLTK_DATA or ~/nltk_data); fetch it where there is network: {FETCH} {spec}")
     return tasks, name, manager
+
+
+def _built_tasks(manager, name: str) -> list[str]:
+    """Build task, group or tag `name` (its data loaded) with `manager`; the names of the tasks built.
+
+    lm-eval 0.4.13 deprecates `get_task_dict` and `TaskManager.load_task_or_group` for `TaskManager.load`
+    (flat dicts: leaf tasks, groups); 0.4.10, this project's floor, has only the former (a dict nested by
+    group). Both raise KeyError for a name they do not know.
+    """
+    if hasattr(manager, "load"):
+        return sorted(manager.load([name])["tasks"])
+    from lm_eval.tasks import get_task_dict
+
+    def leaves(tasks: dict) -> list[str]:
+        return [n for key, value in tasks.items()
+                for n in (leaves(value) if isinstance(value, dict) else [str(key)])]
+
+    return sorted(leaves(get_task_dict([name], manager)))
 
 
 def not_cached(spec: str, name: str, err: BaseException, *, fetching: bool = False) -> str:

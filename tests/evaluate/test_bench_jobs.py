@@ -130,6 +130,23 @@ def test_the_offline_check_names_each_task_that_misses_data_once(tasks, tmp_path
     assert proc.returncode == 0 and proc.stdout == f"{root / 'local.yaml'}: cached (1 task built)\n", proc.stderr[-3000:]
 
 
+def test_a_group_is_built_as_its_tasks_without_a_deprecated_lm_eval_call(tasks, tmp_path):
+    """A group YAML builds its two tasks, counted as such, through the API the installed lm-eval keeps
+    (0.4.13 deprecates `get_task_dict`, the only one of the 0.4.10 floor: .ci/floors runs this too)."""
+    root = tmp_path / "group"
+    root.mkdir()
+    local = f"dataset_kwargs:\n  data_files:\n    test: {tasks['root'] / 'docs.jsonl'}\n"
+    for name in ("pair_a", "pair_b"):
+        (root / f"{name}.yaml").write_text(MC.format(name=name, path="json", kwargs=local, extra=""))
+    (root / "pair.yaml").write_text("group: pair_choice\ntask:\n  - pair_a\n  - pair_b\n"
+                                    "aggregate_metric_list:\n  - metric: acc\n")
+    env = {**_env(tasks, tmp_path), "PYTHONWARNINGS": "error::DeprecationWarning:pipeline.evaluate.bench_data"}
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "fetch-benchmarks", str(root / "pair.yaml")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and proc.stdout == f"{root / 'pair.yaml'}: cached (2 tasks built)\n", proc.stderr[-3000:]
+    assert "deprecated" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def chatml_run(tmp_path_factory) -> dict:
     """A base without a chat template, trained with `chatml` (its markers added to the vocabulary, their rows
