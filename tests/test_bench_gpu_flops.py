@@ -55,8 +55,9 @@ def test_the_benchmark_process_never_creates_a_cuda_context(tmp_path, monkeypatc
     assert info["layers"] == bench_gpu.PRESETS["tiny"]["num_hidden_layers"] and (tmp_path / "model").is_dir()
 
 
-def test_a_packed_row_under_sdpa_counts_its_block_mask():
-    """The packed arm under SDPA builds a (row x row) mask; the estimate counts it, flash-attention's needs none."""
+def test_sdpa_and_eager_count_each_rows_mask_and_flash_attention_none():
+    """Under SDPA / eager each of a micro-batch's rows (at most `length` wide) has a (width x width) mask in
+    booleans and as a bias in the compute dtype; the estimate counts that bound, flash-attention needs none."""
     import dataclasses
 
     from pipeline import config as train_config
@@ -66,10 +67,11 @@ def test_a_packed_row_under_sdpa_counts_its_block_mask():
     shapes = memory.Shapes(hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=512,
                            tied=True)
     run = memory.Run(micro_batch=4, length=512, world=1, sharded=False, checkpointed=0, precision="bf16")
-    padded, packed = (memory.estimate(cfg, shapes, dataclasses.replace(run, packed=p)) for p in (False, True))
-    assert packed.total - padded.total == (4 * 512) ** 2 * 3
-    flash = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, attn_implementation="flash_attention_2"))
-    assert memory.estimate(flash, shapes, dataclasses.replace(run, packed=True)).total == padded.total
+    flash = memory.estimate(cfg, shapes, dataclasses.replace(run, attention="flash_attention_2"))
+    assert "attention mask (rows x length^2)" not in flash.parts
+    for kernel in ("sdpa", "eager"):
+        parts = memory.estimate(cfg, shapes, dataclasses.replace(run, attention=kernel)).parts
+        assert parts["attention mask (rows x length^2)"] == 4 * 512 ** 2 * 3, kernel
 
 
 def test_a_mixture_of_experts_counts_the_active_experts_per_token(tmp_path):

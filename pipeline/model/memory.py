@@ -54,8 +54,14 @@ Per GPU, in bytes:
                   forward, and autograd keeps that copy until the layer's
                   backward: one per layer not checkpointed (one in flight for
                   the checkpointed ones)
-  packed mask     a packed micro-batch under SDPA / eager: the (tokens x tokens)
-                  block-diagonal mask, (1 + a) bytes per element
+  attention mask  SDPA / eager: a micro-batch's rows (at most micro_batch, each
+                  at most `length` wide) get a (width x width) mask, the
+                  packed rows' block-causal one (or a padded batch's padding),
+                  boolean, which the kernel takes as a bias in the compute
+                  dtype: (1 + a) bytes per element. Counted whether or not the
+                  layout needs it (flat rows, flash-attention and flex's block
+                  mask need none; nor do padded batches of the mask-free
+                  families, `pipeline.model.loss`): the estimate is a bound
   FSDP            weights, gradients, optimizer, EMA divided by the GPUs, plus
                   the unsharded root (embeddings, head) and two layers in flight
 The budget it must fit (`budget`) is each GPU's memory less what PyTorch's
@@ -119,9 +125,6 @@ class Run:
     sharded: bool  # FSDP
     checkpointed: int  # decoder layers with activation checkpointing (the first ones)
     precision: str  # fp32 | bf16 | fp16 (the compute dtype)
-    # Each micro-batch one row of micro_batch x length tokens. The trainer's packing (pipeline.planning.packing)
-    # keeps SDPA / eager rows at most `length` wide (a padded row's mask) and gives flash attention no mask.
-    packed: bool = False
     attention: str | None = None  # the resolved model.attn_implementation (None: the setting; auto = sdpa)
 
     def attention_kernel(self, model: ModelConfig) -> str:
@@ -185,11 +188,10 @@ def estimate(cfg: TrainConfig, shapes: Shapes, run: Run) -> Estimate:
         kept = layers - k + (1 if k else 0)
         parts["expert weights + LoRA delta (ParamWrapper)"] = kept * shapes.counts.expert_layer * a // shard
     parts["loss (one chunk of logits)"] = min(tokens, chunk_tokens(shapes.vocab)) * shapes.vocab * (2 * a + 12)
-    if run.packed and not run.attention_kernel(cfg.model).startswith("flash_attention"):
-        # SDPA and eager keep packed sequences apart with a block-diagonal (row x row) mask that
-        # transformers builds as booleans; the kernels take it as an additive bias in the compute
-        # dtype. Flash-attention's varlen kernel needs none.
-        parts["attention mask (packed row, tokens^2)"] = tokens * tokens * (1 + a)
+    if run.attention_kernel(cfg.model) in ("sdpa", "eager"):
+        # Packing keeps SDPA / eager rows at most `length` wide (pipeline.planning.packing): at most
+        # micro_batch of them, each with its (length x length) mask.
+        parts["attention mask (rows x length^2)"] = run.micro_batch * run.length ** 2 * (1 + a)
     return Estimate(run, shapes.layers, parts)
 
 
