@@ -10,7 +10,9 @@ entries:
 
   activation checkpointing  transformers 5.2x renamed `gradient_checkpointing_enable` to
                             `activation_checkpointing_enable` (the old name stays, deprecated);
-                            5.17 has only the old one
+                            5.17 has only the old one. peft (to 0.21) still reads the deprecated
+                            `is_gradient_checkpointing` whenever it wraps a model: `peft_wrapping`
+                            keeps that FutureWarning, peft's to act on, out of every stage's log
   DCP async-save stagers    `DefaultStager` exists from torch 2.9; in 2.11 one instance cannot stage
                             twice (its `_stage` closes itself; fixed later, pytorch#183413), so there
                             each save gets a new one
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import warnings
 from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,16 @@ def enable_activation_checkpointing(model, **checkpoint_kwargs) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=checkpoint_kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+
+
+@contextmanager
+def peft_wrapping():
+    """Around peft's wrapping of a model (`get_peft_model`, `PeftModel.from_pretrained`): without the
+    FutureWarning transformers >= 5.2x gives for peft's own read of `is_gradient_checkpointing`
+    (nothing a user can change; any other warning passes)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
 
 
 # --- torch.distributed.checkpoint stagers ---------------------------------------------------------

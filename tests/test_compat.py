@@ -1,7 +1,8 @@
 """pipeline/compat.py: the calls that differ between the library versions we support, each checked
 here on the installed versions and on the other behaviour emulated (no GPU needed): transformers
 5.17's activation checkpointing (old name only), torch 2.11's one-use DCP stager, torch < 2.9's
-missing `DefaultStager`, and SDPA forwards that skip transformers' mask builder."""
+missing `DefaultStager`, SDPA forwards that skip transformers' mask builder, and peft wrapping models
+without the deprecation it triggers in transformers 5.2x."""
 
 from __future__ import annotations
 
@@ -151,3 +152,37 @@ def test_a_sliding_window_model_keeps_its_mask_builder():
                                              attn_implementation="sdpa"))
     with compat.skip_mask_builder(model):
         assert model.config._attn_implementation == "sdpa"
+
+
+def test_wrapping_with_peft_leaves_its_own_deprecation_out_of_the_log_and_every_other_warning_in(tmp_path):
+    """peft reads `is_gradient_checkpointing`, which transformers >= 5.2x deprecates, whenever it wraps a model:
+    the trainer's wrap and a saved adapter's load give no such warning; any other warning still passes."""
+    import warnings
+
+    from pipeline import config as train_config
+    from pipeline.model.adapter import attach_lora
+    from pipeline.model.exported import load
+
+    cfg = train_config.to_typed({"model": {"path": "m"}, "tokens": {"train_cache": "t"}})
+    base = _tiny_llama()
+    base.save_pretrained(tmp_path / "base")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model = attach_lora(base, cfg)
+    assert not [w for w in seen if "is_gradient_checkpointing" in str(w.message)], [str(w.message) for w in seen]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with compat.peft_wrapping():
+            warnings.warn("`is_gradient_checkpointing` is deprecated, but this one is a UserWarning")
+    assert [(w.category, str(w.message)) for w in seen] == \
+        [(UserWarning, "`is_gradient_checkpointing` is deprecated, but this one is a UserWarning")]
+    model.save_pretrained(tmp_path / "adapter")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))).save_pretrained(
+        tmp_path / "base")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load(tmp_path / "adapter", base=tmp_path / "base", tokenizer=tmp_path / "base")
+    assert not [w for w in seen if "is_gradient_checkpointing" in str(w.message)], [str(w.message) for w in seen]

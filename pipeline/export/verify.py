@@ -61,6 +61,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.compat import peft_wrapping
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
@@ -229,7 +230,8 @@ def _base_plus_adapter(model_class, base: Path, adapter: Path, inputs: dict, *, 
         one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
     if resize_to is not None:  # the new rows' values come from the adapter (all of them are trained)
         model.resize_token_embeddings(resize_to, mean_resizing=False)
-    model = PeftModel.from_pretrained(model, adapter)
+    with peft_wrapping():
+        model = PeftModel.from_pretrained(model, adapter)
     left_out = _not_loaded(model, adapter) if quantization is None else []
     with_adapter, alone = _logits(model, inputs, device), None
     if base_alone:  # what quantization does to the base

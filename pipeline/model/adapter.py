@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.compat import peft_unscopes_regex
+from pipeline.compat import peft_unscopes_regex, peft_wrapping
 from pipeline.config import LORA_INITS, TrainConfig
 from pipeline.errors import UserError
 from pipeline.model import kernels, targets as lora_targets, vision
@@ -66,7 +66,8 @@ def attach_lora(model, cfg: TrainConfig, token_ids: list[int] = ()):
         task_type="CAUSAL_LM",
         **extra,
     )
-    model = get_peft_model(model, lora)
+    with peft_wrapping():
+        model = get_peft_model(model, lora)
     if _quantized_conv1d(model):  # the adapter merges into (and loads onto) the base's Conv1D layout
         model.peft_config["default"].fan_in_fan_out = True
     if rows:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.compat import peft_wrapping
 from pipeline.data.run_tokenizer import vocab_rows
 from pipeline.errors import UserError
 
@@ -81,5 +82,6 @@ def load(source: Path | str, *, base: Path | str | None = None, tokenizer: Path 
     if adapter:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, source)
+        with peft_wrapping():
+            model = PeftModel.from_pretrained(model, source)
     return model.to(device).eval(), tok
