@@ -59,6 +59,9 @@ _MISTRAL = ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[
             "[TOOL_RESULTS]", "[/TOOL_RESULTS]")
 _MISTRAL_SMALL3 = _MISTRAL + ("<pad>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]")
 _GEMMA = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
+_GEMMA4 = ("<pad>", "<eos>", "<bos>", "<unk>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>", "<|tool>",
+           "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>', "<|image|>",
+           "<|audio|>", "<|video|>")
 _PHI35 = ("<unk>", "<s>", "</s>", "<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 _HARMONY = ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
             "<|message|>", "<|call|>")
@@ -129,6 +132,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in [
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", system="raises", stops=("<eos>", "<end_of_turn>")),
     Family("gemma-3", "gemma-3-it.jinja", "<end_of_turn>", _GEMMA,
            bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", stops=("<eos>", "<end_of_turn>")),
+    # Gemma 4: <|turn>model ... <turn|>; its generation prompt adds an empty thought channel
+    # (<|channel>thought\n<channel|>) that a rendered model turn does not hold: the turn is trained as rendered, as
+    # TRL's gemma4_training.jinja trains it. It renders <think> text in a turn's content as it is (it strips only its
+    # own channel), so reasoning is content to it, as to the families without reasoning here.
+    Family("gemma-4", "gemma-4.jinja", "<turn|>", _GEMMA4, bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>",
+           stops=("<eos>", "<turn|>")),
     # Phi-3 (mini, small, medium): Phi-3.5's format, and the eos after the last turn of a render without a
     # generation prompt
     Family("phi-3", "phi-3-mini-instruct.jinja", "<|end|>", _PHI35,
