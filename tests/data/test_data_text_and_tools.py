@@ -138,6 +138,7 @@ def tool_record(content: str = "", arguments='{"city": "Paris"}') -> dict:
 
 CALL_QWEN = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
 CALL_LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>'
+CALL_GEMMA4 = '<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>'
 
 
 @pytest.mark.parametrize("family, content, expected", [
@@ -149,6 +150,9 @@ CALL_LLAMA = '{"name": "get_weather", "parameters": {"city": "Paris"}}<|eot_id|>
     ("llama-3.1", "Let me check.", [CALL_LLAMA, "It is 18C and sunny.<|eot_id|>"]),
     ("mistral-nemo", "", ['[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "call12345"}]</s>',
                           "It is 18C and sunny.</s>"]),
+    # Gemma 4 writes the calls first, then the calling turn's content; the result is a turn of its own (role tool).
+    ("gemma-4", "", [CALL_GEMMA4 + "<turn|>", "It is 18C and sunny.<turn|>"]),
+    ("gemma-4", "Let me check.", [CALL_GEMMA4 + "Let me check.<turn|>", "It is 18C and sunny.<turn|>"]),
 ])
 def test_tool_calls_are_trained_and_tool_results_are_not(tmp_path, family, content, expected):
     """The calling turn is supervised from its content (or the end of the assistant header) through the call
