@@ -24,6 +24,10 @@ entries:
                             (gate_proj, up_proj, down_proj, w1..w3) of MoE families onto the fused
                             experts (`peft_refuses_target`, `peft_remapped_targets`: asked of peft
                             itself, nothing where the check or the conversion is missing)
+  per-layer config values   from 5.17 a config may set an attribute per layer (Gemma 4: head_dim 512 in
+                            its full-attention layers, 256 elsewhere), and reading its one global value
+                            then raises `AmbiguousGlobalPerLayerAttributeError`; `per_layer` reads
+                            every layer's, or the global where the config has one
 
 Imports of torch and transformers happen inside the functions: this module is
 imported by code that must stay light (`pipeline.config`'s neighbours do not
@@ -153,6 +157,18 @@ def async_save(state, *, checkpoint_id: str, process_group, stager):
     return dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=process_group, **extra)
 
 
+# --- per-layer config values ----------------------------------------------------------------------
+
+
+def per_layer(config, key: str) -> list:
+    """The values of `key` in a transformers config: one per layer where the config sets some attribute
+    per layer (`is_heterogeneous`, transformers >= 5.17; so two keys' lists pair up layer by layer), else
+    its global value alone, `[None]` where the config has no such attribute."""
+    if getattr(config, "is_heterogeneous", False):
+        return [getattr(layer, key, None) for layer in config.per_layer_config]
+    return [getattr(config, key, None)]
+
+
 # --- attention without the mask builder -----------------------------------------------------------
 
 
@@ -168,8 +184,8 @@ def _register_mask_free_sdpa() -> str:
 def _full_causal(config) -> bool:
     """Is every attention layer of this (text) config plain causal: no sliding window, no chunks?"""
     layer_types = getattr(config, "layer_types", None) or []
-    return (getattr(config, "sliding_window", None) is None and getattr(config, "attention_chunk_size", None) is None
-            and all(kind == "full_attention" for kind in layer_types))
+    limits = [*per_layer(config, "sliding_window"), *per_layer(config, "attention_chunk_size")]
+    return all(limit is None for limit in limits) and all(kind == "full_attention" for kind in layer_types)
 
 
 @contextmanager

@@ -70,7 +70,8 @@ def attention_choice(requested: str, config, device=None) -> tuple[str, str]:
     """`attention.resolve` for the model of `config` on `device` (default: CUDA if this process has it):
     (the implementation, why)."""
     family = str(getattr(config, "model_type", None) or type(config).__name__)
-    return attention.resolve(requested, attention.support_of(model_class(config), family),
+    largest = max((size for size in attention.head_sizes(config) if size), default=None)
+    return attention.resolve(requested, attention.support_of(model_class(config), family, largest),
                              attention.Machine.here(device))
 
 

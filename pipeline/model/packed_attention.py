@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.compat import per_layer
+from pipeline.model.attention import head_sizes
 from pipeline.model.batch import RECORD_BOUNDS
 from pipeline.model.loss import MASK_FREE_FAMILIES
 
@@ -51,9 +53,9 @@ def runs_per_record(config, longest: int) -> bool:
     window, if any, covers every record (then it equals the causal mask)."""
     if getattr(config, "model_type", None) not in MASK_FREE_FAMILIES:  # text decoders only (packing is)
         return False
-    window = getattr(config, "sliding_window", None)
+    windows = [w for w in per_layer(config, "sliding_window") if w is not None]
     used = getattr(config, "use_sliding_window", True)  # Qwen2/3 keep a window in the config, unused by default
-    return window is None or not used or window >= longest
+    return not used or all(window >= longest for window in windows)
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -100,18 +102,18 @@ def torch_varlen_kernel():
 
 
 def varlen_fits(config, compute_dtype) -> str | None:
-    """Why torch's varlen kernel cannot run the attention of a model of `config` (a transformers text
-    config) under `compute_dtype` (the autocast dtype; None: fp32), or None where it can. The flash
-    kernel takes half-precision inputs and head sizes up to 256 in multiples of 8, and has no dropout
-    or soft-capping of its logits."""
+    """Why torch's varlen kernel cannot run the attention of a model of `config` (a transformers config;
+    a vision-language model's text config is read) under `compute_dtype` (the autocast dtype; None:
+    fp32), or None where it can. The flash kernel takes half-precision inputs and head sizes up to 256
+    in multiples of 8, and has no dropout or soft-capping of its logits."""
     if torch_varlen_kernel() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen (torch >= 2.10)"
     if compute_dtype not in (torch.bfloat16, torch.float16):
         return "its flash kernel computes in bf16 or fp16 only (precision.mode gives fp32)"
-    heads = getattr(config, "num_attention_heads", None)
-    head_dim = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
-    if not head_dim or head_dim % 8 or head_dim > 256:
-        return f"head size {head_dim}: its flash kernel takes multiples of 8 up to 256"
+    for head_dim in sorted(head_sizes(config), key=lambda size: -(size or 0)):  # Gemma 4: 512 in some layers
+        if not head_dim or head_dim % 8 or head_dim > 256:
+            return f"head size {head_dim}: its flash kernel takes multiples of 8 up to 256"
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0:
         return f"attention_dropout {config.attention_dropout} in the model's config: the kernel has no dropout"
     if getattr(config, "attn_logit_softcapping", None):

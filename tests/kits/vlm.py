@@ -206,9 +206,9 @@ GEMMA4_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_e
 
 
 def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
-    """A tiny random Gemma 4 (1-block vision tower; 2 decoder layers, one sliding-window, one global, attending
-    both ways within an image, logits soft-capped; `moe`: each with a mixture of 4 experts beside its MLP, the
-    26B-A4B's layout) with its processor's settings: 4x4 patches pooled 2x2, the fewest soft tokens its image
+    """A tiny random Gemma 4 (1-block vision tower; 2 decoder layers, one sliding-window, one global with twice
+    the head size as Gemma 4's (a per-layer config), attending both ways within an image, logits soft-capped;
+    `moe`: each with a mixture of 4 experts beside its MLP, the 26B-A4B's layout) with its processor's settings: 4x4 patches pooled 2x2, the fewest soft tokens its image
     processor allows (70: a 32x32 image is scaled to 64x64, 64 `<|image|>`s between `<|image>` and
     `<image|>`). Its video half needs torchvision to be built, so the dir is written as the processor saves it."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
@@ -218,7 +218,7 @@ def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     tokenizer, ids, special = _named_tokens_tokenizer(GEMMA4_TOKENS, GEMMA4_TEMPLATE, extra=("<|video|>",))
     config = Gemma4Config(
         text_config=dict(vocab_size=len(tokenizer), vocab_size_per_layer_input=len(tokenizer), hidden_size=32,
-                         intermediate_size=64, num_hidden_layers=2, head_dim=16, global_head_dim=16,
+                         intermediate_size=64, num_hidden_layers=2, head_dim=16, global_head_dim=32,
                          num_attention_heads=2, num_key_value_heads=1, hidden_size_per_layer_input=8,
                          max_position_embeddings=256, sliding_window=16, final_logit_softcapping=30.0,
                          layer_types=["sliding_attention", "full_attention"], use_bidirectional_attention="vision",

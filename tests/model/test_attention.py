@@ -41,6 +41,27 @@ def test_an_explicit_kernel_the_family_does_not_support_names_the_setting_and_th
     assert "it supports flex_attention, eager (or auto" in message
 
 
+def test_gemma4_heads_of_512_keep_auto_off_flash_attn_and_an_explicit_flash_choice_is_refused(monkeypatch):
+    """Gemma 4's class supports flash attention, but its full-attention layers have heads of 512 (a
+    per-layer config): flash-attn's kernels take up to 256, so `auto` on a GPU with flash-attn takes SDPA,
+    saying why, and flash_attention_2 asked for is refused before any load (it failed in the first forward)."""
+    import transformers as tf
+
+    from pipeline.model import attention, base
+
+    layers = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    gemma4 = tf.Gemma4TextConfig(**layers, head_dim=256)  # global_head_dim: 512, the default and the shipped size
+    assert attention.head_sizes(gemma4) == {256, 512}
+    monkeypatch.setattr(attention.Machine, "here", classmethod(lambda cls, device=None: GPU_FLASH))
+    impl, reason = base.attention_choice("auto", gemma4)
+    assert impl == "sdpa" and "gemma4_text's heads of 512 are over the 256 its kernels take" in reason, reason
+    with pytest.raises(UserError, match=r"flash_attention_2: gemma4_text does not support it \(heads of 512"):
+        base.attention_choice("flash_attention_2", gemma4)
+    fits = tf.Gemma4TextConfig(**layers, head_dim=128, global_head_dim=256)
+    assert base.attention_choice("auto", fits)[0] == "flash_attention_2"
+    assert base.attention_choice("auto", tf.LlamaConfig())[0] == "flash_attention_2"
+
+
 def test_an_explicit_supported_kernel_is_taken_as_set_and_remote_code_is_assumed_sdpa():
     assert resolve("eager", _support("LlamaForCausalLM", "llama"), GPU_FLASH) == ("eager", "set by "
                                                                                    "model.attn_implementation")

@@ -15,7 +15,9 @@ norms, Gemma tied embeddings scaled by sqrt(hidden) and its (1 + w) RMSNorm,
 Mistral sliding-window attention, Phi-3 fused qkv_proj / gate_up_proj, GPT-2
 Conv1D layers (weights stored transposed: [in, out]) and a tied head, Falcon Linear layers with a forward of
 their own (adapted through their weights), Gemma 3n's text
-model an intermediate size per layer (a list in its config), layers that reuse
+model an intermediate size per layer (a list in its config), Gemma 4's text model a head size per layer
+(twice as wide in its full-attention layers: a transformers per-layer config, whose global head_dim raises
+on a read), layers that reuse
 earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections); Zamba2 Mamba-2 layers
 and a shared attention block with per-layer adapters, Linear layers in Sequentials in ModuleLists.
 """
@@ -68,6 +70,11 @@ def _config(family: str, tokenizer):
                                     activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0], altup_num_inputs=2,
                                     laurel_rank=4, hidden_size_per_layer_input=8,
                                     vocab_size_per_layer_input=len(tokenizer), tie_word_embeddings=True)
+    if family == "gemma4":  # head_dim 16 in its full-attention layer, 8 in the sliding one: a per-layer config
+        return tf.Gemma4TextConfig(**_decoder(head_dim=HIDDEN // HEADS), **common, global_head_dim=2 * HIDDEN // HEADS,
+                                   layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+                                   hidden_size_per_layer_input=8, vocab_size_per_layer_input=len(tokenizer),
+                                   tie_word_embeddings=True)
     if family == "zamba2":  # a Mamba-2 layer, then a hybrid one: the shared attention + MLP block, LoRA-like adapters
         return tf.Zamba2Config(**{**_decoder(), "num_hidden_layers": 2}, **common, layers_block_type=["mamba", "hybrid"],
                                mamba_headdim=16, mamba_d_state=8, n_mamba_heads=4, chunk_size=16,
@@ -100,6 +107,9 @@ FAMILIES = {
     "gemma3n": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "0",
                  "correction_coefs", "prediction_coefs", "modality_router", "linear_left", "linear_right",
                  "per_layer_input_gate", "per_layer_projection", "per_layer_model_projection"}, True),
+    # with its per-layer inputs' gate and projections
+    "gemma4": ({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "per_layer_input_gate",
+                "per_layer_projection", "per_layer_model_projection"}, True),
     # Mamba-2 and the shared block's attention and MLP, whose per-layer adapters are Linear layers in Sequentials
     # in ModuleLists (gate_up_proj_adapter_list.0.1: "1" or "0.1" alone would name other layers too)
     "zamba2": ({"in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj", "linear",

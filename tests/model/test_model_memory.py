@@ -40,6 +40,16 @@ def test_shapes_from_config_json_count_every_parameter(tmp_path, tied):
     assert shapes.params == sum(p.numel() for p in model.parameters())
 
 
+def test_shapes_take_the_widest_of_a_size_set_per_layer():
+    """transformers >= 5.17 writes Gemma 4's head size of its full-attention layers into `per_layer_config`:
+    the memory bound takes the widest."""
+    import transformers as tf
+
+    config = tf.Gemma4TextConfig(num_hidden_layers=3, head_dim=256, global_head_dim=512).to_dict()
+    assert config["head_dim"] == 256 and config["per_layer_config"] == {"2": {"head_dim": 512}}
+    assert memory.Shapes.from_config(config).head_dim == 512
+
+
 def test_lora_parameter_count_is_what_peft_trains(tmp_path):
     _save(tmp_path, tied=False)
     cfg = _cfg(tmp_path, "lora.r=8", "lora.target_modules=[q_proj,v_proj,down_proj]")

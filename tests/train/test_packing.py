@@ -297,6 +297,10 @@ def test_torch_varlen_is_asked_for_and_says_where_it_does_not_fit(monkeypatch):
     assert "no dropout" in fits(tf.LlamaConfig(hidden_size=64, num_attention_heads=4, attention_dropout=0.1),
                                 torch.bfloat16)
     assert "soft-capped" in fits(tf.Gemma2Config(), torch.bfloat16)
+    # Gemma 4's config sets head_dim per layer (512 in its full-attention layers): the global read raises
+    gemma4 = dict(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"])
+    assert "head size 512" in fits(tf.Gemma4TextConfig(**gemma4, head_dim=256), torch.bfloat16)
+    assert fits(tf.Gemma4TextConfig(**gemma4, head_dim=128, global_head_dim=256), torch.bfloat16) is None
     monkeypatch.setattr(packed_attention, "torch_varlen_kernel", lambda: None)
     assert "torch >= 2.10" in fits(llama, torch.bfloat16)
 
