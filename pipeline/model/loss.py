@@ -120,6 +120,7 @@ _LOGIT_MAPS = {
     "falcon_h1": lambda c: LogitMap(scale=float(c.lm_head_multiplier)),
     "hyperclovax": lambda c: LogitMap(scale=float(c.logits_scaling)),
     "recurrent_gemma": lambda c: LogitMap(cap=getattr(c, "logits_soft_cap", None) or None),
+    "xlstm": lambda c: LogitMap(cap=getattr(c, "output_logit_soft_cap", None) or None),
     # these divide the last hidden states before the head (no bias): the same as dividing its logits
     "minicpm3": lambda c: LogitMap(scale=float(c.dim_model_base) / float(c.hidden_size)),
     "inkling_text": lambda c: LogitMap(scale=1.0 / float(c.logits_mup_width_multiplier)),

@@ -198,6 +198,8 @@ def _post_processing_model(family: str):
         "recurrent_gemma": lambda: tf.RecurrentGemmaConfig(
             **{k: v for k, v in common.items() if k != "max_position_embeddings"}, lru_width=32,
             attention_window_size=16, logits_soft_cap=0.05, block_types=["recurrent", "attention"]),
+        "xlstm": lambda: tf.xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                        pad_token_id=0, output_logit_soft_cap=0.05),
         # hidden states / (hidden_size / dim_model_base) = x 8 before the head
         "minicpm3": lambda: tf.MiniCPM3Config(**common, dim_model_base=256, qk_rope_head_dim=4, qk_nope_head_dim=4,
                                               v_head_dim=8, kv_lora_rank=16, q_lora_rank=16),
@@ -212,9 +214,9 @@ def _post_processing_model(family: str):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1", "vaultgemma",
-                                    "recurrent_gemma", "minicpm3", "inkling_text"])
+                                    "recurrent_gemma", "xlstm", "minicpm3", "inkling_text"])
 def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
-    """Soft-capping (Gemma 2, Gemma 3 where set, VaultGemma, RecurrentGemma) and logit scaling (Cohere, Granite,
+    """Soft-capping (Gemma 2, Gemma 3 where set, VaultGemma, RecurrentGemma, xLSTM) and logit scaling (Cohere, Granite,
     Falcon-H1; MiniCPM3 and Inkling scale the hidden states before the head) are the model's: the chunked loss
     equals the stock model's own loss with labels, and so do its gradients."""
     from pipeline.errors import UserError
@@ -234,8 +236,9 @@ def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
     theirs = model(input_ids=ids, labels=ids, use_cache=False).loss
     theirs.backward()
     assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-6)
+    hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # xLSTM: no recurrent state kept
     plain = torch.nn.functional.cross_entropy(  # what the loss would be without the step: not the same
-        model.get_output_embeddings()(model.base_model(input_ids=ids).last_hidden_state)[:, :-1].flatten(0, 1),
+        model.get_output_embeddings()(hidden)[:, :-1].flatten(0, 1),
         ids[:, 1:].flatten())
     assert abs(float(plain) - float(theirs)) > 1e-3, (float(plain), float(theirs))
     for name, p in model.named_parameters():
