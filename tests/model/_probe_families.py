@@ -62,9 +62,26 @@ def _hand(tokenizer):
         "hunyuan_v1_dense": lambda: tf.HunYuanDenseV1Config(**common, head_dim=8),
         "hunyuan_v1_moe": lambda: tf.HunYuanMoEV1Config(**common, head_dim=8, num_experts=4, moe_topk=2),
         "ministral": lambda: tf.MinistralConfig(**common, head_dim=8),
+        "xlstm": lambda: tf.xLSTMConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_heads=4,
+                                        **{k: v for k, v in common.items() if k.endswith("token_id")}),
         "dots1": lambda: tf.Dots1Config(**common, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                                         first_k_dense_replace=1, n_shared_experts=1),
     }
+
+
+def _remade(config_class, tokenizer):
+    """A config whose sizes vary per layer, made anew from the small sizes: its own `__post_init__` then sets
+    the per-layer ones for 2 layers (Gemma 4's full-attention head size: `global_head_dim`, twice the others)."""
+    import inspect
+
+    params = inspect.signature(config_class).parameters
+    sizes = {**SMALL, "num_hidden_layers": 2, "vocab_size": len(tokenizer), "vocab_size_per_layer_input": len(tokenizer),
+             "hidden_size_per_layer_input": 8, "global_head_dim": 2 * SMALL["head_dim"], "tie_word_embeddings": False,
+             **{key: getattr(tokenizer, key) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}}
+    if config_class.model_type.startswith("dots3"):  # its latent attention: as many K/V heads as query heads
+        sizes["num_key_value_heads"] = SMALL["num_attention_heads"]
+    return config_class(**{key: value for key, value in sizes.items()
+                           if key in params or key == "global_head_dim" and "gemma4" in config_class.model_type})
 
 
 def tiny_config(model_type, tokenizer):
@@ -73,6 +90,8 @@ def tiny_config(model_type, tokenizer):
         return hand[model_type]()
     cfg = AutoConfig.for_model(model_type)
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    if getattr(cfg, "is_heterogeneous", False):  # sizes set per layer (Gemma 4, dots3), whose globals raise on a read
+        return _remade(type(cfg), tokenizer)
     layers = getattr(cfg, "num_hidden_layers", None)
     for key, value in SMALL.items():
         if hasattr(cfg, key) and getattr(cfg, key) is not None:
