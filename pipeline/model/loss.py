@@ -245,6 +245,9 @@ class TokenLoss(torch.nn.Module):
                 logits, head = self(Batch({"input_ids": ids}, ids[0, :0], ids[0, :0], tokens=8), probe=True)
         finally:
             self.train(was_training)
+        if not torch.isfinite(logits).all():
+            raise ValueError(f"{type(hf).__name__}: its logits on an 8-token probe, before any update, are not finite"
+                             f"{_zero_row_dora(hf)}")
         ours = self.logits(head)
         if self.logits and not torch.allclose(logits, ours, rtol=1e-3, atol=1e-3) and torch.allclose(
                 logits, head, rtol=1e-3, atol=1e-3):
@@ -257,6 +260,21 @@ class TokenLoss(torch.nn.Module):
                 f"{f' (then {self.logits})' if self.logits else ''} (max difference "
                 f"{float((logits - ours).abs().max()):.3g}); the chunked loss would train another model than the "
                 "one evaluated. Models that post-process their logits in another way are not supported.")
+
+
+def _zero_row_dora(model) -> str:
+    """Why a model's first logits are not finite, where DoRA is the cause: it divides by the norm of each
+    row of an adapted weight, and a row of zeros (xLSTM's gate projections at their init) gives NaN."""
+    zero = [name for name, module in model.named_modules()
+            if getattr(module, "lora_magnitude_vector", None) and hasattr(module, "get_base_layer")
+            and getattr(module.get_base_layer(), "weight", None) is not None
+            and module.get_base_layer().weight.device.type != "meta"
+            and bool((module.get_base_layer().weight.detach().float().norm(dim=1) == 0).any())]
+    if not zero:
+        return ""
+    shown = ", ".join(zero[:4]) + (f" and {len(zero) - 4} more" if len(zero) > 4 else "")
+    return (f": DoRA (lora.use_dora) divides by the norm of each row of an adapted weight, and {shown} have rows "
+            "of zeros; leave them out of lora.target_modules or set lora.use_dora=false")
 
 
 def can_drop_mask(model) -> bool:

@@ -130,6 +130,25 @@ def test_a_model_that_post_processes_its_logits_is_refused(tiny):
         TokenLoss(model)
 
 
+def test_dora_on_a_weight_with_rows_of_zeros_is_named_where_the_first_logits_are_nan():
+    """DoRA divides by the norm of each row of an adapted weight; xLSTM starts its gate projections at 0,
+    so DoRA there makes the first logits NaN: the head probe names those layers and the settings, where it
+    said the logits were not the head's (max difference nan)."""
+    import transformers as tf
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    config = tf.xLSTMConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_heads=4, pad_token_id=0)
+    targets = ["fgate_preact", "proj_down"]  # zero rows at init; none
+    dora = get_peft_model(tf.AutoModelForCausalLM.from_config(config), LoraConfig(r=2, target_modules=targets,
+                                                                                   use_dora=True))
+    with pytest.raises(ValueError, match=r"not finite: DoRA \(lora.use_dora\) divides .* "
+                                         r"backbone.blocks.0.mlstm_layer.fgate_preact have rows of zeros; leave"):
+        TokenLoss(dora)
+    torch.manual_seed(0)
+    TokenLoss(get_peft_model(tf.AutoModelForCausalLM.from_config(config), LoraConfig(r=2, target_modules=targets)))
+
+
 def test_the_chunk_loss_is_compiled_on_cuda_only():
     """The selection (no GPU here to run the compiled one): eager `_chunk_loss` itself on a CPU, so the CPU
     path is the one every other test checks; one `torch.compile` of it for every CUDA device."""
