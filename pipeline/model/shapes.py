@@ -58,7 +58,7 @@ class Shapes:
         """From a Hugging Face config dict (a vision-language model's `text_config`)."""
         c = {k: _widest(v) for k, v in (config.get("text_config") or config).items()}
         for overrides in (c.get("per_layer_config") or {}).values():  # transformers >= 5.17 (Gemma 4's head_dim)
-            c.update({k: _widest([c[k], v]) for k, v in overrides.items() if k in c})
+            c.update({k: v if c[k] is None else _widest([c[k], v]) for k, v in overrides.items() if k in c})
         hidden, heads = c["hidden_size"], c["num_attention_heads"]
         experts = int(c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts") or 0)
         intermediate = c.get("intermediate_size") or c.get("moe_intermediate_size") or 4 * hidden
