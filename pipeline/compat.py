@@ -24,6 +24,9 @@ entries:
                             (gate_proj, up_proj, down_proj, w1..w3) of MoE families onto the fused
                             experts (`peft_refuses_target`, `peft_remapped_targets`: asked of peft
                             itself, nothing where the check or the conversion is missing)
+  layers read past forward  Mamba's `dt_proj.weight @ x` (Jamba's and FalconMamba's too, unless the
+                            model is quantized): `WEIGHT_READ_PAST_LAYER`, left out of LoRA and of
+                            bitsandbytes
   per-layer config values   from 5.17 a config may set an attribute per layer (Gemma 4: head_dim 512 in
                             its full-attention layers, 256 elsewhere), and reading its one global value
                             then raises `AmbiguousGlobalPerLayerAttributeError`; `per_layer` reads
@@ -155,6 +158,17 @@ def async_save(state, *, checkpoint_id: str, process_group, stager):
 
     extra = {"async_stager": stager} if stager is not None else {}
     return dcp.async_save(state, checkpoint_id=checkpoint_id, process_group=process_group, **extra)
+
+
+# --- layers read past their forward ---------------------------------------------------------------
+
+# Linear layers whose weight their family's forward reads itself, past the layer (`self.dt_proj.weight @ x`
+# in transformers' modeling_mamba.py, and in modeling_falcon_mamba.py / modeling_jamba.py unless quantized):
+# an adapter on the layer never acts there (its lora_B gets no gradient, and stock peft's base + adapter
+# leaves it out), so all-linear leaves them out and a list naming one fails (`pipeline.model.targets`).
+# bitsandbytes leaves them unquantized (`pipeline.model.quantization`): Mamba's forward cannot multiply by
+# a 4-bit weight.
+WEIGHT_READ_PAST_LAYER = {"mamba": ("dt_proj",), "falcon_mamba": ("dt_proj",), "jamba": ("dt_proj",)}
 
 
 # --- per-layer config values ----------------------------------------------------------------------

@@ -32,7 +32,8 @@ def quantization_config(model: ModelConfig, compute_dtype: torch.dtype):
     block (`model.quant_double`: those quantized to 8 bits too) and multiply in
     `model.quant_compute_dtype` (auto: `compute_dtype`); int8 is LLM.int8()
     (row-wise int8, outlier columns in fp16). The output head is left in float
-    by transformers. UserError when bitsandbytes is not installed.
+    by transformers, and a layer whose weight the family's forward reads itself
+    (Mamba's `dt_proj`) by us. UserError when bitsandbytes is not installed.
     """
     kind = model.quantization
     if kind == "none":
@@ -40,11 +41,25 @@ def quantization_config(model: ModelConfig, compute_dtype: torch.dtype):
     require_bitsandbytes(model)
     from transformers import BitsAndBytesConfig
 
+    skip = {"llm_int8_skip_modules": ["lm_head", *read]} if (read := _read_past_layer(model)) else {}
     if kind == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, **skip)
     compute = compute_dtype if model.quant_compute_dtype == "auto" else dtypes.BY_NAME[model.quant_compute_dtype]
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=str(kind), bnb_4bit_compute_dtype=compute,
-                              bnb_4bit_use_double_quant=model.quant_double)
+                              bnb_4bit_use_double_quant=model.quant_double, **skip)
+
+
+def _read_past_layer(model: ModelConfig) -> tuple[str, ...]:
+    """The Linear layers of the base whose weight its family's forward reads itself
+    (`pipeline.compat.WEIGHT_READ_PAST_LAYER`: Mamba's `dt_proj`), left in float. Naming them
+    to bitsandbytes replaces transformers' own list (the output head, for these families `lm_head`),
+    so that goes too."""
+    from transformers import AutoConfig
+
+    from pipeline.compat import WEIGHT_READ_PAST_LAYER
+
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    return WEIGHT_READ_PAST_LAYER.get(getattr(config, "model_type", None), ())
 
 
 def require_bitsandbytes(model: ModelConfig) -> None:

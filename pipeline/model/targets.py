@@ -28,7 +28,9 @@ stay frozen unless `moe.train_router`. On hybrids it covers the attention, the
 MLP / expert projections, and the Mamba / linear-attention projections that peft
 adapts: peft refuses `out_proj` (and `conv1d`) of Mamba-based families
 (falcon_h1, nemotron_h), so `all-linear` leaves those out, and a list naming one
-fails (`pipeline.compat.peft_refuses_target` asks peft itself). A named list
+fails (`pipeline.compat.peft_refuses_target` asks peft itself); Mamba's,
+FalconMamba's and Jamba's `dt_proj`, whose weight their forward reads itself
+(`pipeline.compat.WEIGHT_READ_PAST_LAYER`), likewise. A named list
 selects the layers and fused expert parameters of those names (`down_proj` names
 both the dense / shared expert's Linear and the experts' fused `down_proj`).
 
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from pipeline.compat import peft_refuses_target, peft_remapped_targets
+from pipeline.compat import WEIGHT_READ_PAST_LAYER, peft_refuses_target, peft_remapped_targets
 from pipeline.config import ALL_LINEAR, LoraConfig, MoeConfig
 from pipeline.errors import UserError
 
@@ -274,6 +276,17 @@ def resolve(model, lora: LoraConfig, moe: MoeConfig, *, tower: bool = False, whe
         takes = sorted({c.name for c in found if c.key not in refusals and c.kind != "router"})
         raise UserError(f"lora.target_modules={requested}: peft refuses {', '.join(sorted(refused))} in {where} "
                         f"({next(iter(refused.values())).splitlines()[0]}); it may take: {', '.join(takes)}")
+    family = _family(model)
+    read = sorted({c.key for c in chosen if c.module and c.key in WEIGHT_READ_PAST_LAYER.get(family, ())})
+    if read and requested == [ALL_LINEAR]:
+        chosen = [c for c in chosen if c.key not in read]
+        left_out += [f"{key} ({_kind_of(found, key)}): {family}'s forward reads its weight itself, past the layer, "
+                     "where no adapter acts" for key in read]
+    elif read:
+        takes = sorted({c.name for c in found if c.kind != "router" and c.key not in {*read, *refusals}})
+        raise UserError(f"lora.target_modules={requested}: {family}'s forward in {where} reads the weight of "
+                        f"{', '.join(read)} itself ({read[0]}.weight @ x), past the layer, so an adapter there would "
+                        f"never train; it may take: {', '.join(takes)}")
     # peft moves some layer names of these families onto the fused experts (`peft_remapped_targets`):
     # such a layer is adapted through its weight instead, which peft leaves alone (the same LoRA pair).
     moved = peft_remapped_targets(model, sorted({c.key for c in chosen if c.module}))

@@ -64,6 +64,11 @@ def test_dora_on_a_layer_kind_it_does_not_support_fails_at_plan_naming_the_keys(
     # plain LoRA: peft itself refuses conv1d on a Mamba model, at plan too
     with pytest.raises(UserError, match=r"peft refuses conv1d .* it may take: dt_proj, in_proj, x_proj"):
         plan.main(args + resolved_config([*overrides, "lora.use_dora=false"]))
+    # dt_proj, whose weight Mamba's forward reads itself (dt_proj.weight @ x): an adapter there never trains
+    overrides[-1] = "lora.target_modules=[in_proj,dt_proj]"
+    with pytest.raises(UserError, match=r"mamba's forward in .* reads the weight of dt_proj itself .* never train; "
+                                        r"it may take: in_proj, x_proj$"):
+        plan.main(args + resolved_config([*overrides, "lora.use_dora=false"]))
     # what peft takes passes the check
     overrides[-1] = "lora.target_modules=[in_proj]"
     assert plan.main(args + resolved_config([*overrides, "lora.use_dora=false"])) == 0

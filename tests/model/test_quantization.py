@@ -225,3 +225,56 @@ def test_a_quantized_gpt2_adapter_merges_into_its_conv1d_weights(tiny, tmp_path)
     merge_dirs(base, export / "adapter", export / "merged")
     report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+@pytest.mark.parametrize("family", ["mamba", "falcon_mamba"])
+@pytest.mark.parametrize("quantization", ["none", "nf4"])
+def test_mamba_dt_proj_read_past_its_layer_is_neither_adapted_nor_quantized(family, quantization, tiny, tmp_path):
+    """Mamba's forward computes `dt_proj.weight @ x` itself (FalconMamba's too, unless quantized): an adapter on
+    dt_proj never trained (its lora_B stayed 0), nf4 Mamba died in its first forward (a 4-bit weight in a
+    matmul), and nf4 FalconMamba, which then calls the layer, trained an adapter that stock peft's base +
+    adapter leaves out (verify_merge failed). dt_proj is now left out of both; the run trains, merges and
+    verifies."""
+    import transformers as tf
+    from kits.train import make_run
+    from safetensors.torch import load_file
+
+    from pipeline.demo.text import build_tokenizer
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import verify
+    from pipeline.model import quantization as quant
+    from pipeline.model import targets
+    from pipeline.train import stage
+
+    tokenizer = build_tokenizer()
+    config = getattr(tf, "MambaConfig" if family == "mamba" else "FalconMambaConfig")(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=8, tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    base = tmp_path / family
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
+                   fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
+                              f"model.quantization={quantization}"])
+    cfg = train_config.load(run.config)
+    found = targets.resolve(tf.AutoModelForCausalLM.from_config(config), cfg.lora, cfg.moe)
+    assert "dt_proj" not in found.modules
+    assert f"dt_proj (mamba): {family}'s forward reads its weight itself, past the layer" in "\n".join(found.left_out)
+    if quantization == "nf4":
+        assert quant.quantization_config(cfg.model, torch.float32).llm_int8_skip_modules == ["lm_head", "dt_proj"]
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
+    adapter = load_file(export / "adapter" / "adapter_model.safetensors")
+    adapted = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in adapter}
+    assert adapted == {"in_proj", "x_proj"}  # peft refuses out_proj and conv1d of Mamba families
+    merge_dirs(base, export / "adapter", export / "merged")
+    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu",
+                    train_config=run.config)
+    assert report["passed"] and report["max_abs_diff"] < 1e-4, report
