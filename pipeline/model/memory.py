@@ -91,6 +91,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config import ALL_LINEAR, LoraConfig, ModelConfig, Quantization, TrainConfig, batch_split
+from pipeline.errors import UserError
 from pipeline.model.loss import chunk_tokens
 from pipeline.model.shapes import Shapes, model_shapes, read_shapes  # noqa: F401  (memory.model_shapes, ...)
 
@@ -294,9 +295,13 @@ def checkpointed_layers(cfg: TrainConfig, shapes: Shapes | None, run: Run, limit
     """
     switch = cfg.model.activation_checkpointing
     layers = shapes.layers if shapes is not None else EVERY_LAYER
+    if switch == "on" and shapes is not None and not shapes.checkpointable:
+        raise UserError(f"model.activation_checkpointing=on: the model class of {cfg.model.path} cannot checkpoint "
+                        "its activations (transformers' supports_gradient_checkpointing is False); set "
+                        "model.activation_checkpointing=off, or auto, which then checkpoints nothing")
     if switch != "auto":
         return layers if switch == "on" else 0
-    if limit is None or shapes is None:
+    if limit is None or shapes is None or not shapes.checkpointable:
         return 0
     return next((k for k in range(layers + 1)
                  if estimate(cfg, shapes, replace(run, checkpointed=k)).total <= limit), layers)
@@ -350,11 +355,11 @@ def knobs(cfg: TrainConfig, shapes: Shapes, run: Run, budget: int) -> list[str]:
     if cfg.lora.enabled and cfg.model.quantization == "none" and not run.sharded:
         option("model.quantization=nf4 (a 4-bit base under LoRA: QLoRA)", run, _with_quantization(cfg, "nf4"))
 
-    full = run.checkpointed >= shapes.layers
+    full = run.checkpointed >= shapes.layers or not shapes.checkpointable  # no more checkpointing to offer
     if not full:
         option("model.activation_checkpointing=on (or auto)", replace(run, checkpointed=shapes.layers))
     per_update = cfg.optim.global_batch // run.world
-    for ckpt in sorted({run.checkpointed, shapes.layers}):
+    for ckpt in sorted({run.checkpointed, shapes.layers if shapes.checkpointable else run.checkpointed}):
         smaller = [m for m in range(run.micro_batch - 1, 0, -1) if per_update % m == 0]
         fitting = [m for m in smaller if estimate(cfg, shapes, replace(run, micro_batch=m, checkpointed=ckpt)).total
                    <= budget]
@@ -460,7 +465,6 @@ def for_stage(cfg: TrainConfig, *, device, world: int, sharded: bool, precision:
 def resolved_attention(model: ModelConfig, device=None) -> str | None:
     """`model.attn_implementation` resolved on `device` (`pipeline.model.attention`); None when the
     model's config cannot be read."""
-    from pipeline.errors import UserError
     from pipeline.model import base
 
     try:

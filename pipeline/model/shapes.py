@@ -52,6 +52,8 @@ class Shapes:
     expert_intermediate: int = 0
     shared_intermediate: int = 0  # a shared expert's (or several's) intermediate size
     counts: Counts | None = None
+    # its class can checkpoint activations (transformers' `supports_gradient_checkpointing`; JetMoe's cannot)
+    checkpointable: bool = True
 
     @classmethod
     def from_config(cls, config: dict) -> Shapes:
@@ -177,6 +179,7 @@ def model_shapes(cfg: TrainConfig) -> Shapes | None:
         log.warning("memory estimate from config.json's shapes only (%s cannot be built on the meta device: %s)",
                     cfg.model.path, str(err).splitlines()[0] if str(err) else type(err).__name__)
         return shapes
+    shapes = replace(shapes, checkpointable=bool(getattr(skeleton, "supports_gradient_checkpointing", True)))
     lora, fused = 0, False
     if cfg.lora.enabled:
         try:

@@ -4,6 +4,7 @@ memory estimate against what bitsandbytes stores, and the model the trainer buil
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,25 @@ def test_mamba_dt_proj_read_past_its_layer_is_neither_adapted_nor_quantized(fami
     report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu",
                     train_config=run.config)
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
+
+
+def test_a_model_class_that_cannot_checkpoint_is_never_planned_to(tmp_path, capsys):
+    """JetMoe's class has supports_gradient_checkpointing False, and transformers raises when a stage turns
+    checkpointing on. JetMoE-8B's shapes at 4 x 4096 tokens on an 80 GB GPU: `auto` chose 11 of 24 layers
+    and `on` all of them, both passing the plan to fail in the pilot; now `on` is refused at plan naming the
+    setting, and `auto` checkpoints nothing, so the run does not fit and the knobs offered leave checkpointing
+    out (a smaller micro-batch fits)."""
+    import transformers as tf
+
+    config = tf.JetMoeConfig(vocab_size=32000, hidden_size=2048, num_hidden_layers=24, num_key_value_heads=16,
+                             kv_channels=128, intermediate_size=5632, num_local_experts=8, num_experts_per_tok=2)
+    model = _model_dir(tmp_path, {**config.to_dict(), "architectures": ["JetMoeForCausalLM"]})
+    common = [f"model.path={model}", "model.gpu_memory_gb=80", "optim.micro_batch=4", "optim.global_batch=16"]
+    with pytest.raises(UserError, match=r"model.activation_checkpointing=on: the model class of .* cannot checkpoint"):
+        _plan(tmp_path, *common, "model.activation_checkpointing=on")
+    with pytest.raises(UserError) as err:
+        _plan(tmp_path, *common, "model.activation_checkpointing=auto")
+    message = str(err.value)
+    assert "the run does not fit" in message and "activation checkpointing 0 of 24 layers" in message
+    assert re.search(r"optim.micro_batch=1 \(accumulation keeps optim.global_batch\): [\d.]+ GiB \(fits\)", message)
+    assert "activation_checkpointing=on" not in message and "with activation checkpointing" not in message
