@@ -208,9 +208,10 @@ GEMMA4_TEMPLATE = QWEN_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_e
 def save_gemma4(path: Path, *, seed: int = 0, moe: bool = False) -> Path:
     """A tiny random Gemma 4 (1-block vision tower; 2 decoder layers, one sliding-window, one global with twice
     the head size as Gemma 4's (a per-layer config), attending both ways within an image, logits soft-capped;
-    `moe`: each with a mixture of 4 experts beside its MLP, the 26B-A4B's layout) with its processor's settings: 4x4 patches pooled 2x2, the fewest soft tokens its image
-    processor allows (70: a 32x32 image is scaled to 64x64, 64 `<|image|>`s between `<|image>` and
-    `<image|>`). Its video half needs torchvision to be built, so the dir is written as the processor saves it."""
+    `moe`: each with a mixture of 4 experts beside its MLP, the 26B-A4B's layout) with its processor's
+    settings: 4x4 patches pooled 2x2, the fewest soft tokens its image processor allows (70: a 32x32 image
+    is scaled to 64x64, 64 `<|image|>`s between `<|image>` and `<image|>`). Its video half needs torchvision
+    to be built, so the dir is written as the processor saves it."""
     from transformers import Gemma4Config, Gemma4ForConditionalGeneration
     from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
