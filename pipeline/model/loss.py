@@ -140,6 +140,19 @@ def logit_map(config) -> LogitMap:
     return LogitMap(cap=getattr(text, "final_logit_softcapping", None) or None)
 
 
+# Text model type -> the attribute naming a module its causal LM applies to the last hidden states before the
+# output embedding (`get_output_embeddings`), as the stock forward does: ModernBERT-decoder's prediction head
+# (dense, activation, norm), which is per token, so the loss applies it to the rows it picks.
+_PRE_HEADS = {"modernbert-decoder": "lm_head"}
+
+
+def pre_head(hf) -> torch.nn.Module | None:
+    """The module `hf`'s forward applies between its decoder's last hidden states and its output embedding
+    (`_PRE_HEADS`), or None: for most families the head takes the hidden states as they are."""
+    name = _PRE_HEADS.get(getattr(hf.config, "model_type", None))
+    return getattr(hf, name) if name else None
+
+
 def chunk_tokens(vocab_size: int) -> int:
     """Rows per loss chunk: `CHUNK_LOGITS` logits elements."""
     return max(1, CHUNK_LOGITS // max(vocab_size, 1))
@@ -210,6 +223,8 @@ class TokenLoss(torch.nn.Module):
         with compat.skip_mask_builder(hf) if mask_free else contextlib.nullcontext():
             out = body(hf)(**inputs, use_cache=False, **extra)
         picked = out.last_hidden_state.flatten(0, 1).index_select(0, batch.loss_index)
+        if (before := pre_head(hf)) is not None:
+            picked = before(picked)
         head = hf.get_output_embeddings()
         if self.fused is not None and picked.shape[0]:  # (an empty batch: the chunked loss reaches every weight)
             loss = self.fused(picked, head.weight, head.bias, batch.targets)
@@ -370,9 +385,12 @@ def _probe_ids(config, vocab: int, device) -> torch.Tensor:
 
 
 def _probe_logits(hf, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's own logits, and its LM head applied to its decoder's last hidden states."""
+    """The model's own logits, and its LM head applied to its decoder's last hidden states (through its
+    `pre_head`, where it has one)."""
     logits = hf(input_ids=ids, use_cache=False).logits.float()
-    return logits, hf.get_output_embeddings()(body(hf)(input_ids=ids, use_cache=False).last_hidden_state).float()
+    hidden = body(hf)(input_ids=ids, use_cache=False).last_hidden_state
+    before = pre_head(hf)
+    return logits, hf.get_output_embeddings()(hidden if before is None else before(hidden)).float()
 
 
 def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,9 @@ model an intermediate size per layer (a list in its config), Gemma 4's text mode
 (twice as wide in its full-attention layers: a transformers per-layer config, whose global head_dim raises
 on a read), layers that reuse
 earlier layers' K/V, and Linear layers in ModuleLists (AltUp's projections); Zamba2 Mamba-2 layers
-and a shared attention block with per-layer adapters, Linear layers in Sequentials in ModuleLists.
+and a shared attention block with per-layer adapters, Linear layers in Sequentials in ModuleLists;
+ModernBERT-decoder a prediction head (dense, activation, norm) between the last hidden states and the output
+embedding.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def _config(family: str, tokenizer):
         return tf.FalconConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                                num_kv_heads=KV_HEADS, new_decoder_architecture=True, max_position_embeddings=POSITIONS,
                                tie_word_embeddings=True, **common)
+    if family == "modernbert-decoder":  # a local (sliding) attention layer, then a global one
+        return tf.ModernBertDecoderConfig(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=LAYERS,
+                                          num_attention_heads=HEADS, max_position_embeddings=POSITIONS,
+                                          local_attention=16, global_attn_every_n_layers=2, **common)
     if family == "gpt2":
         return tf.GPT2Config(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=INTERMEDIATE, n_positions=POSITIONS,
                              **common)
@@ -112,6 +118,9 @@ FAMILIES = {
                 "per_layer_projection", "per_layer_model_projection"}, True),
     # Mamba-2 and the shared block's attention and MLP, whose per-layer adapters are Linear layers in Sequentials
     # in ModuleLists (gate_up_proj_adapter_list.0.1: "1" or "0.1" alone would name other layers too)
+    # its prediction head's dense layer (`lm_head.dense`, before the tied output embedding `decoder`) with the
+    # layers' attention (Wo its output) and MLP (Wi, Wo)
+    "modernbert-decoder": ({"q_proj", "k_proj", "v_proj", "Wo", "Wi", "dense"}, True),
     "zamba2": ({"in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj", "linear",
                 "0", "1"}, True),
 }

@@ -267,6 +267,37 @@ def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
         TokenLoss(model, fused_loss="liger")
 
 
+def test_the_loss_takes_the_head_a_family_applies_before_its_output_embedding():
+    """ModernBERT-decoder's logits are its output embedding (`decoder`) over its prediction head (`lm_head`: dense,
+    activation, norm) over the last hidden states: the head probe passes, and the chunked loss and its gradients
+    (the prediction head's among them) equal the stock model's own loss with labels. Refused in the pilot before
+    ("not the LM head applied to the last hidden states")."""
+    import transformers as tf
+
+    from pipeline.model.batch import Batch
+
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(tf.ModernBertDecoderConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
+        max_position_embeddings=64, pad_token_id=0, local_attention=16)).float().eval()
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = TokenLoss(model)
+    flat = ids.flatten()
+    index = torch.tensor([r * 12 + i for r in range(2) for i in range(11)])
+    ours = loss(Batch({"input_ids": ids}, index, flat[index + 1], tokens=24)) / len(index)
+    model.zero_grad()
+    ours.backward()
+    ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    assert any(n.startswith("lm_head.") for n in ours_grads), sorted(ours_grads)
+    model.zero_grad()
+    theirs = model(input_ids=ids, labels=ids, use_cache=False).loss
+    theirs.backward()
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-6)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
+
+
 def test_a_family_not_listed_that_names_a_soft_cap_is_capped():
     """At random init the logits are far below a cap of 30, where the head probe cannot see it: a config of a
     family `logit_map` does not list that sets `final_logit_softcapping` is capped all the same."""
