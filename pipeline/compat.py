@@ -171,6 +171,23 @@ def async_save(state, *, checkpoint_id: str, process_group, stager):
 WEIGHT_READ_PAST_LAYER = {"mamba": ("dt_proj",), "falcon_mamba": ("dt_proj",), "jamba": ("dt_proj",)}
 
 
+# --- weights a family rescales in evaluation mode -------------------------------------------------
+
+# Config values a base loads with under adapters, where the stock value makes evaluation mode compute another
+# function than training. RWKV (transformers' modeling_rwkv.py), an fp16 overflow guard: switching to eval
+# divides each block's attention `output` and feed-forward `value` weights by 2 ** (block // rescale_every)
+# and halves the hidden states every `rescale_every` blocks. A LoRA delta beside those weights is not divided,
+# so base + adapter in eval mode is not the model trained (validation, the EMA evaluation, verify_merge's
+# stock reference); and under 4-bit quantization transformers' requantizing step fails outright. With it off
+# both modes compute the same function; a merged model holds the delta in its weights and keeps its config.
+RESCALED_IN_EVAL = {"rwkv": {"rescale_every": 0}}
+
+
+def unrescaled(config) -> dict:
+    """The config values `config`'s family loads with under adapters (`RESCALED_IN_EVAL`; most: none)."""
+    return dict(RESCALED_IN_EVAL.get(getattr(config, "model_type", None), {}))
+
+
 # --- per-layer config values ----------------------------------------------------------------------
 
 

@@ -61,6 +61,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline import compat
 from pipeline.compat import peft_wrapping
 from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
@@ -179,7 +180,7 @@ def verify(
     def base_plus_adapter(quantization=None):
         return _base_plus_adapter(model_class, base, adapter, inputs, compute=compute, device=device,
                                   resize_to=vocab if vocab > base_vocab else None, quantization=quantization,
-                                  base_alone=quantized is not None)
+                                  base_alone=quantized is not None, config=compat.unrescaled(config))
 
     # One model in memory at a time: each reference is freed before the next model loads.
     expected, float_base, left_out = base_plus_adapter()
@@ -217,15 +218,18 @@ def verify(
 
 
 def _base_plus_adapter(model_class, base: Path, adapter: Path, inputs: dict, *, compute: torch.dtype, device: str,
-                       resize_to: int | None = None, quantization=None, base_alone: bool = False):
+                       resize_to: int | None = None, quantization=None, base_alone: bool = False,
+                       config: dict | None = None):
     """(logits of stock base + adapter on the probes, the base's alone when `base_alone` else None, the adapter
     tensors stock peft did not load as saved); the model is freed before this returns. `resize_to`: the merged
     vocabulary, larger than the base's; `quantization`: a transformers quantization config to load the base
-    with (then the tensors are not checked)."""
+    with (then the tensors are not checked); `config`: config values the base loads with, as the stages
+    loaded it (`compat.unrescaled`: RWKV's eval-mode rescaling, which would leave the adapter's delta
+    unscaled, off; the merged model keeps its own)."""
     from peft import PeftModel
 
     model = model_class.from_pretrained(base, dtype=compute, device_map=device if quantization is None
-                                        else {"": device}, quantization_config=quantization)
+                                        else {"": device}, quantization_config=quantization, **(config or {}))
     if quantization is not None:
         one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
     if resize_to is not None:  # the new rows' values come from the adapter (all of them are trained)

@@ -55,10 +55,14 @@ def is_vision_language(model) -> bool:
 
 
 def hf_config(model: ModelConfig):
-    """The base's transformers config (config.json of `model.path`)."""
+    """The base's transformers config (config.json of `model.path`), with the values its family trains under
+    adapters with (`compat.unrescaled`: RWKV's eval-mode rescaling off)."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    for key, value in compat.unrescaled(config).items():
+        setattr(config, key, value)
+    return config
 
 
 def image_text(model: ModelConfig) -> ImageText | None:
@@ -103,7 +107,7 @@ def load_base(model: ModelConfig, dtype: torch.dtype, device: torch.device, *, c
             # a device_map needs accelerate, a dependency for that reason). bitsandbytes quantizes
             # each layer as it lands on the device the map names, the CPU included.
             device_map=None if device.type == "cpu" and quant is None else {"": device},
-            quantization_config=quant,
+            quantization_config=quant, **compat.unrescaled(config),
         )
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {model.path!r}{quantization.described(model)}: {err}") from None

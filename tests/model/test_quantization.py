@@ -281,6 +281,64 @@ def test_mamba_dt_proj_read_past_its_layer_is_neither_adapted_nor_quantized(fami
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
 
 
+@pytest.mark.usefixtures("own_signal_handlers")
+@pytest.mark.parametrize("quantization", ["none", "nf4"])
+def test_rwkv_trains_and_verifies_the_function_its_eval_mode_computes(quantization, tiny, tmp_path):
+    """RWKV's forward, switched to eval, divides each block's attention `output` and feed-forward `value`
+    weights by 2 ** (block // rescale_every) and halves the hidden states every `rescale_every` blocks; the
+    LoRA delta beside those weights was not divided, so base + adapter in eval mode (the stages' validation,
+    verify_merge's reference) was another model than the one trained, and under nf4 transformers' own
+    requantizing step failed ("attribute 'weight' already exists"). The base now loads with the rescaling off:
+    train and eval compute one function, and the merged model (which keeps rescale_every, its weights holding
+    the delta) verifies against base + adapter."""
+    import transformers as tf
+    from kits.train import make_run
+
+    from pipeline.demo.text import build_tokenizer
+    from pipeline.export.consolidate import consolidate
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import verify
+    from pipeline.train import stage
+
+    tokenizer = build_tokenizer()
+    config = tf.RwkvConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, attention_hidden_size=32,
+                           intermediate_size=64, context_length=128, rescale_every=2, tie_word_embeddings=False,
+                           pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                           eos_token_id=tokenizer.eos_token_id)
+    torch.manual_seed(0)
+    base = tmp_path / "rwkv"
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
+                   fraction=0.5, chunks=1, single_stage=True,
+                   overrides=["optim.lr=5e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
+                              f"model.quantization={quantization}"])
+    cfg = train_config.load(run.config)
+    lm = loading.build(cfg, Precision("fp32", "cpu"), torch.device("cpu"))
+    with torch.no_grad():  # a trained adapter: every lora_B away from its zero init
+        for name, param in lm.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    ids = torch.randint(1, len(tokenizer), (1, 12), generator=torch.Generator().manual_seed(1))
+    lm.train()
+    trained = lm(input_ids=ids, use_cache=False).logits
+    lm.eval()
+    evaluated = lm(input_ids=ids, use_cache=False).logits
+    assert torch.allclose(trained, evaluated, rtol=1e-4, atol=1e-4), float((trained - evaluated).abs().max())
+    del lm
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    export = tmp_path / "export"
+    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
+    merge_dirs(base, export / "adapter", export / "merged")
+    assert tf.AutoConfig.from_pretrained(export / "merged").rescale_every == 2
+    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu",
+                    train_config=run.config)
+    # the merged model rescales in eval: LayerNorm's eps makes halved hidden states round apart (1.3e-4 seen)
+    assert report["passed"] and report["max_abs_diff"] < 1e-3, report
+
+
 def test_a_model_class_that_cannot_checkpoint_is_never_planned_to(tmp_path, capsys):
     """JetMoe's class has supports_gradient_checkpointing False, and transformers raises when a stage turns
     checkpointing on. JetMoE-8B's shapes at 4 x 4096 tokens on an 80 GB GPU: `auto` chose 11 of 24 layers
