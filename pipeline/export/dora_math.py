@@ -12,18 +12,19 @@ import torch
 from pipeline.errors import UserError
 
 
-def check_magnitude(target, use_dora: bool, adapter_shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Under DoRA every LoRA module has its magnitude, one value per output feature (rows of B);
-    without DoRA none has one (peft would ignore it: merging it would change the model)."""
-    if use_dora and target.magnitude_key is None:
-        raise UserError(f"adapter config sets use_dora, but module {target.module} has no lora_magnitude_vector")
-    if not use_dora and target.magnitude_key is not None:
-        raise UserError(f"adapter has {target.magnitude_key}, but its config does not set use_dora")
-    if target.magnitude_key is not None:
-        features = adapter_shapes[target.b_key][0]
-        if tuple(adapter_shapes[target.magnitude_key]) != (features,):
-            raise UserError(f"adapter's {target.magnitude_key} is {tuple(adapter_shapes[target.magnitude_key])}; "
-                            f"({features},) expected (one per output feature of {target.module})")
+def check_magnitude(module: str, b_key: str, magnitude_key: str | None, use_dora: bool,
+                    adapter_shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Under DoRA every LoRA module has its magnitude (`magnitude_key`), one value per output feature (rows
+    of its B, `b_key`); without DoRA none has one (peft would ignore it: merging it would change the model)."""
+    if use_dora and magnitude_key is None:
+        raise UserError(f"adapter config sets use_dora, but module {module} has no lora_magnitude_vector")
+    if not use_dora and magnitude_key is not None:
+        raise UserError(f"adapter has {magnitude_key}, but its config does not set use_dora")
+    if magnitude_key is not None:
+        features = adapter_shapes[b_key][0]
+        if tuple(adapter_shapes[magnitude_key]) != (features,):
+            raise UserError(f"adapter's {magnitude_key} is {tuple(adapter_shapes[magnitude_key])}; "
+                            f"({features},) expected (one per output feature of {module})")
 
 
 def dora_rescale(merged: torch.Tensor, magnitude: torch.Tensor, target) -> None:

@@ -318,11 +318,12 @@ class _Planner:
         placed = (self.stored_rows(f"{module}.weight") if self.stored_rows is not None and kind == "linear"
                   and base_key not in self.base_shapes else None)
         if placed:
-            unsplittable = [what for what, there in (("a DoRA magnitude", module in self.magnitudes),
-                                                     ("a saved base layer", module in self.base_layers),
+            unsplittable = [what for what, there in (("a saved base layer", module in self.base_layers),
                                                      ("fan_in_fan_out", self.settings.fan_in_fan_out)) if there]
+            magnitude = self.magnitudes.pop(module, None)
+            check_magnitude(module, pair["B"], magnitude, self.settings.use_dora, self.adapter_shapes)
             row_math.add_part(self.plan, module, pair, placed, self.adapter_shapes, self.base_shapes,
-                              *scaling_for(self.settings, module), unsplittable=unsplittable)
+                              *scaling_for(self.settings, module), unsplittable=unsplittable, magnitude_key=magnitude)
             return
         self.plan[base_key] = self._weight_target(module, kind, pair, base_key)
 
@@ -339,7 +340,7 @@ class _Planner:
                             self.magnitudes.pop(module, None))
         base_shape = self.base_shapes[base_key]
         _check_shapes(target, self.adapter_shapes[target.a_key], self.adapter_shapes[target.b_key], base_shape)
-        check_magnitude(target, self.settings.use_dora, self.adapter_shapes)
+        check_magnitude(module, target.b_key, target.magnitude_key, self.settings.use_dora, self.adapter_shapes)
         if target.base_layer_key and tuple(self.adapter_shapes[target.base_layer_key]) != tuple(base_shape):
             raise UserError(f"adapter's saved {module} is {tuple(self.adapter_shapes[target.base_layer_key])}, the "
                             f"base's {tuple(base_shape)}: a resized vocabulary is not supported")

@@ -31,6 +31,7 @@ class RowPart:
     scaling: float
     live: tuple[int, ...]
     stored: tuple[int, ...]
+    magnitude_key: str | None = None  # DoRA: the live module's lora_magnitude_vector (one per live row)
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,12 @@ class StoredRowsTarget:
 
 
 def add_part(plan: dict, module: str, pair: Mapping[str, str], placed, adapter_shapes: Mapping[str, tuple],
-             base_shapes: Mapping[str, tuple], rank: int, scaling: float, unsplittable: list[str] = ()) -> None:
+             base_shapes: Mapping[str, tuple], rank: int, scaling: float, unsplittable: list[str] = (),
+             magnitude_key: str | None = None) -> None:
     """Put the LoRA pair of `module` into `plan` (base key -> target) at the rows `placed` (`StoredRows`
     of the live weight); UserError where the shapes do not fit, another kind of target holds the tensor, or
-    the module has what the merge cannot split into rows (`unsplittable`: a DoRA magnitude, ...)."""
+    the module has what the merge cannot split into rows (`unsplittable`: a saved base layer, ...).
+    `magnitude_key`: its DoRA magnitude, one per live row (`dora_math.check_magnitude` has checked it)."""
     if unsplittable:
         raise UserError(f"adapter's {module} has {unsplittable[0]}, which the merge cannot split into the rows "
                         f"the base stores it as ({placed[0].key})")
@@ -58,7 +61,7 @@ def add_part(plan: dict, module: str, pair: Mapping[str, str], placed, adapter_s
         shape = tuple(base_shapes[rows.key])
         if len(shape) != 2 or shape[1] != a[1] or max(rows.stored) >= shape[0]:
             raise UserError(f"{module}: the base's {rows.key} {shape} cannot hold its rows (in features {a[1]})")
-        part = RowPart(module, pair["A"], pair["B"], scaling, rows.live, rows.stored)
+        part = RowPart(module, pair["A"], pair["B"], scaling, rows.live, rows.stored, magnitude_key)
         held = plan.get(rows.key)
         if held is not None and not isinstance(held, StoredRowsTarget):
             raise UserError(f"base tensor {rows.key} is targeted twice")
@@ -70,11 +73,18 @@ def add_part(plan: dict, module: str, pair: Mapping[str, str], placed, adapter_s
 
 def merged(target: StoredRowsTarget, weight: torch.Tensor, adapter: Mapping[str, torch.Tensor],
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`weight` with each part's delta rows added in fp32, cast to `out_dtype` (default: its own), checked finite."""
+    """`weight` with each part's delta rows added in fp32, cast to `out_dtype` (default: its own), checked finite.
+
+    Under DoRA each of a part's rows is then rescaled to its magnitude over its norm: DoRA's norm is per output
+    feature (a row of the live weight, all its inputs), so a row keeps its own factor wherever it is stored."""
     out = weight.to(torch.float32, copy=True)
     for part in target.parts:
         delta = adapter[part.b_key].to(torch.float32) @ adapter[part.a_key].to(torch.float32)
-        out[list(part.stored)] += delta[list(part.live)].mul_(part.scaling)
+        rows = out[list(part.stored)] + delta[list(part.live)].mul_(part.scaling)
+        if part.magnitude_key is not None:
+            magnitude = adapter[part.magnitude_key].to(torch.float32)[list(part.live)]
+            rows.mul_((magnitude / torch.linalg.norm(rows, dim=1)).unsqueeze(1))
+        out[list(part.stored)] = rows
     out_dtype = out_dtype or weight.dtype
     if not dtypes.fits(out, out_dtype):
         raise UserError(f"merging into {target.base_key} gives values that are not finite in {out_dtype}")
