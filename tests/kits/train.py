@@ -91,6 +91,29 @@ def make_run(root: Path, tiny: dict, *, total: int, fraction: float = 0.2, chunk
     return Run(root, root / "plan.json", root / "train_config.yaml")
 
 
+def train_and_export(run: Run, base: Path, export: Path, stage_name: str = "all") -> Path:
+    """Run one stage of `run` in this process (the command the workflow's rule runs), then consolidate its
+    final adapter to `export`/adapter (a PEFT dir), which is returned."""
+    from pipeline.export.consolidate import consolidate
+    from pipeline.train import stage
+
+    out = run.stage_dir(stage_name)
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", stage_name,
+                       "--scratch", str(run.scratch(stage_name)), "--out", str(out)]) == 0
+    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
+    return export / "adapter"
+
+
+def merge_and_verify(base: Path, adapter: Path, export: Path, train_config: Path | None = None) -> dict:
+    """Merge `adapter` into `base` (`export`/merged) and return `verify_merge`'s report on it."""
+    from pipeline.export.merge import merge_dirs
+    from pipeline.export.verify import verify
+
+    merge_dirs(base, adapter, export / "merged")
+    return verify(base, adapter, export / "merged", export / "verification.json", device="cpu",
+                  train_config=train_config)
+
+
 def stage_names(run: Run) -> list[str]:
     return [s["name"] for s in json.loads(run.plan.read_text())["stages"]]
 

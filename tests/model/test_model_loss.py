@@ -232,22 +232,15 @@ def _post_processing_model(family: str):
     return tf.AutoModelForCausalLM.from_config(configs[family]()).float().eval()
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1", "vaultgemma",
-                                    "recurrent_gemma", "xlstm", "minicpm3", "inkling_text"])
-def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
-    """Soft-capping (Gemma 2, Gemma 3 where set, VaultGemma, RecurrentGemma, xLSTM) and logit scaling (Cohere, Granite,
-    Falcon-H1; MiniCPM3 and Inkling scale the hidden states before the head) are the model's: the chunked loss
-    equals the stock model's own loss with labels, and so do its gradients."""
-    from pipeline.errors import UserError
+def _as_the_stock_loss(model, loss: TokenLoss, ids: torch.Tensor) -> torch.Tensor:
+    """Assert that `loss` (a TokenLoss over `model`) on every next token of `ids` equals the stock model's own
+    loss with labels, and its gradients the stock loss's (left in `model`'s .grad); return the stock loss."""
     from pipeline.model.batch import Batch
 
-    model = _post_processing_model(family)
-    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    loss = TokenLoss(model)  # its head probe passes: the logits are the head's, then the family's step
-    assert loss.logits, loss.logits
+    rows, width = ids.shape
     flat = ids.flatten()
-    index = torch.tensor([r * 12 + i for r in range(2) for i in range(11)])
-    ours = loss(Batch({"input_ids": ids}, index, flat[index + 1], tokens=24)) / len(index)
+    index = torch.tensor([r * width + i for r in range(rows) for i in range(width - 1)])
+    ours = loss(Batch({"input_ids": ids}, index, flat[index + 1], tokens=ids.numel())) / len(index)
     model.zero_grad()
     ours.backward()
     ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -255,14 +248,30 @@ def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
     theirs = model(input_ids=ids, labels=ids, use_cache=False).loss
     theirs.backward()
     assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-6)
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
+    return theirs
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text", "cohere2", "granite", "falcon_h1", "vaultgemma",
+                                    "recurrent_gemma", "xlstm", "minicpm3", "inkling_text"])
+def test_the_loss_takes_the_step_a_family_takes_after_its_head(family):
+    """Soft-capping (Gemma 2, Gemma 3 where set, VaultGemma, RecurrentGemma, xLSTM) and logit scaling (Cohere, Granite,
+    Falcon-H1; MiniCPM3 and Inkling scale the hidden states before the head) are the model's: the chunked loss
+    equals the stock model's own loss with labels, and so do its gradients."""
+    from pipeline.errors import UserError
+
+    model = _post_processing_model(family)
+    ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    loss = TokenLoss(model)  # its head probe passes: the logits are the head's, then the family's step
+    assert loss.logits, loss.logits
+    theirs = _as_the_stock_loss(model, loss, ids)
     hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # xLSTM: no recurrent state kept
     plain = torch.nn.functional.cross_entropy(  # what the loss would be without the step: not the same
         model.get_output_embeddings()(hidden)[:, :-1].flatten(0, 1),
         ids[:, 1:].flatten())
     assert abs(float(plain) - float(theirs)) > 1e-3, (float(plain), float(theirs))
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
     with pytest.raises(UserError, match="model.fused_loss=liger: .* after the head"):
         TokenLoss(model, fused_loss="liger")
 
@@ -274,28 +283,13 @@ def test_the_loss_takes_the_head_a_family_applies_before_its_output_embedding():
     ("not the LM head applied to the last hidden states")."""
     import transformers as tf
 
-    from pipeline.model.batch import Batch
-
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(tf.ModernBertDecoderConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_hidden_layers=2,
         max_position_embeddings=64, pad_token_id=0, local_attention=16)).float().eval()
     ids = torch.randint(1, 64, (2, 12), generator=torch.Generator().manual_seed(1))
-    loss = TokenLoss(model)
-    flat = ids.flatten()
-    index = torch.tensor([r * 12 + i for r in range(2) for i in range(11)])
-    ours = loss(Batch({"input_ids": ids}, index, flat[index + 1], tokens=24)) / len(index)
-    model.zero_grad()
-    ours.backward()
-    ours_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    assert any(n.startswith("lm_head.") for n in ours_grads), sorted(ours_grads)
-    model.zero_grad()
-    theirs = model(input_ids=ids, labels=ids, use_cache=False).loss
-    theirs.backward()
-    assert float(ours) == pytest.approx(float(theirs), rel=1e-5, abs=1e-6)
-    for name, p in model.named_parameters():
-        if p.grad is not None:
-            assert torch.allclose(ours_grads[name], p.grad, rtol=1e-4, atol=1e-6), name
+    _as_the_stock_loss(model, TokenLoss(model), ids)
+    assert all(p.grad is not None for p in model.lm_head.parameters())
 
 
 def test_a_family_not_listed_that_names_a_soft_cap_is_capped():

@@ -203,13 +203,9 @@ def test_a_quantized_gpt2_adapter_merges_into_its_conv1d_weights(tiny, tmp_path)
     whose adapter is a Linear's. The adapter says fan_in_fan_out, as it would trained unquantized: the merge into
     the unquantized base fitted no weight before (c_attn's (32, 96) against a delta of (96, 32)); now it verifies
     against the base + adapter as stock peft loads them."""
-    from kits.train import make_run
+    from kits.train import make_run, merge_and_verify, train_and_export
     from test_families import save_family
 
-    from pipeline.export.consolidate import consolidate
-    from pipeline.export.merge import merge_dirs
-    from pipeline.export.verify import verify
-    from pipeline.train import stage
 
     base = tmp_path / "gpt2"
     save_family("gpt2", base)
@@ -217,15 +213,25 @@ def test_a_quantized_gpt2_adapter_merges_into_its_conv1d_weights(tiny, tmp_path)
                    fraction=0.5, chunks=1, single_stage=True,
                    overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
                               "model.quantization=nf4"])
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
-    assert json.loads((export / "adapter" / "adapter_config.json").read_text())["fan_in_fan_out"] is True
-    merge_dirs(base, export / "adapter", export / "merged")
-    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu")
+    adapter = train_and_export(run, base, tmp_path / "export")
+    assert json.loads((adapter / "adapter_config.json").read_text())["fan_in_fan_out"] is True
+    report = merge_and_verify(base, adapter, tmp_path / "export")
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
+
+
+def _one_stage_run(config, tokenizer, tiny, tmp_path, quantization: str, *, lr: float):
+    """(a random-weight base of `config` with `tokenizer`, a run of one 2-update stage on it with `tiny`'s data)."""
+    import transformers as tf
+    from kits.train import make_run
+
+    torch.manual_seed(0)
+    base = tmp_path / config.model_type
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    return base, make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
+                          fraction=0.5, chunks=1, single_stage=True,
+                          overrides=[f"optim.lr={lr}", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
+                                     f"model.quantization={quantization}"])
 
 
 @pytest.mark.usefixtures("own_signal_handlers")
@@ -238,46 +244,28 @@ def test_mamba_dt_proj_read_past_its_layer_is_neither_adapted_nor_quantized(fami
     adapter leaves out (verify_merge failed). dt_proj is now left out of both; the run trains, merges and
     verifies."""
     import transformers as tf
-    from kits.train import make_run
+    from kits.train import merge_and_verify, train_and_export
     from safetensors.torch import load_file
 
     from pipeline.demo.text import build_tokenizer
-    from pipeline.export.consolidate import consolidate
-    from pipeline.export.merge import merge_dirs
-    from pipeline.export.verify import verify
     from pipeline.model import quantization as quant
     from pipeline.model import targets
-    from pipeline.train import stage
 
     tokenizer = build_tokenizer()
     config = getattr(tf, "MambaConfig" if family == "mamba" else "FalconMambaConfig")(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, state_size=8, tie_word_embeddings=False,
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    base = tmp_path / family
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
-                   fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
-                              f"model.quantization={quantization}"])
+    base, run = _one_stage_run(config, tokenizer, tiny, tmp_path, quantization, lr=1e-2)
     cfg = train_config.load(run.config)
     found = targets.resolve(tf.AutoModelForCausalLM.from_config(config), cfg.lora, cfg.moe)
     assert "dt_proj" not in found.modules
     assert f"dt_proj (mamba): {family}'s forward reads its weight itself, past the layer" in "\n".join(found.left_out)
     if quantization == "nf4":
         assert quant.quantization_config(cfg.model, torch.float32).llm_int8_skip_modules == ["lm_head", "dt_proj"]
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
-    adapter = load_file(export / "adapter" / "adapter_model.safetensors")
-    adapted = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in adapter}
+    adapter = train_and_export(run, base, tmp_path / "export")
+    adapted = {key.split(".lora_")[0].rsplit(".", 1)[-1] for key in load_file(adapter / "adapter_model.safetensors")}
     assert adapted == {"in_proj", "x_proj"}  # peft refuses out_proj and conv1d of Mamba families
-    merge_dirs(base, export / "adapter", export / "merged")
-    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu",
-                    train_config=run.config)
+    report = merge_and_verify(base, adapter, tmp_path / "export", run.config)
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
 
 
@@ -292,27 +280,16 @@ def test_rwkv_trains_and_verifies_the_function_its_eval_mode_computes(quantizati
     train and eval compute one function, and the merged model (which keeps rescale_every, its weights holding
     the delta) verifies against base + adapter."""
     import transformers as tf
-    from kits.train import make_run
+    from kits.train import merge_and_verify, train_and_export
 
     from pipeline.demo.text import build_tokenizer
-    from pipeline.export.consolidate import consolidate
-    from pipeline.export.merge import merge_dirs
-    from pipeline.export.verify import verify
-    from pipeline.train import stage
 
     tokenizer = build_tokenizer()
     config = tf.RwkvConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=4, attention_hidden_size=32,
                            intermediate_size=64, context_length=128, rescale_every=2, tie_word_embeddings=False,
                            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                            eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    base = tmp_path / "rwkv"
-    tf.AutoModelForCausalLM.from_config(config).save_pretrained(base)
-    tokenizer.save_pretrained(base)
-    run = make_run(tmp_path / "run", {"model": base, "train": tiny["train"], "val": tiny["val"]}, total=2,
-                   fraction=0.5, chunks=1, single_stage=True,
-                   overrides=["optim.lr=5e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0",
-                              f"model.quantization={quantization}"])
+    base, run = _one_stage_run(config, tokenizer, tiny, tmp_path, quantization, lr=5e-2)
     cfg = train_config.load(run.config)
     lm = loading.build(cfg, Precision("fp32", "cpu"), torch.device("cpu"))
     with torch.no_grad():  # a trained adapter: every lora_B away from its zero init
@@ -326,15 +303,8 @@ def test_rwkv_trains_and_verifies_the_function_its_eval_mode_computes(quantizati
     evaluated = lm(input_ids=ids, use_cache=False).logits
     assert torch.allclose(trained, evaluated, rtol=1e-4, atol=1e-4), float((trained - evaluated).abs().max())
     del lm
-    out = run.stage_dir("all")
-    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
-                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
-    export = tmp_path / "export"
-    consolidate(out / "checkpoint", base, out_adapter=export / "adapter", models="main")
-    merge_dirs(base, export / "adapter", export / "merged")
-    assert tf.AutoConfig.from_pretrained(export / "merged").rescale_every == 2
-    report = verify(base, export / "adapter", export / "merged", export / "verification.json", device="cpu",
-                    train_config=run.config)
+    report = merge_and_verify(base, train_and_export(run, base, tmp_path / "export"), tmp_path / "export", run.config)
+    assert tf.AutoConfig.from_pretrained(tmp_path / "export" / "merged").rescale_every == 2
     # the merged model rescales in eval: LayerNorm's eps makes halved hidden states round apart (1.3e-4 seen)
     assert report["passed"] and report["max_abs_diff"] < 1e-3, report
 
