@@ -36,7 +36,9 @@ into the embeddings / untied head, grown to the new vocabulary (the config's
 
 Refused before anything is written (`UserError`): an output equal to, inside
 or containing the base or adapter dir, a non-empty output without
-`--overwrite`, a quantized base, adapter kinds that are not plain LoRA or DoRA
+`--overwrite`, a quantized base (but for MXFP4, GPT-OSS as published: its packed experts are
+dequantized as transformers loads them, merged and written as numbers, `pipeline.storage.mxfp4`),
+adapter kinds that are not plain LoRA or DoRA
 (plus `modules_to_save`), and
 any adapter tensor that does not map exactly onto a stored base tensor. The
 base and adapter are only read.
@@ -45,6 +47,7 @@ base and adapter are only read.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -60,7 +63,7 @@ from pipeline.export.tokenizer import carry_tokenizer, is_tokenizer_dir
 from pipeline.export.expert_math import FusedWeight
 from pipeline.model.base_keys import BaseKeys
 from pipeline.model.expert_keys import ExpertLayout, param_wrappers
-from pipeline.storage import dtypes, hf_dir
+from pipeline.storage import dtypes, hf_dir, mxfp4
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
 from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
@@ -99,19 +102,23 @@ def merge_dirs(
     requested = dtypes.parse_cli(dtype)
     refuse_overlaps({"--out": out}, {"--base": base, "--adapter": adapter})
     check_replaceable(out, overwrite=overwrite, label="--out")
-    hf_dir.refuse_quantized(hf_dir.read_config(base), f"--base {base}")
     weights = hf_dir.find_weights(base, "--base")
+    # an MXFP4 base (GPT-OSS as published): its packed experts read as the numbers the stages trained on
+    packed = mxfp4.Packed(base, weights.specs) if mxfp4.is_mxfp4(hf_dir.read_config(base)) else None
+    if packed is None:
+        hf_dir.refuse_quantized(hf_dir.read_config(base), f"--base {base}")
+    all_specs, file_specs = (packed.all_specs, packed.specs) if packed else (weights.all_specs, weights.specs)
     adapter_config, adapter_tensors = read_adapter(adapter)
     settings = lora_math.parse_adapter_config(adapter_config)
-    base_shapes = {key: tuple(spec.shape) for key, spec in weights.all_specs.items()}
-    keys = BaseKeys(base, set(weights.all_specs))
+    base_shapes = {key: tuple(spec.shape) for key, spec in all_specs.items()}
+    keys = BaseKeys(base, set(all_specs))
     layout = ExpertLayout(base, base_shapes, keys) if settings.target_parameters else None
     plan = lora_math.plan_targets(
         {key: tuple(t.shape) for key, t in adapter_tensors.items()}, base_shapes, settings, keys,
         _fused(base, adapter_config, layout) if layout is not None else None, keys.rows,
     )
     grown = {t.rows for t in plan.values() if isinstance(t, lora_math.TokenRows)
-             and t.rows > weights.all_specs[t.base_key].shape[0]}
+             and t.rows > all_specs[t.base_key].shape[0]}
     if len(grown) > 1:
         raise UserError(f"the adapter's trained token rows grow the vocabulary to different sizes: {sorted(grown)}")
     config = hf_dir.read_config(base)
@@ -123,10 +130,11 @@ def merge_dirs(
     started = time.perf_counter()
     written: dict[str, list[TensorSpec]] = {}
     with staged_dir(out, overwrite=overwrite, label="--out") as stage:
-        for file, specs in weights.specs.items():
+        for file, specs in file_specs.items():
             written[file] = [TensorSpec(s.name, dtypes.output_dtype(s.dtype, requested),
                                         lora_math.output_shape(plan.get(s.name), s.shape)) for s in specs]
-            _merge_shard(base / file, stage / file, written[file], plan, adapter_tensors, _Pieces(layout))
+            read = functools.partial(packed.read, file) if packed else functools.partial(read_tensor, base / file)
+            _merge_shard(base / file, stage / file, written[file], plan, adapter_tensors, _Pieces(layout), read)
             log.info("merged %s", file)
         if weights.index is not None:
             hf_dir.write_index(stage, written, weights.index.get("metadata"))
@@ -135,6 +143,8 @@ def merge_dirs(
             carry_tokenizer(stage, tokenizer, base)
         if grown:
             hf_dir.set_config_vocab(stage, grown.pop())
+        if packed:
+            hf_dir.set_config_unquantized(stage)
         out_specs = [spec for specs in written.values() for spec in specs]
         hf_dir.set_config_dtype(stage, dtypes.dominant_float((s.dtype, s.numel) for s in out_specs))
     return {
@@ -171,12 +181,14 @@ class _Pieces:
         return self.cache[key]
 
 
-def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adapter: dict, pieces: _Pieces) -> None:
+def _merge_shard(src: Path, dst: Path, specs: list[TensorSpec], plan: dict, adapter: dict, pieces: _Pieces,
+                 read) -> None:
+    """Write shard `dst` (`specs`) from the base's shard `src`, whose tensors `read(name)` gives."""
     metadata = {**hf_dir.ST_METADATA, **(read_metadata(src) or {})}
     with StreamingWriter(dst, specs, metadata) as writer:
         for spec in specs:
             # A handle per tensor: the mapped pages of the base are released tensor by tensor.
-            tensor = read_tensor(src, spec.name)
+            tensor = read(spec.name)
             target = plan.get(spec.name)
             if target is None:
                 tensor = hf_dir.cast_checked(tensor, spec.dtype, spec.name)

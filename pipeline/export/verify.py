@@ -67,8 +67,8 @@ from pipeline.data.formats import IMAGE_PLACEHOLDER
 from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model.base import auto_class
-from pipeline.model.quantization import one_cpu_kernel, quantization_config
-from pipeline.storage import dtypes, hf_dir
+from pipeline.model.quantization import one_cpu_kernel, quantization_config, stored_config
+from pipeline.storage import dtypes, hf_dir, mxfp4
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import refuse_overlaps
 from pipeline.storage.publish import write_json
@@ -180,7 +180,8 @@ def verify(
     def base_plus_adapter(quantization=None):
         return _base_plus_adapter(model_class, base, adapter, inputs, compute=compute, device=device,
                                   resize_to=vocab if vocab > base_vocab else None, quantization=quantization,
-                                  base_alone=quantized is not None, config=compat.unrescaled(config))
+                                  base_alone=quantized is not None, config=compat.unrescaled(config),
+                                  stored=stored_config(config, base))
 
     # One model in memory at a time: each reference is freed before the next model loads.
     expected, float_base, left_out = base_plus_adapter()
@@ -219,19 +220,23 @@ def verify(
 
 def _base_plus_adapter(model_class, base: Path, adapter: Path, inputs: dict, *, compute: torch.dtype, device: str,
                        resize_to: int | None = None, quantization=None, base_alone: bool = False,
-                       config: dict | None = None):
+                       config: dict | None = None, stored=None):
     """(logits of stock base + adapter on the probes, the base's alone when `base_alone` else None, the adapter
     tensors stock peft did not load as saved); the model is freed before this returns. `resize_to`: the merged
     vocabulary, larger than the base's; `quantization`: a transformers quantization config to load the base
     with (then the tensors are not checked); `config`: config values the base loads with, as the stages
     loaded it (`compat.unrescaled`: RWKV's eval-mode rescaling, which would leave the adapter's delta
-    unscaled, off; the merged model keeps its own)."""
+    unscaled, off; the merged model keeps its own); `stored`: the quantization config a base stored quantized
+    loads with as numbers (`quantization.stored_config`: MXFP4 dequantized, as the stages loaded it)."""
     from peft import PeftModel
 
     model = model_class.from_pretrained(base, dtype=compute, device_map=device if quantization is None
-                                        else {"": device}, quantization_config=quantization, **(config or {}))
+                                        else {"": device}, quantization_config=quantization or stored,
+                                        **(config or {}))
     if quantization is not None:
         one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
+    elif stored is not None:
+        mxfp4.in_dtype(model, mxfp4.packed_weights(base), compute)
     if resize_to is not None:  # the new rows' values come from the adapter (all of them are trained)
         model.resize_token_embeddings(resize_to, mean_resizing=False)
     with peft_wrapping():

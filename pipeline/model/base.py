@@ -24,6 +24,7 @@ from pipeline.config import ModelConfig
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model import attention, quantization, vision
+from pipeline.storage import mxfp4
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +100,27 @@ def load_base(model: ModelConfig, dtype: torch.dtype, device: torch.device, *, c
     """
     quant = quantization.quantization_config(model, compute_dtype or dtype)
     config = hf_config(model)
+    # a base stored quantized (MXFP4: GPT-OSS as published) loads dequantized, as numbers
+    stored = quantization.stored_config(config, model.path)
     try:
-        base = auto_class(config).from_pretrained(
+        base, loaded = auto_class(config).from_pretrained(
             model.path, dtype=dtype, trust_remote_code=model.trust_remote_code,
             attn_implementation=attention_for(model, config, device),
             # One device: transformers reads each tensor straight onto it (no full CPU copy first;
             # a device_map needs accelerate, a dependency for that reason). bitsandbytes quantizes
             # each layer as it lands on the device the map names, the CPU included.
             device_map=None if device.type == "cpu" and quant is None else {"": device},
-            quantization_config=quant, **compat.unrescaled(config),
+            quantization_config=quant or stored, output_loading_info=True, **compat.unrescaled(config),
         )
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {model.path!r}{quantization.described(model)}: {err}") from None
+    if stored is not None:
+        mxfp4.in_dtype(base, mxfp4.packed_weights(model.path), dtype)
+    if loaded.get("missing_keys"):  # transformers initialised them at random: training would start from noise there
+        missing = sorted(loaded["missing_keys"])
+        raise UserError(f"the base model {model.path!r} holds no values for {len(missing)} parameters of "
+                        f"{type(base).__name__}, which transformers would initialise at random: "
+                        f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
     if quant is not None:
         quantization.one_cpu_kernel(base)
         if device.type == "cpu":

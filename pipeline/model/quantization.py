@@ -62,6 +62,35 @@ def _read_past_layer(model: ModelConfig) -> tuple[str, ...]:
     return WEIGHT_READ_PAST_LAYER.get(getattr(config, "model_type", None), ())
 
 
+def stored_method(config) -> str | None:
+    """The quantization method a base is stored in (its config.json `quantization_config.quant_method`:
+    "mxfp4", "fp8", "gptq", "bitsandbytes", ...), or None for a float base."""
+    stored = getattr(config, "quantization_config", None)
+    if not stored:
+        return None
+    return str(stored.get("quant_method", "?") if isinstance(stored, dict) else getattr(stored, "quant_method", "?"))
+
+
+def stored_config(config, path):
+    """transformers' quantization config for loading a base stored quantized as numbers, or None (a float base).
+
+    MXFP4 (GPT-OSS as OpenAI publishes it): `Mxfp4Config(dequantize=True)`, its experts dequantized as they
+    load, where they are trained on (LoRA beside them) and merged (`pipeline.storage.mxfp4`). Without it a
+    machine with transformers' MXFP4 kernels keeps the experts packed, and a `quantization_config=None` (a
+    float base's) loads none of them: they are initialised at random. Any other stored method (FP8, GPTQ,
+    AWQ, a saved bitsandbytes model) is a UserError: its weights are codes the merge cannot add to."""
+    method = stored_method(config)
+    if method is None:
+        return None
+    if method == "mxfp4":
+        from transformers import Mxfp4Config
+
+        return Mxfp4Config(dequantize=True)
+    raise UserError(f"the base {path} is stored quantized (config.json quantization_config, quant_method={method}): "
+                    "its weights are codes, which training here does not dequantize and the merge cannot add the "
+                    "adapter to; use the model's unquantized (bf16) release. MXFP4 (GPT-OSS as published) is read")
+
+
 def require_bitsandbytes(model: ModelConfig) -> None:
     """UserError naming the setting and the extra when a quantized base is asked for without bitsandbytes."""
     import importlib.util
@@ -115,22 +144,22 @@ def one_cpu_kernel(model) -> None:
 
 
 def check_quantization(model: ModelConfig) -> None:
-    """At plan time: UserError, naming the keys, when bitsandbytes cannot load this base quantized.
+    """At plan time: UserError, naming the keys, when bitsandbytes cannot load this base quantized, or the
+    base is stored quantized in a method that is not read as numbers (`stored_config`).
 
     bitsandbytes must be installed, and the base must be stored unquantized:
     a checkpoint that is quantized already (its config.json has a
-    `quantization_config`: GPTQ, AWQ, a saved bitsandbytes model) has no float
-    weights for the merge to add the adapter to.
+    `quantization_config`: GPTQ, AWQ, FP8, MXFP4, a saved bitsandbytes model) has no
+    float weights for the merge to add the adapter to.
     """
-    if model.quantization == "none":
-        return
-    require_bitsandbytes(model)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    stored = getattr(config, "quantization_config", None)
-    if stored:
-        method = stored.get("quant_method", "?") if isinstance(stored, dict) else getattr(stored, "quant_method", "?")
+    if model.quantization == "none":
+        stored_config(config, model.path)  # a base stored in a method that cannot be read as numbers
+        return
+    require_bitsandbytes(model)
+    if method := stored_method(config):
         raise UserError(f"model.quantization={model.quantization}: the base {model.path} is stored quantized "
                         f"already (config.json quantization_config, quant_method={method}); QLoRA here quantizes an "
                         "unquantized base as it loads, and the merge adds the adapter to its float weights: "

@@ -264,8 +264,7 @@ def main(argv: list[str]) -> int:
         from pipeline.model.loading import plan_model
         from pipeline.model.quantization import check_quantization
 
-        if local.lora.enabled:
-            check_quantization(local.model)
+        check_quantization(local.model)
         plan_model(local, world=args.world_size)
     too_big = memory_check(local, world=args.world_size, max_length=args.max_length)
     if too_big:

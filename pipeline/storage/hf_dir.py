@@ -91,10 +91,19 @@ def read_config(root: Path | str) -> dict:
 
 
 def refuse_quantized(config: dict, label: str) -> None:
-    """Weights of a quantized base are codes, not numbers; adding a delta to them is wrong."""
+    """Weights of a quantized base are codes, not numbers; adding a delta to them is wrong. (MXFP4, which
+    `pipeline.storage.mxfp4` reads as numbers, is not passed here.)"""
     if config.get("quantization_config"):
         raise UserError(f"{label} is quantized ({config['quantization_config'].get('quant_method', '?')}); "
                         "merge into the unquantized base instead")
+
+
+def set_config_unquantized(root: Path | str) -> None:
+    """Drop config.json's `quantization_config`: the weights written are numbers (a merged MXFP4 base)."""
+    path = Path(root) / CONFIG_FILE
+    config = json.loads(path.read_text())
+    if config.pop("quantization_config", None) is not None:
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 # The non-weight files a Hugging Face model dir is made of, by name: an allow-list, not a deny-list.

@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from pipeline.errors import UserError
 from pipeline.model.base_keys import BaseKeys
-from pipeline.storage import hf_dir
+from pipeline.storage import hf_dir, mxfp4
 
 _PEFT_PREFIX = "base_model.model."
 _PEFT_INFIXES = (".base_layer.", ".original_module.", ".modules_to_save.default.")
@@ -77,7 +77,11 @@ class StoredKeys:
     files (`checkpoint_key`, then the base's layout: `BaseKeys`); `specs` the stored tensors."""
 
     def __init__(self, model_dir: str | Path):
-        self.specs = hf_dir.find_weights(model_dir, "model").all_specs
+        weights = hf_dir.find_weights(model_dir, "model")
+        # an MXFP4 base (GPT-OSS as published): its packed experts, each pair one tensor of numbers
+        self.packed = (mxfp4.Packed(weights.root, weights.specs) if mxfp4.is_mxfp4(hf_dir.read_config(model_dir))
+                       else None)
+        self.specs = self.packed.all_specs if self.packed else weights.all_specs
         self._base = BaseKeys(Path(model_dir), set(self.specs))
 
     def __call__(self, name: str) -> str:
@@ -115,7 +119,12 @@ def load_shards(model, model_dir: str | Path, skip: set[str], keys: StoredKeys |
         if name in skip:
             continue
         local, offset = _local_rows(param)
-        if local.numel():
+        if not local.numel():
+            continue
+        if keys.packed is not None and keys(name) in keys.packed.pairs:  # dequantized, this rank's experts only
+            local.copy_(keys.packed.experts(keys(name), offset, offset + local.shape[0]).to(local.dtype))
+            read += local.numel() * local.element_size()
+        else:
             read += _read_rows(where[keys(name)], keys(name), offset, local)
     for name, buffer in model.named_buffers():
         key = keys(name)
