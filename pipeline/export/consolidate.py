@@ -61,7 +61,7 @@ from pipeline.errors import UserError
 from pipeline.export import lora_math
 from pipeline.export.card import add_card_args, write_cards
 from pipeline.model.base_keys import BaseKeys, tied_aliases
-from pipeline.storage import dtypes, hf_dir
+from pipeline.storage import dtypes, hf_dir, mxfp4
 from pipeline.storage.hub import model_dir
 from pipeline.checkpoint.reader import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
@@ -208,7 +208,10 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
     training (a vision tower) and is copied from the base.
     """
     base_weights = hf_dir.find_weights(base, "--base")
-    base_specs = base_weights.all_specs
+    # an MXFP4 base (GPT-OSS as published): each packed pair one tensor of numbers, as the stages trained it
+    packed = mxfp4.packed_if_mxfp4(base_weights)
+    base_files = packed.specs if packed else base_weights.specs
+    base_specs = packed.all_specs if packed else base_weights.all_specs
     keys = BaseKeys(base, set(base_specs))
     own = {keys(n): n for n in weights.specs}  # stored key -> name in the checkpoint
     main_own = own if weights is main else {keys(n): n for n in main.specs}
@@ -232,7 +235,11 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
         log.info("%s: %d tensor(s) taken from the main weights (no EMA kept)", weights.label, from_main)
     if frozen:
         log.info("%d tensor(s) not trained (frozen), taken from the base, e.g. %s", len(frozen), frozen[0])
-    base_where = {spec.name: base / file for file, specs in base_weights.specs.items() for spec in specs}
+    base_file = {spec.name: file for file, specs in base_files.items() for spec in specs}
+
+    def read_base(name: str) -> torch.Tensor:
+        return packed.read(base_file[name], name) if packed else read_tensor(base / base_file[name], name)
+
     specs = []
     for name in names:
         src, key = sources[name]
@@ -252,13 +259,15 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
             picked = {sources[n][1]: n for n in batch if sources[n][0] is src and n not in composed}
             return ((picked[key], tensor) for key, tensor in src.fetch(list(picked)))
 
-        frozen_here = ((n, read_tensor(base_where[n], n)) for n in batch if sources[n][0] is None)
-        rows_here = ((n, _assembled(n, composed[n], base_where[n])) for n in batch if n in composed)
+        frozen_here = ((n, read_base(n)) for n in batch if sources[n][0] is None)
+        rows_here = ((n, _assembled(n, composed[n], read_base)) for n in batch if n in composed)
         yield from _in_order(batch, stream(weights), *([stream(main)] if main is not weights else []), frozen_here,
                              rows_here)
 
     hf_dir.write_model(dst, specs, fetch, max_shard_bytes=max_bytes)
     hf_dir.copy_non_weight_files(base, dst)
+    if packed:
+        hf_dir.set_config_unquantized(dst)
     if rows is not None and any(s.shape != base_specs[s.name].shape for s in specs):
         hf_dir.set_config_vocab(dst, rows)
     hf_dir.set_config_dtype(dst, dtypes.dominant_float((s.dtype, s.numel) for s in specs))
@@ -276,14 +285,14 @@ def _composed(keys: BaseKeys, weights: TrainedWeights, main: TrainedWeights, bas
     return out
 
 
-def _assembled(key: str, held: list, base_file: Path) -> torch.Tensor:
+def _assembled(key: str, held: list, read_base) -> torch.Tensor:
     """The stored tensor `key` with the trained rows put where the base keeps them (rows no trained weight
     holds keep the base's values), in the first trained weight's dtype."""
     tensors = {}
     for src in {id(src): src for src, _, _ in held}.values():  # one read per set of weights
         tensors.update(src.fetch(sorted({name for held_by, name, _ in held if held_by is src})))
     dtype = tensors[held[0][1]].dtype
-    out = read_tensor(base_file, key).to(dtype, copy=True)
+    out = read_base(key).to(dtype, copy=True)
     for _, name, rows in held:
         out[list(rows.stored)] = tensors[name][list(rows.live)].to(dtype)
     return out

@@ -104,7 +104,7 @@ def merge_dirs(
     check_replaceable(out, overwrite=overwrite, label="--out")
     weights = hf_dir.find_weights(base, "--base")
     # an MXFP4 base (GPT-OSS as published): its packed experts read as the numbers the stages trained on
-    packed = mxfp4.Packed(base, weights.specs) if mxfp4.is_mxfp4(hf_dir.read_config(base)) else None
+    packed = mxfp4.packed_if_mxfp4(weights)
     if packed is None:
         hf_dir.refuse_quantized(hf_dir.read_config(base), f"--base {base}")
     all_specs, file_specs = (packed.all_specs, packed.specs) if packed else (weights.all_specs, weights.specs)

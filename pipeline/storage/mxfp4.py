@@ -22,7 +22,7 @@ import torch
 
 from pipeline.errors import UserError
 from pipeline.storage import dtypes
-from pipeline.storage.hf_dir import find_weights
+from pipeline.storage.hf_dir import WeightFiles, find_weights, read_config
 from pipeline.storage.safetensors_stream import TensorSpec, read_tensor
 
 BLOCKS, SCALES = "_blocks", "_scales"
@@ -116,3 +116,8 @@ def packed_weights(root: Path | str, label: str = "the base") -> Packed:
     """`Packed` over the weight files of the MXFP4 model dir `root`."""
     weights = find_weights(root, label)
     return Packed(weights.root, weights.specs)
+
+
+def packed_if_mxfp4(weights: WeightFiles) -> Packed | None:
+    """`Packed` over `weights` where its model dir's config.json says MXFP4, else None (read as stored)."""
+    return Packed(weights.root, weights.specs) if is_mxfp4(read_config(weights.root)) else None

@@ -79,8 +79,7 @@ class StoredKeys:
     def __init__(self, model_dir: str | Path):
         weights = hf_dir.find_weights(model_dir, "model")
         # an MXFP4 base (GPT-OSS as published): its packed experts, each pair one tensor of numbers
-        self.packed = (mxfp4.Packed(weights.root, weights.specs) if mxfp4.is_mxfp4(hf_dir.read_config(model_dir))
-                       else None)
+        self.packed = mxfp4.packed_if_mxfp4(weights)
         self.specs = self.packed.all_specs if self.packed else weights.all_specs
         self._base = BaseKeys(Path(model_dir), set(self.specs))
 

@@ -56,6 +56,19 @@ def _save_mxfp4_gpt_oss(path) -> None:
     (path / "config.json").write_text(json.dumps({**stored, "quantization_config": QUANTIZATION}, indent=2))
 
 
+def _caches(base, tmp_path) -> dict:
+    """Train and val token caches of the demo task, tokenized by `base`'s tokenizer."""
+    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
+    from pipeline.demo import text as demo
+
+    paths = demo.build_dataset(tmp_path / "data", n_train=32, n_val=8, n_test=4)
+    caches = {split: tmp_path / f"{split}.safetensors" for split in ("train", "val")}
+    for split, cache in caches.items():
+        tokenize_file(paths[split], load_tokenizer(base), out_path=cache, max_length=64, too_long="error",
+                      fingerprint=tokenizer_fingerprint(base), split=split)
+    return caches
+
+
 def _dequantized_by_transformers(path) -> dict[str, torch.Tensor]:
     import transformers as tf
 
@@ -93,19 +106,11 @@ def test_gpt_oss_stored_in_mxfp4_trains_its_experts_merges_and_verifies(tiny, tm
     from safetensors.torch import load_file
 
     from pipeline import config as train_config
-    from pipeline.data.tokenize import load_tokenizer, tokenize_file, tokenizer_fingerprint
-    from pipeline.demo import text as demo
     from pipeline.model import base as base_model
 
     base = tmp_path / "base"
     _save_mxfp4_gpt_oss(base)
-    paths = demo.build_dataset(tmp_path / "data", n_train=32, n_val=8, n_test=4)
-    caches = {}
-    for split in ("train", "val"):
-        caches[split] = tmp_path / f"{split}.safetensors"
-        tokenize_file(paths[split], load_tokenizer(base), out_path=caches[split], max_length=64, too_long="error",
-                      fingerprint=tokenizer_fingerprint(base), split=split)
-    run = make_run(tmp_path / "run", {"model": base, **caches}, total=2, fraction=0.5, chunks=1, single_stage=True,
+    run = make_run(tmp_path / "run", {"model": base, **_caches(base, tmp_path)}, total=2, fraction=0.5, chunks=1, single_stage=True,
                    overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
     cfg = train_config.load(run.config)
     theirs = _dequantized_by_transformers(base)
@@ -126,6 +131,35 @@ def test_gpt_oss_stored_in_mxfp4_trains_its_experts_merges_and_verifies(tiny, tm
     _, info = tf.AutoModelForCausalLM.from_pretrained(export / "merged", output_loading_info=True)
     assert not any(info.values()), info
     assert report["passed"] and report["max_abs_diff"] < 1e-4, report
+
+
+@pytest.mark.usefixtures("own_signal_handlers")
+def test_full_fine_tuning_of_an_mxfp4_base_writes_a_model_of_numbers(tmp_path):
+    """Every weight trains (`lora.enabled=false`, `lora=full`): the consolidated model is in the base's layout
+    but for the packed pairs, written as the trained experts (it was refused: "tensor(s) the base does not
+    store"), and stock transformers loads it with every tensor read."""
+    import transformers as tf
+    from kits.train import make_run
+    from safetensors.torch import load_file
+
+    from pipeline.export.consolidate import consolidate
+    from pipeline.train import stage
+
+    base = tmp_path / "base"
+    _save_mxfp4_gpt_oss(base)
+    run = make_run(tmp_path / "run", {"model": base, **_caches(base, tmp_path)}, total=2, fraction=0.5, chunks=1,
+                   single_stage=True, overrides=["lora=full", "optim.lr=1e-3", "ema.rates=[]"])
+    out = run.stage_dir("all")
+    assert stage.main(["--plan", str(run.plan), "--config", str(run.config), "--stage", "all",
+                       "--scratch", str(run.scratch("all")), "--out", str(out)]) == 0
+    consolidate(out / "checkpoint", base, out_model=tmp_path / "model", models="main")
+    written = load_file(tmp_path / "model" / "model.safetensors")
+    name = "model.layers.0.mlp.experts.gate_up_proj"
+    assert name in written and not any(key.endswith(("_blocks", "_scales")) for key in written)
+    assert not torch.equal(written[name].float(), _dequantized_by_transformers(base)[name])  # trained
+    assert "quantization_config" not in json.loads((tmp_path / "model" / "config.json").read_text())
+    _, info = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "model", output_loading_info=True)
+    assert not any(info.values()), info
 
 
 def test_the_fsdp_skeleton_reads_mxfp4_experts_as_numbers(tmp_path):
