@@ -21,7 +21,7 @@ import torch
 
 from pipeline.config import TrainConfig
 from pipeline.errors import UserError
-from pipeline.model import base, kernels, loss, router, targets, vision
+from pipeline.model import base, kernels, loss, quantization, router, targets, vision
 from pipeline.model.adapter import attach_lora, no_input_casts
 from pipeline.model.base import auto_class, decoder_layers, is_vision_language  # noqa: F401  (re-exported)
 from pipeline.model.expert_keys import stored_apart
@@ -73,6 +73,9 @@ def plan_model(cfg: TrainConfig, *, world: int | None) -> targets.Targets | None
     line = router.describe(skeleton, cfg.moe)
     if line:
         print(line)
+    if quantization.stored_method(skeleton.config) == "mxfp4":
+        print("base stored in MXFP4: its packed experts load dequantized, as numbers in the run's dtype; the export "
+              "writes them unquantized")
     experts = [n for n, _ in targets.fused_expert_weights(skeleton)]
     if experts and not cfg.lora.enabled and (apart := stored_apart(cfg.model.path, experts)):
         raise UserError(f"lora.enabled=false (full fine-tuning) on {cfg.model.path}: its experts' weights are fused "

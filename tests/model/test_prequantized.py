@@ -97,7 +97,7 @@ def test_mxfp4_pairs_read_as_transformers_dequantizes_them(tmp_path):
 
 
 @pytest.mark.usefixtures("own_signal_handlers")
-def test_gpt_oss_stored_in_mxfp4_trains_its_experts_merges_and_verifies(tiny, tmp_path):
+def test_gpt_oss_stored_in_mxfp4_trains_its_experts_merges_and_verifies(tiny, tmp_path, capsys):
     """The run trains on the experts' numbers (the stages' base equals transformers' dequantized load, not a
     random init), the merge writes them as numbers with the adapter in (no quantization_config; stock loading
     reads every tensor), and the merged logits equal stock base + adapter."""
@@ -112,6 +112,7 @@ def test_gpt_oss_stored_in_mxfp4_trains_its_experts_merges_and_verifies(tiny, tm
     _save_mxfp4_gpt_oss(base)
     run = make_run(tmp_path / "run", {"model": base, **_caches(base, tmp_path)}, total=2, fraction=0.5, chunks=1, single_stage=True,
                    overrides=["optim.lr=1e-2", "optim.warmup_fraction=0", "ema.rates=[]", "lora.dropout=0"])
+    assert "base stored in MXFP4: its packed experts load dequantized" in capsys.readouterr().out
     cfg = train_config.load(run.config)
     theirs = _dequantized_by_transformers(base)
     loaded = dict(base_model.load_base(cfg.model, torch.float32, torch.device("cpu")).named_parameters())
