@@ -10,8 +10,8 @@ transformers dequantizes them on load where it has no MXFP4 kernels (and, asked 
 The merge cannot add a delta to codes, so it reads such a base through `Packed`: the pairs as one
 logical tensor each, dequantized as transformers does it (exactly: every e2m1 value times a power of
 two is a bf16 number), in the dtype of the base's other float tensors, written as a plain tensor of the
-merged model, whose config then has no
-`quantization_config` (`hf_dir.set_config_unquantized`).
+merged model, whose config then has no `quantization_config` (`hf_dir.set_config_unquantized`). A full
+fine-tuning's export and the FSDP skeleton's load read it the same way.
 """
 
 from __future__ import annotations
@@ -46,10 +46,13 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = 
         raise UserError(f"MXFP4 blocks {tuple(blocks.shape)} {blocks.dtype} and scales {tuple(scales.shape)} "
                         f"{scales.dtype} are not a packed pair (uint8 (E, out, groups, 16) and (E, out, groups))")
     table = torch.tensor(E2M1, dtype=torch.float32)
-    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).flatten(-2).long()  # low nibble first
-    values = torch.ldexp(table[codes], (scales.to(torch.int32) - 127).unsqueeze(-1))
     experts, out, groups, _ = blocks.shape
-    return values.reshape(experts, out, groups * CODES_PER_BLOCK).transpose(1, 2).to(dtype).contiguous()
+    weight = torch.empty(experts, groups * CODES_PER_BLOCK, out, dtype=dtype)
+    for expert in range(experts):  # one expert's codes at a time: GPT-OSS-120b's whole gate_up_proj is 2.1G codes
+        codes = torch.stack((blocks[expert] & 0x0F, blocks[expert] >> 4), dim=-1).flatten(-2)  # low nibble first
+        values = torch.ldexp(table[codes.int()], (scales[expert].to(torch.int32) - 127).unsqueeze(-1))
+        weight[expert] = values.reshape(out, groups * CODES_PER_BLOCK).T
+    return weight
 
 
 class Packed:
