@@ -61,7 +61,7 @@ from pipeline.errors import UserError
 from pipeline.export import lora_math
 from pipeline.export.card import add_card_args, write_cards
 from pipeline.model.base_keys import BaseKeys, tied_aliases
-from pipeline.storage import dtypes, hf_dir, mxfp4
+from pipeline.storage import dtypes, hf_dir, packed as stored_packed
 from pipeline.storage.hub import model_dir
 from pipeline.checkpoint.reader import FORMATS, Checkpoint, TrainedWeights, open_checkpoint
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
@@ -209,7 +209,7 @@ def _write_model(dst: Path, weights: TrainedWeights, main: TrainedWeights, base:
     """
     base_weights = hf_dir.find_weights(base, "--base")
     # an MXFP4 base (GPT-OSS as published): each packed pair one tensor of numbers, as the stages trained it
-    packed = mxfp4.packed_if_mxfp4(base_weights)
+    packed = stored_packed.packed_if_stored(base_weights)
     base_files = packed.specs if packed else base_weights.specs
     base_specs = packed.all_specs if packed else base_weights.all_specs
     keys = BaseKeys(base, set(base_specs))

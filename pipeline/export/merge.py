@@ -36,8 +36,9 @@ into the embeddings / untied head, grown to the new vocabulary (the config's
 
 Refused before anything is written (`UserError`): an output equal to, inside
 or containing the base or adapter dir, a non-empty output without
-`--overwrite`, a quantized base (but for MXFP4, GPT-OSS as published: its packed experts are
-dequantized as transformers loads them, merged and written as numbers, `pipeline.storage.mxfp4`),
+`--overwrite`, a quantized base (but for MXFP4, GPT-OSS as published, and block FP8: their quantized
+weights are dequantized as transformers loads them, merged and written as numbers,
+`pipeline.storage.packed`),
 adapter kinds that are not plain LoRA or DoRA
 (plus `modules_to_save`), and
 any adapter tensor that does not map exactly onto a stored base tensor. The
@@ -63,7 +64,7 @@ from pipeline.export.tokenizer import carry_tokenizer, is_tokenizer_dir
 from pipeline.export.expert_math import FusedWeight
 from pipeline.model.base_keys import BaseKeys
 from pipeline.model.expert_keys import ExpertLayout, param_wrappers
-from pipeline.storage import dtypes, hf_dir, mxfp4
+from pipeline.storage import dtypes, hf_dir, packed as stored_packed
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import check_replaceable, refuse_overlaps, staged_dir
 from pipeline.storage.safetensors_stream import StreamingWriter, TensorSpec, read_metadata, read_tensor
@@ -104,7 +105,7 @@ def merge_dirs(
     check_replaceable(out, overwrite=overwrite, label="--out")
     weights = hf_dir.find_weights(base, "--base")
     # an MXFP4 base (GPT-OSS as published): its packed experts read as the numbers the stages trained on
-    packed = mxfp4.packed_if_mxfp4(weights)
+    packed = stored_packed.packed_if_stored(weights)
     if packed is None:
         hf_dir.refuse_quantized(hf_dir.read_config(base), f"--base {base}")
     all_specs, file_specs = (packed.all_specs, packed.specs) if packed else (weights.all_specs, weights.specs)

@@ -68,7 +68,7 @@ from pipeline.data.vision import config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model.base import auto_class
 from pipeline.model.quantization import one_cpu_kernel, quantization_config, stored_config
-from pipeline.storage import dtypes, hf_dir, mxfp4
+from pipeline.storage import dtypes, hf_dir, packed as stored_packed
 from pipeline.storage.hub import model_dir
 from pipeline.export.outputs import refuse_overlaps
 from pipeline.storage.publish import write_json
@@ -236,7 +236,7 @@ def _base_plus_adapter(model_class, base: Path, adapter: Path, inputs: dict, *, 
     if quantization is not None:
         one_cpu_kernel(model)  # the kernel the stages trained and evaluated with
     elif stored is not None:
-        mxfp4.in_dtype(model, mxfp4.packed_weights(base), compute)
+        stored_packed.in_dtype(model, stored_packed.packed_weights(base), compute)
     if resize_to is not None:  # the new rows' values come from the adapter (all of them are trained)
         model.resize_token_embeddings(resize_to, mean_resizing=False)
     with peft_wrapping():

@@ -24,7 +24,7 @@ from pipeline.config import ModelConfig
 from pipeline.data.vision import ImageText, config_is_vision_language, load_image_text
 from pipeline.errors import UserError
 from pipeline.model import attention, quantization, vision
-from pipeline.storage import mxfp4
+from pipeline.storage import packed as stored_packed
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def load_base(model: ModelConfig, dtype: torch.dtype, device: torch.device, *, c
     except (OSError, ImportError, ValueError) as err:  # an attention kernel (or accelerate) not installed
         raise UserError(f"cannot load the base model {model.path!r}{quantization.described(model)}: {err}") from None
     if stored is not None:
-        mxfp4.in_dtype(base, mxfp4.packed_weights(model.path), dtype)
+        stored_packed.in_dtype(base, stored_packed.packed_weights(model.path), dtype)
     if loaded.get("missing_keys"):  # transformers initialised them at random: training would start from noise there
         missing = sorted(loaded["missing_keys"])
         raise UserError(f"the base model {model.path!r} holds no values for {len(missing)} parameters of "

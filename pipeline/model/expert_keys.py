@@ -192,9 +192,9 @@ def _differs_only_at(parts: list[str], others: list[str], i: int) -> bool:
 def stored_apart(base: Path, names: list[str]) -> list[str]:
     """The fused weights among `names` that the base dir does not store under their own key (but one
     tensor per expert)."""
-    from pipeline.storage import hf_dir, mxfp4
+    from pipeline.storage import hf_dir, packed
 
     weights = hf_dir.find_weights(Path(base), "the base")
-    stored = set((mxfp4.packed_if_mxfp4(weights) or weights).all_specs)  # MXFP4: each packed pair as one
+    stored = set((packed.packed_if_stored(weights) or weights).all_specs)  # MXFP4, FP8: each pair as one
     keys = BaseKeys(base, stored)
     return [n for n in names if keys(n) not in stored]

@@ -73,9 +73,9 @@ def plan_model(cfg: TrainConfig, *, world: int | None) -> targets.Targets | None
     line = router.describe(skeleton, cfg.moe)
     if line:
         print(line)
-    if quantization.stored_method(skeleton.config) == "mxfp4":
-        print("base stored in MXFP4: its packed experts load dequantized, as numbers in the run's dtype; the export "
-              "writes them unquantized")
+    if quantization.stored_config(skeleton.config, cfg.model.path) is not None:
+        print(f"base stored in {quantization.stored_method(skeleton.config).upper()}: its quantized weights load "
+              "dequantized, as numbers in the run's dtype; the export writes them unquantized")
     experts = [n for n, _ in targets.fused_expert_weights(skeleton)]
     if experts and not cfg.lora.enabled and (apart := stored_apart(cfg.model.path, experts)):
         raise UserError(f"lora.enabled=false (full fine-tuning) on {cfg.model.path}: its experts' weights are fused "

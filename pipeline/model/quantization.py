@@ -74,21 +74,35 @@ def stored_method(config) -> str | None:
 def stored_config(config, path):
     """transformers' quantization config for loading a base stored quantized as numbers, or None (a float base).
 
-    MXFP4 (GPT-OSS as OpenAI publishes it): `Mxfp4Config(dequantize=True)`, its experts dequantized as they
-    load, where they are trained on (LoRA beside them) and merged (`pipeline.storage.mxfp4`). Without it a
-    machine with transformers' MXFP4 kernels keeps the experts packed, and a `quantization_config=None` (a
-    float base's) loads none of them: they are initialised at random. Any other stored method (FP8, GPTQ,
-    AWQ, a saved bitsandbytes model) is a UserError: its weights are codes the merge cannot add to."""
+    MXFP4 (GPT-OSS as OpenAI publishes it) and block-scaled FP8 with dynamic activations (DeepSeek-V3's own
+    release, the FP8 releases of Qwen3, GLM, MiniMax): `Mxfp4Config` / `FineGrainedFP8Config` with
+    `dequantize=True`, the weights dequantized as they load, where they are trained on (LoRA beside them) and
+    merged (`pipeline.storage.packed`). Without it a machine with transformers' kernels for the method keeps
+    the weights quantized (untrainable), and a `quantization_config=None` (a float base's) loads MXFP4's
+    packed experts not at all (initialised at random) and FP8's codes without their scales. Any other stored
+    method (GPTQ, AWQ, FP8 with static activation scales, a saved bitsandbytes model) is a UserError: its
+    weights are codes the merge cannot add to."""
     method = stored_method(config)
     if method is None:
         return None
-    if method == "mxfp4":
+    from pipeline.storage import packed
+
+    stored = config.quantization_config
+    stored = stored if isinstance(stored, dict) else stored.to_dict()
+    kind = packed.method({"quantization_config": stored})
+    if kind == "mxfp4":
         from transformers import Mxfp4Config
 
         return Mxfp4Config(dequantize=True)
+    if kind == "fp8":
+        from transformers import FineGrainedFP8Config
+
+        return FineGrainedFP8Config(dequantize=True, weight_block_size=tuple(stored.get("weight_block_size")
+                                                                             or packed.FP8_BLOCK))
     raise UserError(f"the base {path} is stored quantized (config.json quantization_config, quant_method={method}): "
                     "its weights are codes, which training here does not dequantize and the merge cannot add the "
-                    "adapter to; use the model's unquantized (bf16) release. MXFP4 (GPT-OSS as published) is read")
+                    "adapter to; use the model's unquantized (bf16) release. Read as numbers: MXFP4 (GPT-OSS as "
+                    "published) and block FP8 with dynamic activation scales")
 
 
 def require_bitsandbytes(model: ModelConfig) -> None:

@@ -91,15 +91,15 @@ def read_config(root: Path | str) -> dict:
 
 
 def refuse_quantized(config: dict, label: str) -> None:
-    """Weights of a quantized base are codes, not numbers; adding a delta to them is wrong. (MXFP4, which
-    `pipeline.storage.mxfp4` reads as numbers, is not passed here.)"""
+    """Weights of a quantized base are codes, not numbers; adding a delta to them is wrong. (MXFP4 and FP8, which
+    `pipeline.storage.packed` reads as numbers, is not passed here.)"""
     if config.get("quantization_config"):
         raise UserError(f"{label} is quantized ({config['quantization_config'].get('quant_method', '?')}); "
                         "merge into the unquantized base instead")
 
 
 def set_config_unquantized(root: Path | str) -> None:
-    """Drop config.json's `quantization_config`: the weights written are numbers (a merged MXFP4 base)."""
+    """Drop config.json's `quantization_config`: the weights written are numbers (a merged MXFP4 or FP8 base)."""
     path = Path(root) / CONFIG_FILE
     config = json.loads(path.read_text())
     if config.pop("quantization_config", None) is not None:

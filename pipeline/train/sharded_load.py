@@ -32,7 +32,7 @@ from safetensors import safe_open
 
 from pipeline.errors import UserError
 from pipeline.model.base_keys import BaseKeys
-from pipeline.storage import hf_dir, mxfp4
+from pipeline.storage import hf_dir, packed as stored_packed
 
 _PEFT_PREFIX = "base_model.model."
 _PEFT_INFIXES = (".base_layer.", ".original_module.", ".modules_to_save.default.")
@@ -78,8 +78,8 @@ class StoredKeys:
 
     def __init__(self, model_dir: str | Path):
         weights = hf_dir.find_weights(model_dir, "model")
-        # an MXFP4 base (GPT-OSS as published): its packed experts, each pair one tensor of numbers
-        self.packed = mxfp4.packed_if_mxfp4(weights)
+        # a base stored in MXFP4 (GPT-OSS as published) or FP8: each quantized pair one tensor of numbers
+        self.packed = stored_packed.packed_if_stored(weights)
         self.specs = self.packed.all_specs if self.packed else weights.all_specs
         self._base = BaseKeys(Path(model_dir), set(self.specs))
 
@@ -120,8 +120,8 @@ def load_shards(model, model_dir: str | Path, skip: set[str], keys: StoredKeys |
         local, offset = _local_rows(param)
         if not local.numel():
             continue
-        if keys.packed is not None and keys(name) in keys.packed.pairs:  # dequantized, this rank's experts only
-            local.copy_(keys.packed.experts(keys(name), offset, offset + local.shape[0]).to(local.dtype))
+        if keys.packed is not None and keys(name) in keys.packed.pairs:  # dequantized, this rank's rows only
+            local.copy_(keys.packed.rows(keys(name), offset, offset + local.shape[0]).to(local.dtype))
             read += local.numel() * local.element_size()
         else:
             read += _read_rows(where[keys(name)], keys(name), offset, local)
